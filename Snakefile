@@ -1,0 +1,39 @@
+# hf2triton: Hugging Face model -> validated, running Triton Inference Server, without Docker.
+# This file is the table of contents; rules live in rules/<stage>.smk in data-flow order and the
+# logic in the hf2triton package. Usage: snakemake --cores 1 serve   (see README.md)
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+include: "rules/common.smk"
+
+
+wildcard_constraints:
+    model="|".join(re.escape(name) for name in MODELS),
+
+
+include: "rules/preflight.smk"
+include: "rules/fetch.smk"
+include: "rules/pretrained.smk"
+include: "rules/repository.smk"
+include: "rules/validate.smk"
+include: "rules/server.smk"
+
+
+# The default target: everything through validation, then make sure the server is up and current.
+rule serve:
+    input:
+        rules.validate.output.json,
+    params:
+        server=CFG["server"],
+        models=MODELS,
+        work=WORK,
+        repository=REPOSITORY,
+    log:
+        "results/logs/serve.log",
+    localrule: True
+    conda:
+        "envs/hf2triton.yaml"
+    script:
+        "scripts/serve.py"

@@ -1,0 +1,216 @@
+"""Load, validate and complete config.yaml.
+
+Every mistake becomes a UserError whose single line names the key, the value and what is allowed, and it
+is raised before any work starts (the Snakefile calls `load_config` at parse time).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from hf2triton.errors import UserError
+from hf2triton.sources import parse_source
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+MAX_CONFIG_BYTES = 1_000_000
+MAX_YAML_NODES = 20_000  # far above any real config; stops alias ("billion laughs") bombs early
+RESERVED_NAMES = {".", ".."}
+
+
+class _BoundedSafeLoader(yaml.SafeLoader):
+    """SafeLoader that refuses documents expanding to more than MAX_YAML_NODES nodes."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._nodes_seen = 0
+
+    def construct_object(self, node, deep=False):
+        self._nodes_seen += 1
+        if self._nodes_seen > MAX_YAML_NODES:
+            raise UserError(
+                f"config expands to more than {MAX_YAML_NODES} YAML nodes (alias bomb?)",
+                "write the configuration out plainly, without nested aliases",
+            )
+        return super().construct_object(node, deep)
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML file safely: bounded size and expansion, strict UTF-8, errors with line numbers."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"config file {path} not found", "create it (see README 'Configuration')") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UserError(f"{path}: {len(data)} bytes is too large for a config", f"keep it under {MAX_CONFIG_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: byte {err.start} is not valid UTF-8", "save the file as UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_BoundedSafeLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+        raise UserError(f"{path}: YAML syntax error at {where}: {err.problem}", "fix the YAML at that place") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: not valid YAML ({err})", "fix the YAML syntax") from None
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Merge `override` into a copy of `base`; mappings merge, everything else (lists too) replaces."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _extend_with_defaults(validator_class):
+    """A validator that fills `default:` values in while it validates (as snakemake.utils.validate does)."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for prop, subschema in properties.items():
+                if "default" in subschema and prop not in instance:
+                    instance[prop] = copy.deepcopy(subschema["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_DefaultFillingValidator = _extend_with_defaults(jsonschema.Draft202012Validator)
+
+
+def _key_path(path) -> str:
+    out = "config"
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _allowed(error: jsonschema.ValidationError) -> str:
+    """Say what the schema allows for this error, in words."""
+    kind, spec = error.validator, error.validator_value
+    if kind == "enum":
+        return "one of " + ", ".join(map(str, spec))
+    if kind == "type":
+        return f"a value of type {spec}"
+    if kind == "pattern":
+        return f"a string matching {spec}"
+    if kind in ("minimum", "maximum"):
+        bounds = error.schema
+        return f"a number between {bounds.get('minimum', '-inf')} and {bounds.get('maximum', 'inf')}"
+    if kind == "additionalProperties":
+        return "only the keys " + ", ".join(sorted(error.schema.get("properties", {})))
+    if kind == "required":
+        return "the keys " + ", ".join(spec) + " to be present"
+    if kind in ("minItems", "maxItems"):
+        return f"between {error.schema.get('minItems', 0)} and {error.schema.get('maxItems', 'any')} entries"
+    if kind in ("minLength", "maxLength"):
+        return f"a string of {error.schema.get('minLength', 0)} to {error.schema.get('maxLength', 'any')} characters"
+    return f"{kind} {spec}"
+
+
+def _schema_error_line(error: jsonschema.ValidationError) -> UserError:
+    path = list(error.absolute_path)
+    if error.validator == "additionalProperties":
+        allowed = set(error.schema.get("properties", {}))
+        unknown = sorted(k for k in error.instance if k not in allowed)
+        key = _key_path(path + [unknown[0]]) if unknown else _key_path(path)
+        return UserError(f"{key}: unknown key", f"use {_allowed(error)}")
+    if error.validator == "required":
+        missing = [k for k in error.validator_value if k not in error.instance]
+        return UserError(f"{_key_path(path + missing[:1])}: missing", f"add it ({error.message})")
+    value = repr(error.instance)
+    if len(value) > 80:
+        value = value[:77] + "..."
+    return UserError(f"{_key_path(path)} = {value}: not allowed", f"use {_allowed(error)}")
+
+
+def _check_semantics(cfg: dict, explicit_generation: set[int]) -> None:
+    """Checks a JSON schema cannot express."""
+    seen: dict[str, int] = {}
+    for index, model in enumerate(cfg["models"]):
+        name = model["name"]
+        if name in RESERVED_NAMES or ".." in name:
+            raise UserError(f"config.models[{index}].name = {name!r}: not a safe directory name", "use letters, digits, _ . -")
+        folded = name.lower()
+        if folded in seen:
+            raise UserError(
+                f"config.models[{index}].name = {name!r}: duplicate of config.models[{seen[folded]}]",
+                "give every model a unique name (case-insensitively)",
+            )
+        seen[folded] = index
+        parse_source(model["source"], where=f"config.models[{index}].source")
+        if model["task"] != "text-generation" and index in explicit_generation:
+            raise UserError(
+                f"config.models[{index}].generation: only for task text-generation (task is {model['task']})",
+                "remove the generation block",
+            )
+        if ".." in model["revision"].split("/"):
+            raise UserError(f"config.models[{index}].revision = {model['revision']!r}: '..' not allowed", "use a branch, tag or commit")
+    server = cfg["server"]
+    ports = {key: server[key] for key in ("http_port", "grpc_port", "metrics_port")}
+    by_value: dict[int, str] = {}
+    for key, port in ports.items():
+        if port in by_value:
+            raise UserError(
+                f"config.server.{key} = {port}: same as server.{by_value[port]}",
+                "give HTTP, gRPC and metrics three different ports",
+            )
+        by_value[port] = key
+    if re.search(r"\s", cfg["paths"]["work"]) or "\x00" in cfg["paths"]["work"]:
+        raise UserError(f"config.paths.work = {cfg['paths']['work']!r}: whitespace not allowed", "choose a path without spaces")
+
+
+def validate_config(raw: Any) -> dict:
+    """Validate a parsed config and return it completed with defaults (input is not modified)."""
+    if not isinstance(raw, dict):
+        raise UserError(
+            f"config: the top level is a {type(raw).__name__}, not a mapping",
+            "start config.yaml with 'models:' (see README 'Configuration')",
+        )
+    cfg = copy.deepcopy(raw)
+    for key in cfg:
+        if not isinstance(key, str):
+            raise UserError(f"config: key {key!r} is not a string", "use plain names as keys")
+    models = cfg.get("models")
+    explicit_generation = {
+        i for i, m in enumerate(models) if isinstance(m, dict) and "generation" in m
+    } if isinstance(models, list) else set()
+    validator = _DefaultFillingValidator(_schema())
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        raise _schema_error_line(errors[0])
+    _check_semantics(cfg, explicit_generation)
+    return cfg
+
+
+def load_config(path: Path | str, overrides: dict | None = None) -> dict:
+    """Read `path`, merge command-line overrides (--config/--configfile) over it, validate, fill defaults."""
+    raw = read_yaml(Path(path))
+    if overrides:
+        if not isinstance(raw, dict):
+            raw = {}
+        raw = deep_merge(raw, overrides)
+    return validate_config(raw)
+
+
+def model_by_name(cfg: dict, name: str) -> dict:
+    for model in cfg["models"]:
+        if model["name"] == name:
+            return model
+    raise UserError(f"no model named {name!r} in config", "use one of " + ", ".join(m["name"] for m in cfg["models"]))

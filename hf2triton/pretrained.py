@@ -1,0 +1,100 @@
+"""Step `pretrained`: load the fetched model with transformers and save_pretrained it (model + tokenizer)
+into one fixed directory per model. This is what the server loads: safetensors, fast to load, no GGUF
+dequantisation at server start."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from hf2triton.errors import UserError
+from hf2triton.fsutil import atomic_directory, free_bytes, human_bytes, tree_size
+
+log = logging.getLogger("hf2triton.pretrained")
+
+# Files sentence-transformers keeps next to the HF model; save_pretrained does not copy them.
+SENTENCE_TRANSFORMERS_FILES = ["modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"]
+SENTENCE_TRANSFORMERS_DIRS = ["1_Pooling", "2_Normalize"]
+MANIFEST = "hf2triton.json"
+
+
+def auto_model_class(task: str):
+    import transformers
+
+    return {
+        "text-generation": transformers.AutoModelForCausalLM,
+        "feature-extraction": transformers.AutoModel,
+        "text-classification": transformers.AutoModelForSequenceClassification,
+    }[task]
+
+
+def load_source_model(path: Path, gguf_file: str | None, task: str):
+    """Load model and tokenizer with transformers (GGUF through gguf_file=)."""
+    from transformers import AutoTokenizer
+
+    kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+    if gguf_file:
+        log.info("loading GGUF %s (dequantising to float32: ~45 s for 135M parameters on 2 cores)", gguf_file)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        model = auto_model_class(task).from_pretrained(path, dtype="auto", **kwargs)
+    except (OSError, ValueError, KeyError) as err:
+        raise UserError(
+            f"transformers cannot load {path}{'/' + gguf_file if gguf_file else ''} as {task}: {str(err).splitlines()[0][:300]}",
+            "check that the source is a transformers model of this task",
+        ) from None
+    if gguf_file:
+        # save_pretrained refuses a model that still carries the GGUF quantisation marker; the weights
+        # are already dequantised, so drop it.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.is_quantized = False
+    return model, tokenizer
+
+
+def estimate_saved_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def save_pretrained_model(record: str, task: str, output: str) -> dict[str, Any]:
+    """Load the source described by the fetch `record` and save it to `output` atomically."""
+    fetched = json.loads(Path(record).read_text())
+    source_dir = Path(fetched["path"])
+    started = time.monotonic()
+    model, tokenizer = load_source_model(source_dir, fetched.get("gguf_file"), task)
+    log.info("loaded %s (%s, %.1fM parameters) in %.1f s", fetched["source"], type(model).__name__, model.num_parameters() / 1e6, time.monotonic() - started)
+    need = estimate_saved_bytes(model)
+    free = free_bytes(Path(output).parent)
+    if free < need * 1.1:
+        raise UserError(
+            f"not enough disk to save {fetched['source']}: needs {human_bytes(need)}, {human_bytes(free)} free at {Path(output).parent}",
+            "free space, or point paths.work at a larger disk",
+        )
+    with atomic_directory(output) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if not fetched.get("gguf_file"):
+            for name in SENTENCE_TRANSFORMERS_FILES:
+                if (source_dir / name).is_file():
+                    shutil.copy2(source_dir / name, tmp / name)
+            for name in SENTENCE_TRANSFORMERS_DIRS:
+                if (source_dir / name).is_dir():
+                    shutil.copytree(source_dir / name, tmp / name)
+        manifest = {
+            "source": fetched["source"],
+            "resolved_revision": fetched.get("resolved_revision"),
+            "task": task,
+            "architecture": type(model).__name__,
+            "parameters": model.num_parameters(),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "has_chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        manifest["bytes"] = tree_size(tmp)
+    log.info("saved %s to %s (%s) in %.1f s total", fetched["source"], output, human_bytes(manifest["bytes"]), time.monotonic() - started)
+    return manifest

@@ -1,0 +1,497 @@
+"""Locate, launch, watch and stop a standalone tritonserver (no Docker).
+
+The server outlives Snakemake. Its state file (pid, boot id, command line, ports, repository digest) is
+deliberately not a rule output: every `serve` checks the real process against it and keeps, starts or
+restarts the server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hf2triton import host
+from hf2triton.errors import UserError
+from hf2triton.fsutil import atomic_write_json
+from hf2triton.pitfalls import explain, relevant_log_lines
+
+log = logging.getLogger("hf2triton.server")
+
+# APIs that change server state stay closed unless the caller has the key from the (0600) state file.
+RESTRICTED_HTTP_APIS = "model-repository,shared-memory,trace,logging"
+RESTRICTED_KEY_HEADER = "hf2triton-admin"
+STOP_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class Installation:
+    """A tritonserver binary and what it needs to run."""
+
+    binary: str
+    origin: str  # "PATH" or "nvidia-pytriton wheel"
+    backends: str  # directory holding <backend>/ subdirectories as shipped
+    lib_dirs: tuple[str, ...] = ()
+    stub: str | None = None  # Python-backend stub for the running Python (wheel only)
+
+
+@dataclass
+class Settings:
+    repository: str
+    work: str
+    models: list[str]
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    startup_timeout_s: int = 300
+    log_verbose: int = 0
+    shm_default_byte_size: int = 16 * 1024 * 1024
+    ports: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.repository = str(Path(self.repository).resolve())
+        self.work = str(Path(self.work).resolve())
+        self.ports = {"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port}
+
+    @property
+    def server_dir(self) -> Path:
+        return Path(self.work) / "server"
+
+    @property
+    def state_file(self) -> Path:
+        return self.server_dir / "state.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.server_dir / "tritonserver.log"
+
+    @property
+    def client_host(self) -> str:
+        """Where a local client connects: loopback when the server listens on all addresses."""
+        return {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(self.host, self.host)  # noqa: S104
+
+    def url(self, port_key: str = "http_port") -> str:
+        address = f"[{self.client_host.strip('[]')}]" if ":" in self.client_host else self.client_host
+        return f"{address}:{self.ports[port_key]}"
+
+
+def python_stub_dir() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def locate_tritonserver() -> Installation:
+    """A `tritonserver` on PATH wins (a user's full install); otherwise the nvidia-pytriton wheel's."""
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        root = Path(on_path).resolve().parent.parent
+        backends = next((str(p) for p in (root / "backends", Path("/opt/tritonserver/backends")) if p.is_dir()), str(root / "backends"))
+        return Installation(binary=on_path, origin="PATH", backends=backends)
+    try:
+        import pytriton
+    except ImportError:
+        raise UserError(
+            "no tritonserver found: not on PATH and nvidia-pytriton is not installed",
+            "run `make serve` (installs nvidia-pytriton==0.7.0 into .venv) or put tritonserver on PATH",
+        ) from None
+    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    stub = root / "python_backend_stubs" / python_stub_dir() / "triton_python_backend_stub"
+    if not stub.is_file():
+        available = sorted(p.name for p in (root / "python_backend_stubs").iterdir()) if (root / "python_backend_stubs").is_dir() else []
+        raise UserError(
+            f"the Triton wheel has no Python-backend stub for Python {python_stub_dir()} (it has {', '.join(available) or 'none'})",
+            "create .venv with one of those Python versions",
+        )
+    wheel_libs = root.parent.parent / "nvidia_pytriton.libs"
+    return Installation(
+        binary=str(root / "bin" / "tritonserver"),
+        origin="nvidia-pytriton wheel",
+        backends=str(root / "backends"),
+        lib_dirs=(str(wheel_libs),),
+        stub=str(stub),
+    )
+
+
+def prepare_backend_dir(install: Installation, server_dir: Path) -> str:
+    """The --backend-directory to use. For the wheel: a copy of its python backend plus the stub that
+    matches the running Python (the wheel ships one per Python version elsewhere)."""
+    if install.stub is None:
+        return install.backends
+    target = server_dir / "backends" / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    source = Path(install.backends) / "python"
+    for path in [source / "libtriton_python.so", source / "triton_python_backend_utils.py", Path(install.stub)]:
+        dest = target / path.name
+        if not dest.exists() or dest.stat().st_size != path.stat().st_size or dest.stat().st_mtime < path.stat().st_mtime:
+            shutil.copy2(path, dest)
+    return str(target.parent)
+
+
+def server_environment(install: Installation) -> dict[str, str]:
+    """Environment for tritonserver: wheel libs + this interpreter's LIBDIR first on LD_LIBRARY_PATH (else the
+    stub may load the system libpython against another stdlib), and this venv's bin first on PATH (the stub
+    imports numpy etc. from the python3 found there)."""
+    env = dict(os.environ)
+    libdir = sysconfig.get_config_var("LIBDIR")
+    parts = [*install.lib_dirs, *([libdir] if libdir else []), *filter(None, env.get("LD_LIBRARY_PATH", "").split(":"))]
+    env["LD_LIBRARY_PATH"] = ":".join(dict.fromkeys(parts))
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("OMP_NUM_THREADS", "1")  # per-model threads are set in model.py
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def server_command(install: Installation, settings: Settings, backend_dir: str, admin_key: str) -> list[str]:
+    host_addr = settings.host
+    cmd = [
+        install.binary,
+        f"--model-repository={settings.repository}",
+        "--model-control-mode=explicit",
+        *[f"--load-model={name}" for name in settings.models],
+        f"--backend-directory={backend_dir}",
+        f"--http-address={host_addr}",
+        f"--http-port={settings.http_port}",
+        f"--grpc-address={host_addr}",
+        f"--grpc-port={settings.grpc_port}",
+        f"--metrics-address={host_addr}",
+        f"--metrics-port={settings.metrics_port}",
+        f"--log-verbose={settings.log_verbose}",
+        "--exit-on-error=true",
+        "--strict-readiness=true",
+        f"--backend-config=python,shm-default-byte-size={settings.shm_default_byte_size}",
+        f"--http-restricted-api={RESTRICTED_HTTP_APIS}:{RESTRICTED_KEY_HEADER}={admin_key}",
+        f"--grpc-restricted-protocol={RESTRICTED_HTTP_APIS}:{RESTRICTED_KEY_HEADER}={admin_key}",
+    ]
+    if not host.has_gpu():
+        cmd.append("--allow-gpu-metrics=false")
+    return cmd
+
+
+def redacted_command(cmd: list[str]) -> list[str]:
+    """The command line without the admin key (for logs and reports)."""
+    return [arg.rsplit("=", 1)[0] + "=***" if "restricted" in arg else arg for arg in cmd]
+
+
+def repository_digest(settings: Settings) -> str:
+    """Digest of what the server loads: each model's config.pbtxt, model.py and saved-model manifest."""
+    digest = hashlib.sha256()
+    for name in sorted(settings.models):
+        model_dir = Path(settings.repository) / name
+        for path in sorted(model_dir.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(model_dir)).encode() + b"\0" + path.read_bytes())
+        config = model_dir / "config.pbtxt"
+        if config.is_file():
+            manifest = _model_dir_of(config) / "hf2triton.json"
+            if manifest.is_file():
+                digest.update(str(manifest.stat().st_mtime_ns).encode() + manifest.read_bytes())
+    return digest.hexdigest()
+
+
+def _model_dir_of(config_path: Path) -> Path:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    try:
+        config = text_format.Parse(config_path.read_text(), mc.ModelConfig())
+    except text_format.ParseError:
+        return Path("/nonexistent")
+    return Path(config.parameters["model_dir"].string_value or "/nonexistent")
+
+
+# ---------------------------------------------------------------- state
+
+
+def read_state(settings: Settings) -> dict[str, Any] | None:
+    try:
+        return json.loads(settings.state_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_state(settings: Settings, state: dict[str, Any]) -> None:
+    atomic_write_json(settings.state_file, state, mode=0o600)
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http on our own host/port
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return err.code, ""
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return 0, ""
+
+
+def is_ready(settings: Settings) -> bool:
+    return http_get(f"http://{settings.url()}/v2/health/ready")[0] == 200
+
+
+@dataclass
+class Facts:
+    """What is observed now about the server the state file describes."""
+
+    boot_id: str
+    pid_alive: bool
+    cmdline_matches: bool
+    ready: bool
+    digest: str
+
+
+def observe(settings: Settings, state: dict[str, Any] | None) -> Facts:
+    alive = matches = ready = False
+    if state and state.get("boot_id") == host.boot_id():
+        cmdline = host.process_cmdline(int(state["pid"]))
+        alive = cmdline is not None
+        matches = alive and cmdline == state.get("cmdline")
+        ready = matches and is_ready(settings)
+    return Facts(host.boot_id(), alive, matches, ready, repository_digest(settings))
+
+
+def decide(state: dict[str, Any] | None, facts: Facts, wanted_cmdline: list[str] | None) -> tuple[str, str]:
+    """("keep" | "start" | "restart", reason). Pure: unit-tested with every combination."""
+    if not state:
+        return "start", "no server started yet"
+    if state.get("boot_id") != facts.boot_id:
+        return "start", "the machine rebooted (or the session was restored) since the server started"
+    if not facts.pid_alive:
+        return "start", f"server process {state.get('pid')} is gone"
+    if not facts.cmdline_matches:
+        return "start", f"pid {state.get('pid')} now belongs to another program"
+    if wanted_cmdline is not None and redacted_command(state.get("cmdline", [])) != redacted_command(wanted_cmdline):
+        return "restart", "server settings changed (ports, host, models or flags)"
+    if state.get("digest") != facts.digest:
+        return "restart", "the model repository changed"
+    if not facts.ready:
+        return "restart", "server is running but not ready"
+    return "keep", "running, ready and current"
+
+
+# ---------------------------------------------------------------- start / stop
+
+
+def _check_ports(settings: Settings) -> None:
+    for key, port in settings.ports.items():
+        if not host.port_is_free(settings.host, port):
+            raise UserError(
+                f"port {port} (server.{key}) on {settings.host} is already in use by another program",
+                f"stop that program or set server.{key} in config.yaml to a free port",
+            )
+
+
+def _terminate(pid: int, cmdline: list[str] | None) -> None:
+    """Stop our server (process group), politely first."""
+    if cmdline is not None and host.process_cmdline(pid) != cmdline:
+        return
+    for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                reaped, _ = os.waitpid(pid, os.WNOHANG)
+                if reaped == pid:
+                    return
+            except ChildProcessError:
+                pass
+            if host.process_cmdline(pid) is None:
+                return
+            time.sleep(0.2)
+
+
+def stop_server(settings: Settings) -> str:
+    state = read_state(settings)
+    if not state or state.get("boot_id") != host.boot_id():
+        return "no server of ours is running"
+    pid = int(state["pid"])
+    if host.process_cmdline(pid) != state.get("cmdline"):
+        settings.state_file.unlink(missing_ok=True)
+        return "no server of ours is running (stale state removed)"
+    _terminate(pid, state.get("cmdline"))
+    settings.state_file.unlink(missing_ok=True)
+    return f"stopped tritonserver (pid {pid})"
+
+
+def _failure(settings: Settings, what: str) -> UserError:
+    text = settings.log_file.read_text(errors="replace") if settings.log_file.exists() else ""
+    lines = relevant_log_lines(text)
+    fixes = []
+    for pitfall in explain("\n".join(lines) or text):
+        fixes.append(f"{pitfall.cause}: {pitfall.fix}")
+    detail = "\n  ".join(lines[-10:]) or "(the log is empty)"
+    print(f"tritonserver log ({settings.log_file}), relevant lines:\n  {detail}", file=sys.stderr)
+    return UserError(f"{what}; see {settings.log_file}", "; ".join(dict.fromkeys(fixes)) or "read the log lines above")
+
+
+def start_server(settings: Settings, install: Installation | None = None) -> dict[str, Any]:
+    install = install or locate_tritonserver()
+    _check_ports(settings)
+    backend_dir = prepare_backend_dir(install, settings.server_dir)
+    admin_key = secrets.token_urlsafe(24)
+    cmd = server_command(install, settings, backend_dir, admin_key)
+    settings.server_dir.mkdir(parents=True, exist_ok=True)
+    if settings.log_file.exists():
+        os.replace(settings.log_file, settings.log_file.with_suffix(".log.1"))
+    log.info("starting tritonserver (%s) on %s: http %d, grpc %d, metrics %d", install.origin, settings.host, *settings.ports.values())
+    fd = os.open(settings.log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as log_handle:
+        process = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_handle,
+            stderr=subprocess.STDOUT,
+            env=server_environment(install),
+            start_new_session=True,  # outlives snakemake and its process group
+            cwd=settings.server_dir,
+        )
+    state = {
+        "pid": process.pid,
+        "boot_id": host.boot_id(),
+        "cmdline": cmd,
+        "admin_key": admin_key,
+        "ports": settings.ports,
+        "host": settings.host,
+        "repository": settings.repository,
+        "models": settings.models,
+        "digest": repository_digest(settings),
+        "origin": install.origin,
+        "log": str(settings.log_file),
+        "started_at": time.time(),
+        "ready": False,
+    }
+    write_state(settings, state)
+    wait_until_ready(settings, process)
+    state.update(ready=True, ready_after_s=round(time.time() - state["started_at"], 1))
+    write_state(settings, state)
+    log.info("tritonserver ready after %.1f s (pid %d, log %s)", state["ready_after_s"], process.pid, settings.log_file)
+    return state
+
+
+def _loaded_models(log_text: str, models: list[str]) -> list[str]:
+    return [m for m in models if f"successfully loaded '{m}'" in log_text]
+
+
+def wait_until_ready(settings: Settings, process: subprocess.Popen) -> None:
+    """Poll /v2/health/ready while watching the process and its log; explain failures."""
+    started = time.monotonic()
+    last_report = started
+    while True:
+        if process.poll() is not None:
+            raise _failure(settings, f"tritonserver exited with status {process.returncode} during startup")
+        if is_ready(settings):
+            return
+        elapsed = time.monotonic() - started
+        if elapsed > settings.startup_timeout_s:
+            _terminate(process.pid, None)
+            raise _failure(settings, f"tritonserver not ready after {settings.startup_timeout_s} s (server.startup_timeout_s)")
+        if time.monotonic() - last_report >= 10:
+            text = settings.log_file.read_text(errors="replace")
+            loaded = _loaded_models(text, settings.models)
+            pending = [m for m in settings.models if m not in loaded]
+            log.info("waiting for tritonserver: %.0f s; loaded: %s; loading: %s", elapsed, ", ".join(loaded) or "-", ", ".join(pending) or "-")
+            last_report = time.monotonic()
+        time.sleep(0.25)
+
+
+def ensure_server(settings: Settings) -> dict[str, Any]:
+    """Keep a current, ready server; start or restart it otherwise. Returns the state plus `action`."""
+    install = locate_tritonserver()
+    state = read_state(settings)
+    facts = observe(settings, state)
+    wanted = None
+    if state and facts.cmdline_matches:
+        backend_dir = prepare_backend_dir(install, settings.server_dir)
+        wanted = server_command(install, settings, backend_dir, state.get("admin_key", ""))
+    action, reason = decide(state, facts, wanted)
+    log.info("server: %s (%s)", action, reason)
+    if action == "restart":
+        _terminate(int(state["pid"]), state.get("cmdline"))
+    if action != "keep":
+        state = start_server(settings, install)
+    return {**state, "action": action, "reason": reason}
+
+
+def server_status(settings: Settings) -> dict[str, Any]:
+    state = read_state(settings)
+    facts = observe(settings, state)
+    status: dict[str, Any] = {
+        "running": facts.cmdline_matches,
+        "ready": facts.ready,
+        "current": bool(state) and state.get("digest") == facts.digest,
+        "http": f"http://{settings.url()}",
+        "grpc": settings.url("grpc_port"),
+        "metrics": f"http://{settings.url('metrics_port')}/metrics",
+        "log": str(settings.log_file),
+    }
+    if state and facts.cmdline_matches:
+        status.update(pid=state["pid"], uptime_s=round(time.time() - state["started_at"]), origin=state.get("origin"))
+        status["models"] = {
+            name: http_get(f"http://{settings.url()}/v2/models/{name}/ready")[0] == 200 for name in state.get("models", [])
+        }
+    return status
+
+
+def public_state(state: dict[str, Any]) -> dict[str, Any]:
+    """State without secrets, for reports."""
+    out = {k: v for k, v in state.items() if k != "admin_key"}
+    if "cmdline" in out:
+        out["cmdline"] = redacted_command(out["cmdline"])
+    return out
+
+
+SERVER_KEYS = ("host", "http_port", "grpc_port", "metrics_port", "startup_timeout_s", "log_verbose", "shm_default_byte_size")
+
+
+def make_settings(server: dict[str, Any], models: list[str], work: str, repository: str = "model_repository") -> Settings:
+    """Settings from the `server:` block of the config (as rules pass it in params)."""
+    return Settings(repository=repository, work=work, models=list(models), **{k: server[k] for k in SERVER_KEYS if k in server})
+
+
+def settings_from_config(cfg: dict[str, Any], repository: str = "model_repository") -> Settings:
+    return make_settings(cfg["server"], [m["name"] for m in cfg["models"]], cfg["paths"]["work"], repository)
+
+
+def serve_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> dict[str, Any]:
+    """Target `serve`: ensure the server is up and current, then say where and what it serves."""
+    settings = make_settings(server, models, work, repository)
+    state = ensure_server(settings)
+    status = server_status(settings)
+    not_ready = [name for name, ok in status.get("models", {}).items() if not ok]
+    if not_ready:
+        raise UserError(f"models not ready: {', '.join(not_ready)}", f"read {settings.log_file}; run `make status`")
+    print(
+        f"hf2triton: serving {', '.join(models)} at {status['http']} (HTTP), {status['grpc']} (gRPC), "
+        f"{status['metrics']}; server {state['action']} ({state['reason']}); stop with `make stop`",
+        file=sys.stderr,
+    )
+    return status
+
+
+def status_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> dict[str, Any]:
+    status = server_status(make_settings(server, models, work, repository))
+    print(json.dumps(status, indent=2))
+    return status
+
+
+def stop_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> str:
+    message = stop_server(make_settings(server, models, work, repository))
+    print(f"hf2triton: {message}", file=sys.stderr)
+    return message
+

@@ -1,0 +1,317 @@
+"""Triton Python-backend model rendered by hf2triton (copied verbatim to <repository>/<name>/1/model.py).
+
+Everything model-specific comes from the `parameters` of config.pbtxt (task, saved-model directory,
+dtype, threads, limits, generation defaults), so this one file serves every task:
+
+- `initialize` loads the saved model once, on the instance's device.
+- `execute` decodes every request, answers bad ones (invalid UTF-8, empty, too long, bad options) with an
+  error response of their own, and runs all good texts of the call through ONE forward pass
+  (generation: one pass per distinct set of generation options), then splits the results per request.
+
+The engines below are plain Python, importable without Triton: hf2triton's validation runs them
+in-process as the reference the served outputs must match.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+try:  # only present inside the Triton Python-backend stub
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # pragma: no cover - imported by tests and by the in-process reference
+    pb_utils = None
+
+TEXT_INPUT = "text"
+
+
+class RequestError(ValueError):
+    """A problem with one request; it gets an error response, the rest of the batch is unaffected."""
+
+
+def decode_texts(values: np.ndarray, max_bytes: int) -> list[str]:
+    """Triton hands strings over as bytes objects: check size, decode UTF-8 strictly, refuse empty text."""
+    texts = []
+    for item in values.reshape(-1):
+        raw = item.encode("utf-8") if isinstance(item, str) else item
+        if not isinstance(raw, (bytes, np.bytes_)):
+            raise RequestError(f"input '{TEXT_INPUT}' must be BYTES (UTF-8 text), got {type(item).__name__}")
+        if len(raw) > max_bytes:
+            raise RequestError(f"text of {len(raw)} bytes exceeds max_input_bytes={max_bytes}")
+        try:
+            text = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise RequestError(f"text is not valid UTF-8 (byte {err.start})") from None
+        if not text.strip():
+            raise RequestError("text is empty")
+        texts.append(text)
+    if not texts:
+        raise RequestError("request holds no text")
+    return texts
+
+
+def torch_dtype(name: str, device: str):
+    import torch
+
+    if name == "auto":
+        return torch.float16 if device.startswith("cuda") else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+class Engine:
+    """Saved model + tokenizer on one device; subclasses implement `run` for a list of texts."""
+
+    outputs: tuple[str, ...] = ()
+
+    def __init__(self, model_dir: str, device: str = "cpu", dtype: str = "auto", num_threads: int = 0, **options: Any):
+        import torch
+        from transformers import AutoTokenizer
+
+        if device == "cpu" and num_threads > 0:
+            torch.set_num_threads(num_threads)
+        self.torch = torch
+        self.device = device
+        self.options = options
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = self.load_model(model_dir).to(device=device, dtype=torch_dtype(dtype, device)).eval()
+        self.max_length = self._max_length(model_dir)
+
+    def load_model(self, model_dir: str):
+        raise NotImplementedError
+
+    def _max_length(self, model_dir: str) -> int:
+        limits = [getattr(self.model.config, "max_position_embeddings", None), self.tokenizer.model_max_length]
+        st_config = os.path.join(model_dir, "sentence_bert_config.json")
+        if os.path.isfile(st_config):
+            with open(st_config) as handle:
+                limits.append(json.load(handle).get("max_seq_length"))
+        return min(int(x) for x in limits if isinstance(x, (int, float)) and 0 < x < 1e9)
+
+    def encode(self, texts: list[str]):
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+
+class EmbeddingEngine(Engine):
+    """feature-extraction: pooled (mean / cls / max, from the sentence-transformers config), L2-normalised FP32."""
+
+    outputs = ("embedding",)
+
+    def load_model(self, model_dir: str):
+        from transformers import AutoModel
+
+        pooling_file = os.path.join(model_dir, "1_Pooling", "config.json")
+        self.pooling = "mean"
+        if os.path.isfile(pooling_file):
+            with open(pooling_file) as handle:
+                pooling = json.load(handle)
+            for mode in ("cls_token", "max_tokens", "mean_tokens"):
+                if pooling.get(f"pooling_mode_{mode}"):
+                    self.pooling = mode.split("_")[0]
+                    break
+        return AutoModel.from_pretrained(model_dir)
+
+    def run(self, texts: list[str], **_: Any) -> dict[str, np.ndarray]:
+        torch = self.torch
+        batch = self.encode(texts)
+        with torch.inference_mode():
+            hidden = self.model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            if self.pooling == "cls":
+                pooled = hidden[:, 0]
+            elif self.pooling == "max":
+                pooled = hidden.masked_fill(mask == 0, -1e4).max(dim=1).values
+            else:
+                pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            pooled = torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
+        return {"embedding": pooled.cpu().numpy().astype(np.float32)}
+
+
+class ClassificationEngine(Engine):
+    """text-classification: top label (from the model config's id2label) and its probability."""
+
+    outputs = ("label", "score")
+
+    def load_model(self, model_dir: str):
+        from transformers import AutoModelForSequenceClassification
+
+        return AutoModelForSequenceClassification.from_pretrained(model_dir)
+
+    def run(self, texts: list[str], **_: Any) -> dict[str, np.ndarray]:
+        torch = self.torch
+        with torch.inference_mode():
+            logits = self.model(**self.encode(texts)).logits.float()
+            if getattr(self.model.config, "problem_type", None) == "multi_label_classification":
+                probs = torch.sigmoid(logits)
+            else:
+                probs = torch.softmax(logits, dim=-1)
+            scores, ids = probs.max(dim=-1)
+        id2label = self.model.config.id2label
+        labels = [str(id2label.get(int(i), int(i))).encode("utf-8") for i in ids.tolist()]
+        return {"label": np.array(labels, dtype=np.object_), "score": scores.cpu().numpy().astype(np.float32)}
+
+
+class GenerationEngine(Engine):
+    """text-generation: chat template when the tokenizer has one, greedy unless temperature > 0."""
+
+    outputs = ("text_output",)
+
+    def load_model(self, model_dir: str):
+        from transformers import AutoModelForCausalLM
+
+        self.tokenizer.padding_side = "left"  # generation continues at the right end of every row
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        return AutoModelForCausalLM.from_pretrained(model_dir)
+
+    def prompt(self, text: str) -> str:
+        if self.options.get("chat_template", True) and getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        return text
+
+    def check_lengths(self, texts: list[str], max_new_tokens: int) -> None:
+        """Raise RequestError if a prompt plus max_new_tokens exceeds the model's context."""
+        for ids in self.tokenizer([self.prompt(t) for t in texts], add_special_tokens=False)["input_ids"]:
+            if len(ids) + max_new_tokens > self.max_length:
+                raise RequestError(
+                    f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} exceeds the context of {self.max_length} tokens"
+                )
+
+    def run(self, texts: list[str], max_new_tokens: int = 64, temperature: float = 0.0, **_: Any) -> dict[str, np.ndarray]:
+        torch = self.torch
+        batch = self.tokenizer([self.prompt(t) for t in texts], padding=True, add_special_tokens=False, return_tensors="pt")
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+        with torch.inference_mode():
+            out = self.model.generate(
+                **batch, max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id, top_p=None, top_k=None, **sampling
+            )
+        new_tokens = out[:, batch["input_ids"].shape[1]:]
+        texts_out = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        return {"text_output": np.array([t.strip().encode("utf-8") for t in texts_out], dtype=np.object_)}
+
+
+ENGINES = {"feature-extraction": EmbeddingEngine, "text-classification": ClassificationEngine, "text-generation": GenerationEngine}
+
+
+def engine_from_parameters(params: dict[str, str], device: str = "cpu") -> Engine:
+    """Build the engine a config.pbtxt `parameters` block describes."""
+    return ENGINES[params["task"]](
+        params["model_dir"],
+        device=device,
+        dtype=params.get("dtype", "auto"),
+        num_threads=int(params.get("num_threads", "0")),
+        chat_template=params.get("chat_template", "true") == "true",
+    )
+
+
+def generation_options(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """Per-request max_new_tokens / temperature, checked; missing values take the configured defaults."""
+    options = dict(defaults)
+    if raw.get("max_new_tokens") is not None:
+        values = {int(v) for v in np.asarray(raw["max_new_tokens"]).reshape(-1)}
+        if len(values) != 1:
+            raise RequestError("max_new_tokens must hold one value per request")
+        value = values.pop()
+        if not 1 <= value <= 8192:
+            raise RequestError(f"max_new_tokens={value} must be between 1 and 8192")
+        options["max_new_tokens"] = value
+    if raw.get("temperature") is not None:
+        values = {float(v) for v in np.asarray(raw["temperature"]).reshape(-1)}
+        if len(values) != 1:
+            raise RequestError("temperature must hold one value per request")
+        value = values.pop()
+        if not math.isfinite(value) or not 0.0 <= value <= 100.0:
+            raise RequestError(f"temperature={value} must be a finite number between 0 and 100")
+        options["temperature"] = value
+    return options
+
+
+def error_response(message: str):
+    """An error response for one request; 400-class (INVALID_ARG) where the backend supports codes."""
+    code = getattr(getattr(pb_utils, "TritonError", None), "INVALID_ARG", None)
+    error = pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+
+
+class TritonPythonModel:
+    """The Triton entry point."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        self.params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        gpu = args.get("model_instance_kind") == "GPU"
+        device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"
+        started = time.monotonic()
+        self.engine = engine_from_parameters(self.params, device)
+        self.task = self.params["task"]
+        self.max_bytes = int(self.params.get("max_input_bytes", "65536"))
+        self.defaults = {
+            "max_new_tokens": int(self.params.get("max_new_tokens", "64")),
+            "temperature": float(self.params.get("temperature", "0")),
+        }
+        self._log(f"hf2triton: loaded {self.task} model from {self.params['model_dir']} on {device} in {time.monotonic() - started:.1f} s")
+
+    @staticmethod
+    def _log(message: str) -> None:
+        logger = getattr(pb_utils, "Logger", None)
+        if logger is not None:
+            logger.log_info(message)
+        else:
+            print(message, flush=True)
+
+    def _parse(self, request) -> tuple[list[str], dict[str, Any]]:
+        tensor = pb_utils.get_input_tensor_by_name(request, TEXT_INPUT)
+        if tensor is None:
+            raise RequestError(f"input '{TEXT_INPUT}' is missing")
+        texts = decode_texts(tensor.as_numpy(), self.max_bytes)
+        options: dict[str, Any] = {}
+        if self.task == "text-generation":
+            raw = {}
+            for name in ("max_new_tokens", "temperature"):
+                optional = pb_utils.get_input_tensor_by_name(request, name)
+                raw[name] = optional.as_numpy() if optional is not None else None
+            options = generation_options(raw, self.defaults)
+            self.engine.check_lengths(texts, options["max_new_tokens"])
+        return texts, options
+
+    def execute(self, requests: list) -> list:
+        responses: list[Any] = [None] * len(requests)
+        groups: dict[tuple, list[tuple[int, list[str]]]] = {}
+        for index, request in enumerate(requests):
+            try:
+                texts, options = self._parse(request)
+            except RequestError as err:
+                responses[index] = error_response(str(err))
+                continue
+            groups.setdefault(tuple(sorted(options.items())), []).append((index, texts))
+        for options, members in groups.items():
+            all_texts = [text for _, texts in members for text in texts]
+            try:
+                outputs = self.engine.run(all_texts, **dict(options))
+            except Exception as err:  # noqa: BLE001 - one failed pass must not take the stub down
+                message = f"inference failed: {type(err).__name__}: {err}"
+                self._log(f"hf2triton: {message}")
+                for index, _ in members:
+                    responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+                continue
+            start = 0
+            for index, texts in members:
+                end = start + len(texts)
+                tensors = [pb_utils.Tensor(name, _rows(outputs[name][start:end])) for name in self.engine.outputs]
+                responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
+                start = end
+        return responses
+
+    def finalize(self) -> None:
+        self.engine = None
+
+
+def _rows(values: np.ndarray) -> np.ndarray:
+    """Shape outputs as [texts, ...]: strings and scalars get a trailing dim of 1 (config dims [1])."""
+    return values.reshape(-1, 1) if values.ndim == 1 else values

@@ -1,0 +1,230 @@
+"""Step `validate`: prove the running server serves what was built.
+
+Per model: ready; the served config equals the rendered one; one HTTP and one gRPC inference with
+identical outputs; outputs equal to the saved model run in-process (same engine code, no Triton); the
+latency of each call; the metrics endpoint counting the requests. Writes report.json and report.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from hf2triton.errors import UserError
+from hf2triton.fsutil import atomic_write_json, atomic_write_text
+from hf2triton.pitfalls import explain
+from hf2triton.server import Settings, ensure_server, http_get, make_settings, public_state
+
+log = logging.getLogger("hf2triton.validate")
+
+PROBES = {
+    "feature-extraction": ["The quick brown fox jumps over the lazy dog.", "Triton sert des modèles — ça marche très bien.", "東京は日本の首都です。"],
+    "text-classification": ["I loved this film, it was wonderful.", "Terrible service, never again.", "Un repas correct, sans plus."],
+    "text-generation": ["What is the capital of France?"],
+}
+VALIDATION_MAX_NEW_TOKENS = 24
+COSINE_FLOOR = 0.999
+
+
+def check(name: str, ok: bool, detail: str) -> dict[str, Any]:
+    return {"name": name, "ok": bool(ok), "detail": detail}
+
+
+def rendered_config(repository: str, name: str) -> mc.ModelConfig:
+    return text_format.Parse((Path(repository) / name / "config.pbtxt").read_text(), mc.ModelConfig())
+
+
+def config_differences(rendered: Any, served: Any, path: str = "") -> list[str]:
+    """Fields set in the rendered config whose served value differs (the server adds defaults; those are fine)."""
+    if isinstance(rendered, dict):
+        if not isinstance(served, dict):
+            return [f"{path or '.'}: {served!r}"]
+        return [d for key, value in rendered.items() for d in config_differences(value, served.get(key), f"{path}.{key}")]
+    if isinstance(rendered, list):
+        if not isinstance(served, list) or len(served) != len(rendered):
+            return [f"{path}: served {served!r}, rendered {rendered!r}"]
+        return [d for i, (r, s) in enumerate(zip(rendered, served)) for d in config_differences(r, s, f"{path}[{i}]")]
+    return [] if rendered == served else [f"{path}: served {served!r}, rendered {rendered!r}"]
+
+
+def _as_dict(config: mc.ModelConfig) -> dict[str, Any]:
+    return json_format.MessageToDict(config, preserving_proto_field_name=True)
+
+
+def inputs_for(task: str, texts: list[str], client_module) -> list:
+    data = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
+    tensor = client_module.InferInput("text", list(data.shape), "BYTES")
+    tensor.set_data_from_numpy(data)
+    inputs = [tensor]
+    if task == "text-generation":
+        tokens = client_module.InferInput("max_new_tokens", [len(texts), 1], "INT32")
+        tokens.set_data_from_numpy(np.full((len(texts), 1), VALIDATION_MAX_NEW_TOKENS, dtype=np.int32))
+        inputs.append(tokens)
+    return inputs
+
+
+def infer(client, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...]) -> tuple[dict[str, np.ndarray], float]:
+    started = time.perf_counter()
+    result = client.infer(name, inputs_for(task, texts, client_module))
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    return {o: result.as_numpy(o) for o in outputs}, elapsed_ms
+
+
+def metric_value(metrics_text: str, metric: str, model: str) -> float:
+    pattern = re.compile(rf'^{metric}\{{[^}}]*model="{re.escape(model)}"[^}}]*\}} ([0-9.e+]+)$', re.M)
+    return sum(float(m.group(1)) for m in pattern.finditer(metrics_text))
+
+
+def compare_outputs(task: str, served: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> tuple[bool, str]:
+    """Served vs in-process: embeddings by cosine, labels exactly (scores close), generated text exactly."""
+    if task == "feature-extraction":
+        a, b = served["embedding"].astype(np.float64), reference["embedding"].astype(np.float64)
+        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        return bool(cos.min() >= COSINE_FLOOR), f"min cosine {cos.min():.6f} (floor {COSINE_FLOOR})"
+    if task == "text-classification":
+        labels_s, labels_r = served["label"].reshape(-1).tolist(), reference["label"].reshape(-1).tolist()
+        diff = float(np.abs(served["score"].reshape(-1) - reference["score"].reshape(-1)).max())
+        return labels_s == labels_r and diff < 1e-3, f"labels {[x.decode() for x in labels_s]} vs {[x.decode() for x in labels_r]}; max score diff {diff:.2e}"
+    text_s = [x.decode() for x in served["text_output"].reshape(-1)]
+    text_r = [x.decode() for x in reference["text_output"].reshape(-1)]
+    return text_s == text_r, f"served {text_s!r} vs in-process {text_r!r}"
+
+
+def outputs_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[bool, str]:
+    diffs = []
+    for name in a:
+        if a[name].dtype == np.object_:
+            if a[name].reshape(-1).tolist() != b[name].reshape(-1).tolist():
+                return False, f"{name} differs"
+        else:
+            diffs.append(float(np.abs(a[name] - b[name]).max()))
+    worst = max(diffs, default=0.0)
+    return worst <= 1e-5, f"max abs difference {worst:.2e}"
+
+
+def reference_outputs(config: mc.ModelConfig, texts: list[str]) -> dict[str, np.ndarray]:
+    """The saved model run in-process with the same engine model.py uses (no Triton involved)."""
+    from hf2triton.serving.model import engine_from_parameters
+
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    params["dtype"] = "float32" if params.get("dtype") in ("auto", "float16", "bfloat16") else params.get("dtype", "float32")
+    engine = engine_from_parameters(params, "cpu")
+    options = {"max_new_tokens": VALIDATION_MAX_NEW_TOKENS} if params["task"] == "text-generation" else {}
+    return engine.run(texts, **options)
+
+
+def validate_model(settings: Settings, name: str, http_client, grpc_client) -> dict[str, Any]:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    checks = []
+    ready = http_client.is_model_ready(name)
+    checks.append(check("ready", ready, "model is READY" if ready else "model is not ready"))
+    if not ready:
+        return {"ok": False, "checks": checks}
+    rendered = rendered_config(settings.repository, name)
+    served = json_format.ParseDict(grpc_client.get_model_config(name, as_json=True)["config"], mc.ModelConfig(), ignore_unknown_fields=True)
+    diffs = config_differences(_as_dict(rendered), _as_dict(served))
+    checks.append(check("served config equals rendered", not diffs, "identical in every rendered field" if not diffs else "; ".join(diffs[:5])))
+    task = rendered.parameters["task"].string_value
+    texts = PROBES[task]
+    outputs = tuple(o.name for o in rendered.output)
+    metrics_url = f"http://{settings.url('metrics_port')}/metrics"
+    before = metric_value(http_get(metrics_url)[1], "nv_inference_request_success", name)
+    try:
+        http_out, http_ms = infer(http_client, httpclient, name, task, texts, outputs)
+        grpc_out, grpc_ms = infer(grpc_client, grpcclient, name, task, texts, outputs)
+    except Exception as err:  # noqa: BLE001 - reported as a failed check with its hint
+        hints = "; ".join(p.fix for p in explain(str(err)))
+        checks.append(check("inference", False, f"{type(err).__name__}: {err}" + (f" -- fix: {hints}" if hints else "")))
+        return {"ok": False, "checks": checks}
+    checks.append(check("http inference", True, f"{len(texts)} texts in {http_ms:.1f} ms"))
+    checks.append(check("grpc inference", True, f"{len(texts)} texts in {grpc_ms:.1f} ms"))
+    same, detail = outputs_equal(http_out, grpc_out)
+    checks.append(check("http equals grpc", same, detail))
+    started = time.perf_counter()
+    reference = reference_outputs(rendered, texts)
+    ok, detail = compare_outputs(task, http_out, reference)
+    checks.append(check("served equals in-process", ok, f"{detail}; in-process run {1000 * (time.perf_counter() - started):.0f} ms incl. load"))
+    time.sleep(0.2)
+    after = metric_value(http_get(metrics_url)[1], "nv_inference_request_success", name)
+    checks.append(check("metrics count requests", after >= before + 2, f"nv_inference_request_success {before:.0f} -> {after:.0f}"))
+    sample = http_out[outputs[0]][0]
+    return {
+        "ok": all(c["ok"] for c in checks),
+        "task": task,
+        "latency_ms": {"http": round(http_ms, 1), "grpc": round(grpc_ms, 1)},
+        "sample": {"input": texts[0], "output": sample[0].decode() if sample.dtype == np.object_ else [round(float(x), 5) for x in sample[:4]]},
+        "checks": checks,
+    }
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    server = report["server"]
+    lines = [
+        "# hf2triton validation report",
+        "",
+        f"**Result: {'PASS' if report['ok'] else 'FAIL'}** — {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(report['finished_at']))}",
+        "",
+        f"Server: Triton {server.get('version', '?')} ({server.get('origin', '?')}), live={server.get('live')}, "
+        f"ready={server.get('ready')}, HTTP {server.get('http')}, gRPC {server.get('grpc')}, pid {server.get('pid')}",
+        "",
+        "| model | task | check | result | detail |",
+        "|---|---|---|---|---|",
+    ]
+    for name, model in report["models"].items():
+        for item in model["checks"]:
+            detail = item["detail"].replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {name} | {model.get('task', '')} | {item['name']} | {'ok' if item['ok'] else '**FAIL**'} | {detail} |")
+    lines += ["", "## Samples", ""]
+    for name, model in report["models"].items():
+        if "sample" in model:
+            lines.append(f"- **{name}**: `{model['sample']['input']}` → `{model['sample']['output']}`")
+    return "\n".join(lines) + "\n"
+
+
+def validate_server(settings: Settings, server_state: dict[str, Any], output_json: str, output_md: str) -> dict[str, Any]:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    http_client = httpclient.InferenceServerClient(settings.url(), connection_timeout=60, network_timeout=600)
+    grpc_client = grpcclient.InferenceServerClient(settings.url("grpc_port"))
+    metadata = http_client.get_server_metadata()
+    server = {
+        "live": http_client.is_server_live(),
+        "ready": http_client.is_server_ready(),
+        "version": metadata.get("version"),
+        "http": f"http://{settings.url()}",
+        "grpc": settings.url("grpc_port"),
+        "metrics": f"http://{settings.url('metrics_port')}/metrics",
+        **{k: v for k, v in public_state(server_state).items() if k in ("pid", "origin", "log", "action", "reason", "ready_after_s")},
+    }
+    models = {}
+    for name in settings.models:
+        log.info("validating %s", name)
+        models[name] = validate_model(settings, name, http_client, grpc_client)
+        for item in models[name]["checks"]:
+            (log.info if item["ok"] else log.error)("  %-30s %s  %s", item["name"], "ok" if item["ok"] else "FAIL", item["detail"])
+    report = {"ok": server["live"] and server["ready"] and all(m["ok"] for m in models.values()), "server": server, "models": models, "finished_at": time.time()}
+    if not report["ok"]:
+        failed_dir = Path(output_json).parent
+        atomic_write_text(failed_dir / "failed-report.md", render_markdown(report))
+        failed = [f"{n}: {c['name']} ({c['detail']})" for n, m in models.items() for c in m["checks"] if not c["ok"]]
+        raise UserError("validation failed: " + "; ".join(failed), f"see {failed_dir / 'failed-report.md'} and {settings.log_file}")
+    atomic_write_json(output_json, report)
+    atomic_write_text(output_md, render_markdown(report))
+    return report
+
+
+def validate_step(server: dict[str, Any], models: list[str], work: str, repository: str, output_json: str, output_md: str) -> dict[str, Any]:
+    """Rule `validate`: make sure the server runs the current repository, then validate it."""
+    settings = make_settings(server, models, work, repository)
+    state = ensure_server(settings)
+    return validate_server(settings, state, output_json, output_md)

@@ -1,0 +1,63 @@
+# Helpers shared by the rule files -- the validated config, paths of artifacts, per-model params.
+# Config is validated here, at parse time, so any mistake stops the run before any work.
+import re
+import sys
+from pathlib import Path
+
+from hf2triton import host
+from hf2triton.config import load_config, model_by_name
+from hf2triton.errors import UserError
+from hf2triton.sources import parse_source, resolve_local_path
+
+try:
+    CFG = load_config(Path(workflow.basedir) / "config.yaml", overrides=config)
+    LOCAL_SOURCES = {
+        m["name"]: str(resolve_local_path(parse_source(m["source"]), f"config.models[{i}].source"))
+        for i, m in enumerate(CFG["models"])
+        if not parse_source(m["source"]).is_hub
+    }
+except UserError as err:
+    sys.exit(f"hf2triton: error: {err.render()}")
+
+WORK = CFG["paths"]["work"]
+MODELS = [m["name"] for m in CFG["models"]]
+GPU_AVAILABLE = host.has_gpu()
+REPOSITORY = "model_repository"
+SERVING_CODE = str(Path(workflow.basedir) / "hf2triton" / "serving" / "model.py")  # copied as 1/model.py
+
+
+def model_value(key):
+    """Input function: one config value of the wildcard's model (so params are exact per model)."""
+    return lambda wildcards: model_by_name(CFG, wildcards.model)[key]
+
+
+def pretrained_dir(name):
+    return f"{WORK}/models/{name}/pretrained"
+
+
+def local_source(wildcards):
+    """A local/package source is an input of fetch: editing it refetches that model."""
+    return [LOCAL_SOURCES[wildcards.model]] if wildcards.model in LOCAL_SOURCES else []
+
+
+def instance_kind(wildcards):
+    device = model_by_name(CFG, wildcards.model)["device"]
+    return "KIND_GPU" if device == "gpu" or (device == "auto" and GPU_AVAILABLE) else "KIND_CPU"
+
+
+def threads_per_instance(wildcards):
+    return max(1, host.cpu_count() // model_by_name(CFG, wildcards.model)["instances"])
+
+
+def generation_options(wildcards):
+    model = model_by_name(CFG, wildcards.model)
+    return model.get("generation") if model["task"] == "text-generation" else None
+
+
+def queue_delay_us(wildcards):
+    return model_by_name(CFG, wildcards.model)["dynamic_batching"]["max_queue_delay_us"]
+
+
+def repository_of(wildcards, input):
+    """The repository root, derived from the rendered model directories that are inputs."""
+    return str(Path(input.repository[0]).parent)

@@ -1,0 +1,18 @@
+# Source -> local files + a record of exactly what they are (resolved commit, sizes, sha256).
+rule fetch:
+    input:
+        local_source,
+    output:
+        record=f"{WORK}/models/{{model}}/fetch.json",
+    params:
+        source=model_value("source"),
+        revision=model_value("revision"),
+        gguf_file=model_value("gguf_file"),
+        cache_dir=f"{WORK}/hub",
+    log:
+        "results/logs/fetch/{model}.log",
+    retries: 1
+    conda:
+        "../envs/hf2triton.yaml"
+    script:
+        "../scripts/fetch.py"

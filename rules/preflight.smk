@@ -1,0 +1,20 @@
+# Cheap host checks (stub, disk, GPU, ports, memory). Highest priority: with --cores 1 it runs before
+# any fetch, so a host problem stops the run before downloads. Only validate depends on it, so a
+# changed port never triggers refetching.
+rule preflight:
+    output:
+        "results/preflight.json",
+    params:
+        models=CFG["models"],
+        server=CFG["server"],
+        work=WORK,
+        pretrained={name: pretrained_dir(name) for name in MODELS},
+        gpu=GPU_AVAILABLE,
+    log:
+        "results/logs/preflight.log",
+    priority: 100
+    localrule: True
+    conda:
+        "../envs/hf2triton.yaml"
+    script:
+        "../scripts/preflight.py"

@@ -1,0 +1,21 @@
+# Lint-clean repository -> a running, current server (started or restarted as needed) -> report.
+rule validate:
+    input:
+        preflight=rules.preflight.output[0],
+        lint=expand(rules.lint.output[0], model=MODELS),
+        repository=expand(rules.repository.output[0], model=MODELS),
+    output:
+        json="results/validation/report.json",
+        markdown="results/validation/report.md",
+    params:
+        server=CFG["server"],
+        models=MODELS,
+        work=WORK,
+        repository=repository_of,
+    log:
+        "results/logs/validate.log",
+    localrule: True
+    conda:
+        "../envs/hf2triton.yaml"
+    script:
+        "../scripts/validate.py"

@@ -1,0 +1,5 @@
+"""Snakemake adapter for rule lint (logic: hf2triton.lint.lint_step)."""
+from hf2triton.lint import lint_step
+from hf2triton.steps import run_step
+
+run_step(snakemake, lint_step, model_dir=snakemake.input[0], gpu_available=snakemake.params.gpu, output=snakemake.output[0])

@@ -1,0 +1,15 @@
+"""Snakemake adapter for rule validate (logic: hf2triton.validate.validate_step)."""
+from hf2triton.steps import run_step
+from hf2triton.validate import validate_step
+
+params = snakemake.params
+run_step(
+    snakemake,
+    validate_step,
+    server=params.server,
+    models=params.models,
+    work=params.work,
+    repository=params.repository,
+    output_json=snakemake.output.json,
+    output_md=snakemake.output.markdown,
+)
