@@ -23,21 +23,39 @@ MAX_YAML_NODES = 20_000  # far above any real config; stops alias ("billion laug
 RESERVED_NAMES = {".", ".."}
 
 
-class _BoundedSafeLoader(yaml.SafeLoader):
-    """SafeLoader that refuses documents expanding to more than MAX_YAML_NODES nodes."""
+def _expanded_size(node: yaml.Node, memo: dict[int, int], active: set[int]) -> int:
+    """Number of nodes the document has once every alias is expanded (the cost of using it)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in active:
+        raise UserError("config contains a recursive YAML alias", "write the configuration out plainly")
+    active.add(key)
+    size = 1
+    if isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, memo, active) + _expanded_size(v, memo, active) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(item, memo, active) for item in node.value)
+    active.discard(key)
+    memo[key] = size
+    if size > MAX_YAML_NODES:
+        raise UserError(
+            f"config expands to more than {MAX_YAML_NODES} YAML nodes (an alias bomb?)",
+            "write the configuration out plainly, without nested aliases",
+        )
+    return size
 
-    def __init__(self, stream):
-        super().__init__(stream)
-        self._nodes_seen = 0
 
-    def construct_object(self, node, deep=False):
-        self._nodes_seen += 1
-        if self._nodes_seen > MAX_YAML_NODES:
-            raise UserError(
-                f"config expands to more than {MAX_YAML_NODES} YAML nodes (alias bomb?)",
-                "write the configuration out plainly, without nested aliases",
-            )
-        return super().construct_object(node, deep)
+def _safe_load_bounded(text: str) -> Any:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, {}, set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def read_yaml(path: Path) -> Any:
@@ -53,7 +71,7 @@ def read_yaml(path: Path) -> Any:
     except UnicodeDecodeError as err:
         raise UserError(f"{path}: byte {err.start} is not valid UTF-8", "save the file as UTF-8") from None
     try:
-        return yaml.load(text, Loader=_BoundedSafeLoader)  # noqa: S506 - a SafeLoader subclass
+        return _safe_load_bounded(text)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"

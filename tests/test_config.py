@@ -1,0 +1,144 @@
+"""Config schema: the shipped config is valid and complete; every bad value is one clear line."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from hf2triton.config import load_config, read_yaml, validate_config
+from hf2triton.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+GOOD = {"models": [{"name": "m", "source": "org/model", "task": "feature-extraction"}]}
+
+
+def with_model(**changes):
+    cfg = copy.deepcopy(GOOD)
+    cfg["models"][0].update(changes)
+    return cfg
+
+
+def with_server(**changes):
+    cfg = copy.deepcopy(GOOD)
+    cfg["server"] = changes
+    return cfg
+
+
+def test_shipped_config_is_valid_and_defaults_are_filled():
+    cfg = load_config(ROOT / "config.yaml")
+    assert [m["name"] for m in cfg["models"]] == ["smollm2", "minilm"]
+    assert cfg["server"]["host"] == "127.0.0.1"
+    assert cfg["models"][1]["revision"] == "main" and cfg["models"][1]["gguf_file"] is None
+
+
+def test_minimal_config_gets_all_defaults():
+    cfg = validate_config(GOOD)
+    model = cfg["models"][0]
+    assert model["backend"] == "python" and model["max_batch_size"] == 8 and model["instances"] == 1
+    assert model["dynamic_batching"] == {"max_queue_delay_us": 2000}
+    assert cfg["server"] == {
+        "host": "127.0.0.1",
+        "http_port": 8000,
+        "grpc_port": 8001,
+        "metrics_port": 8002,
+        "startup_timeout_s": 300,
+        "log_verbose": 0,
+        "shm_default_byte_size": 16777216,
+    }
+    assert cfg["paths"] == {"work": ".hf2triton"}
+    assert GOOD["models"][0] == {"name": "m", "source": "org/model", "task": "feature-extraction"}, "input must not be modified"
+
+
+def test_overrides_merge_over_the_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("models:\n  - {name: a, source: org/a, task: text-generation}\nserver: {http_port: 9000}\n")
+    cfg = load_config(path, {"server": {"grpc_port": 9001}})
+    assert cfg["server"]["http_port"] == 9000 and cfg["server"]["grpc_port"] == 9001
+
+
+BAD = [
+    # (config, words the one-line message must contain)
+    ([], ["top level", "mapping"]),
+    ({}, ["models", "missing"]),
+    ({"models": []}, ["models", "entries"]),
+    ({"models": GOOD["models"], "extra": 1}, ["config.extra", "unknown key"]),
+    (with_model(bogus=1), ["models[0].bogus", "unknown key"]),
+    (with_model(max_batchsize=4), ["max_batchsize", "unknown key", "max_batch_size"]),
+    (with_model(name="a/b"), ["models[0].name", "'a/b'"]),
+    (with_model(name="../x"), ["models[0].name"]),
+    (with_model(name=".."), ["models[0].name"]),
+    (with_model(name=""), ["models[0].name"]),
+    (with_model(name="a b"), ["models[0].name"]),
+    (with_model(task="summarization"), ["models[0].task", "summarization", "text-generation"]),
+    (with_model(backend="tensorrt_llm"), ["models[0].backend", "python"]),
+    (with_model(max_batch_size=-1), ["max_batch_size", "-1", "between 0"]),
+    (with_model(max_batch_size="4"), ["max_batch_size", "'4'", "integer"]),
+    (with_model(max_batch_size=10**9), ["max_batch_size"]),
+    (with_model(instances=0), ["instances", "0"]),
+    (with_model(device="tpu"), ["device", "tpu", "auto"]),
+    (with_model(dtype="int4"), ["dtype", "int4"]),
+    (with_model(source="x; rm -rf /"), ["source", "';'"]),
+    (with_model(source="org/model$(id)"), ["source"]),
+    (with_model(source="not a hub id"), ["source"]),
+    (with_model(source="pkg:../etc"), ["source", "package"]),
+    (with_model(source="pkg:os/../../etc/passwd"), ["source", "leave the package"]),
+    (with_model(revision="../../main"), ["revision"]),
+    (with_model(gguf_file="model.bin"), ["gguf_file", ".gguf"]),
+    (with_model(generation={"max_new_tokens": 0}), ["max_new_tokens", "0"]),
+    (with_model(generation={"max_new_tokens": 8}), ["generation", "only for task text-generation"]),
+    (with_model(dynamic_batching={"max_queue_delay_us": -5}), ["max_queue_delay_us"]),
+    ({"models": GOOD["models"] * 2}, ["duplicate", "models[1]"]),
+    ({"models": [GOOD["models"][0], {**GOOD["models"][0], "name": "M"}]}, ["duplicate"]),
+    (with_server(http_port=0), ["server.http_port", "0"]),
+    (with_server(grpc_port=70000), ["server.grpc_port", "70000", "65535"]),
+    (with_server(http_port=9000, grpc_port=9000), ["server.grpc_port", "same as server.http_port"]),
+    (with_server(host="0.0.0.0; rm"), ["server.host"]),
+    (with_server(startup_timeout_s=1), ["startup_timeout_s"]),
+    (with_server(log_verbose=True), ["log_verbose"]),
+    ({**GOOD, "paths": {"work": ""}}, ["paths.work"]),
+    ({**GOOD, "paths": {"work": "with space"}}, ["paths.work", "whitespace"]),
+    ({**GOOD, "models": "m"}, ["config.models", "array"]),
+    ({**GOOD, 1: "x"}, ["key 1"]),
+]
+
+
+@pytest.mark.parametrize("cfg,words", BAD, ids=[f"bad{i}" for i in range(len(BAD))])
+def test_bad_config_is_one_clear_line(cfg, words):
+    with pytest.raises(UserError) as info:
+        validate_config(cfg)
+    message = info.value.render()
+    assert "\n" not in message
+    assert "fix:" in message
+    for word in words:
+        assert word in message, f"{word!r} not in {message!r}"
+
+
+def test_at_least_twenty_bad_configs():
+    assert len(BAD) >= 25
+
+
+@pytest.mark.parametrize(
+    "content,words",
+    [
+        (b"models: [\n", ["YAML syntax error", "line"]),
+        (b"models:\n  - name: \xff\xfe\n", ["UTF-8"]),
+        (b"a: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+         b"d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: [*e,*e,*e,*e,*e,*e,*e,*e,*e]\n", ["alias bomb"]),
+        (b"!!python/object/apply:os.system ['true']\n", ["YAML"]),
+        (b"- just\n- a list\n", ["mapping"]),
+    ],
+)
+def test_unreadable_config_files(tmp_path, content, words):
+    path = tmp_path / "config.yaml"
+    path.write_bytes(content)
+    with pytest.raises(UserError) as info:
+        load_config(path)
+    for word in words:
+        assert word in info.value.render()
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        read_yaml(tmp_path / "nope.yaml")

@@ -1,0 +1,29 @@
+"""The conda environment file carries exactly the pins the Makefile installs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+ENVS = Path(__file__).resolve().parent.parent / "envs"
+
+
+def pins(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_conda_env_equals_requirements():
+    env = yaml.safe_load((ENVS / "hf2triton.yaml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert pip_section == pins(ENVS / "requirements.txt")
+
+
+def test_every_requirement_is_pinned_exactly():
+    for path in ("requirements.txt", "models.txt", "test.txt"):
+        for line in pins(ENVS / path):
+            assert "==" in line, f"{path}: {line} is not pinned"
+
+
+def test_numpy_below_2_for_the_triton_stub():
+    assert any(p.startswith("numpy==1.") for p in pins(ENVS / "requirements.txt"))

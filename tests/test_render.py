@@ -1,0 +1,71 @@
+"""Rendering: config.pbtxt parses back as a ModelConfig with the expected fields, per task."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from hf2triton.render import SERVING_MODULE, build_model_config, config_text, render_model
+
+
+def parse(text: str) -> mc.ModelConfig:
+    return text_format.Parse(text, mc.ModelConfig())
+
+
+@pytest.mark.parametrize(
+    "task,inputs,outputs",
+    [
+        ("feature-extraction", ["text"], ["embedding"]),
+        ("text-classification", ["text"], ["label", "score"]),
+        ("text-generation", ["text", "max_new_tokens", "temperature"], ["text_output"]),
+    ],
+)
+def test_tasks_render_expected_tensors(task, inputs, outputs):
+    config = parse(config_text(build_model_config("m", task, 8, 2, "KIND_CPU", 500, {"task": task}, embedding_dim=384)))
+    assert config.name == "m" and config.backend == "python" and config.max_batch_size == 8
+    assert [t.name for t in config.input] == inputs
+    assert [t.name for t in config.output] == outputs
+    assert config.input[0].data_type == mc.TYPE_STRING and list(config.input[0].dims) == [1]
+    assert all(t.optional for t in config.input[1:])
+    assert config.instance_group[0].count == 2 and config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+    assert config.dynamic_batching.max_queue_delay_microseconds == 500
+    assert config.parameters["task"].string_value == task
+    if task == "feature-extraction":
+        assert config.output[0].data_type == mc.TYPE_FP32 and list(config.output[0].dims) == [384]
+
+
+def test_no_batching_makes_texts_dimension_explicit():
+    config = build_model_config("m", "feature-extraction", 0, 1, "KIND_CPU", 500, {}, embedding_dim=16)
+    assert not config.HasField("dynamic_batching")
+    assert list(config.input[0].dims) == [-1, 1] and list(config.output[0].dims) == [-1, 16]
+
+
+def test_gpu_instance_group():
+    config = build_model_config("m", "text-generation", 4, 1, "KIND_GPU", 0, {})
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU and list(config.instance_group[0].gpus) == [0]
+
+
+def test_render_model_writes_directory(tmp_path):
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "config.json").write_text(json.dumps({"hidden_size": 24}))
+    out = render_model(str(tmp_path / "repo" / "emb"), "emb", "feature-extraction", str(saved), 4, 1, "KIND_CPU", "auto", 2, 100, 1000)
+    config = parse((out / "config.pbtxt").read_text())
+    assert list(config.output[0].dims) == [24]
+    assert config.parameters["model_dir"].string_value == str(saved.resolve())
+    assert config.parameters["num_threads"].string_value == "2"
+    assert (out / "1" / "model.py").read_text() == SERVING_MODULE.read_text()
+    assert not [p for p in (tmp_path / "repo").iterdir() if p.name.startswith(".")], "no temporary directory left behind"
+
+
+def test_render_generation_parameters(tmp_path):
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    out = render_model(str(tmp_path / "g"), "g", "text-generation", str(saved), 2, 1, "KIND_CPU", "float32", 1, 0, 10, {"max_new_tokens": 7, "temperature": 0.5, "chat_template": False})
+    params = parse((out / "config.pbtxt").read_text()).parameters
+    assert params["max_new_tokens"].string_value == "7"
+    assert params["temperature"].string_value == "0.5"
+    assert params["chat_template"].string_value == "false"

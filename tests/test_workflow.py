@@ -1,0 +1,133 @@
+"""The real workflow on tiny local models of all three tasks: build, serve, validate, and the
+incremental / restorable behaviours (rerun only what changed; restore a server that is gone)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from hf2triton import host
+
+pytestmark = pytest.mark.integration
+
+BUILD_RULES = {"fetch", "pretrained", "repository", "lint", "preflight", "validate"}
+
+
+def test_first_run_builds_everything_and_validates(tiny_workflow):
+    jobs = tiny_workflow.jobs_run(tiny_workflow.first_run)
+    assert sorted(jobs) == sorted(["preflight", "validate", "serve"] + [r for r in ("fetch", "pretrained", "repository", "lint") for _ in range(3)])
+    report = tiny_workflow.report()
+    assert report["ok"] is True
+    assert report["server"]["live"] and report["server"]["ready"]
+    assert set(report["models"]) == {"embed", "classify", "generate"}
+    for name, model in report["models"].items():
+        names = {c["name"] for c in model["checks"]}
+        assert {"ready", "served config equals rendered", "http equals grpc", "served equals in-process", "metrics count requests"} <= names, name
+        assert all(c["ok"] for c in model["checks"]), model["checks"]
+    assert (tiny_workflow.directory / "results" / "validation" / "report.md").read_text().count("| ok |") >= 15
+
+
+def test_rendered_repository_and_state_file_permissions(tiny_workflow):
+    repo = tiny_workflow.directory / "model_repository"
+    assert sorted(p.name for p in repo.iterdir()) == ["classify", "embed", "generate"]
+    for name in ("classify", "embed", "generate"):
+        assert (repo / name / "config.pbtxt").is_file() and (repo / name / "1" / "model.py").is_file()
+    state_file = tiny_workflow.directory / ".hf2triton" / "server" / "state.json"
+    assert oct(state_file.stat().st_mode & 0o777) == "0o600"
+    log_file = tiny_workflow.directory / ".hf2triton" / "server" / "tritonserver.log"
+    assert not log_file.stat().st_mode & 0o002
+
+
+def test_noop_rerun_runs_nothing_and_keeps_server(tiny_workflow):
+    pid = tiny_workflow.state()["pid"]
+    dry = tiny_workflow.run("-n", "serve")
+    assert set(tiny_workflow.jobs_run(dry)) == {"serve"}
+    started = time.monotonic()
+    result = tiny_workflow.run("serve")
+    elapsed = time.monotonic() - started
+    assert tiny_workflow.jobs_run(result) == ["serve"]
+    assert tiny_workflow.state()["pid"] == pid
+    assert "server: keep" in result.stderr
+    print(f"no-op rerun took {elapsed:.1f} s")
+
+
+def test_changing_max_batch_size_rebuilds_only_that_model(tiny_workflow):
+    pid = tiny_workflow.state()["pid"]
+    for model in tiny_workflow.config["models"]:
+        if model["name"] == "embed":
+            model["max_batch_size"] = 8
+    # (snakemake 9.27's --list-changes params lists every output, changed or not; the dry run's reasons are exact)
+    dry = tiny_workflow.run("-n", "serve")
+    assert sorted(tiny_workflow.jobs_run(dry)) == ["lint", "preflight", "repository", "serve", "validate"]
+    assert "model_repository/embed" in dry.stderr + dry.stdout
+    assert "Params have changed since last execution: Union of exclusive params before and now across all output: before: 4 now: 8" in dry.stderr + dry.stdout
+    result = tiny_workflow.run("serve")
+    jobs = tiny_workflow.jobs_run(result)
+    assert sorted(jobs) == ["lint", "preflight", "repository", "serve", "validate"]
+    assert "fetch" not in jobs and "pretrained" not in jobs
+    assert "max_batch_size: 8" in (tiny_workflow.directory / "model_repository" / "embed" / "config.pbtxt").read_text()
+    assert tiny_workflow.state()["pid"] != pid, "the server must restart to load the changed model"
+    assert tiny_workflow.report()["ok"]
+
+
+def test_server_killed_is_restored_without_rebuilding(tiny_workflow):
+    state = tiny_workflow.state()
+    os.killpg(state["pid"], signal.SIGKILL)
+    time.sleep(1)
+    result = tiny_workflow.run("serve")
+    assert tiny_workflow.jobs_run(result) == ["serve"]
+    assert "is gone" in result.stderr
+    new = tiny_workflow.state()
+    assert new["pid"] != state["pid"]
+    assert host.process_cmdline(new["pid"]) == new["cmdline"]
+
+
+def test_other_boot_id_restarts_server(tiny_workflow):
+    """A wiped/restored session: the state file comes from another boot -> start a new server."""
+    state_file = tiny_workflow.directory / ".hf2triton" / "server" / "state.json"
+    state = json.loads(state_file.read_text())
+    # Stop the real process first (a reboot would have), then pretend the state is from another boot.
+    tiny_workflow.stop()
+    state["boot_id"] = "00000000-0000-0000-0000-000000000000"
+    state_file.write_text(json.dumps(state))
+    result = tiny_workflow.run("serve")
+    assert tiny_workflow.jobs_run(result) == ["serve"]
+    assert "rebooted" in result.stderr
+    assert tiny_workflow.state()["boot_id"] == host.boot_id()
+
+
+def test_adding_a_model_builds_only_the_new_one(tiny_workflow, tiny_models):
+    extra = {"name": "embed2", "source": str(tiny_models["feature-extraction"]), "task": "feature-extraction", "max_batch_size": 2}
+    tiny_workflow.config["models"].append(extra)
+    result = tiny_workflow.run("serve")
+    jobs = tiny_workflow.jobs_run(result)
+    assert sorted(jobs) == sorted(["fetch", "pretrained", "repository", "lint", "preflight", "validate", "serve"])
+    assert tiny_workflow.report()["models"]["embed2"]["ok"]
+
+
+def test_changing_source_rebuilds_that_model_only(tiny_workflow, tiny_models):
+    for model in tiny_workflow.config["models"]:
+        if model["name"] == "embed2":
+            model["source"] = str(tiny_models["text-classification"])
+            model["task"] = "text-classification"
+    result = tiny_workflow.run("serve")
+    jobs = tiny_workflow.jobs_run(result)
+    assert sorted(jobs) == sorted(["fetch", "pretrained", "repository", "lint", "preflight", "validate", "serve"])
+    assert tiny_workflow.report()["models"]["embed2"]["task"] == "text-classification"
+
+
+def test_status_and_stop_targets(tiny_workflow):
+    status = tiny_workflow.run("status")
+    payload = json.loads(status.stdout[status.stdout.index("{") : status.stdout.rindex("}") + 1])
+    assert payload["running"] and payload["ready"] and payload["current"]
+    assert all(payload["models"].values())
+    pid = tiny_workflow.state()["pid"]
+    tiny_workflow.run("stop")
+    assert host.process_cmdline(pid) is None
+    assert not (tiny_workflow.directory / ".hf2triton" / "server" / "state.json").exists()
+    # and `serve` brings it back, rebuilding nothing
+    assert tiny_workflow.jobs_run(tiny_workflow.run("serve")) == ["serve"]
