@@ -206,9 +206,9 @@ def validate_config(raw: Any) -> dict:
         if not isinstance(key, str):
             raise UserError(f"config: key {key!r} is not a string", "use plain names as keys")
     models = cfg.get("models")
-    explicit_generation = {
-        i for i, m in enumerate(models) if isinstance(m, dict) and "generation" in m
-    } if isinstance(models, list) else set()
+    explicit_generation = (
+        {i for i, m in enumerate(models) if isinstance(m, dict) and "generation" in m} if isinstance(models, list) else set()
+    )
     validator = _DefaultFillingValidator(_schema())
     errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:

@@ -38,7 +38,10 @@ def select_hub_files(filenames: list[str], gguf_file: str | None) -> list[str]:
     """The files of a hub repository the pipeline needs: configs, tokenizer, one weight format."""
     if gguf_file:
         if gguf_file not in filenames:
-            raise UserError(f"gguf_file {gguf_file!r} is not in the repository", "pick one of " + ", ".join(f for f in filenames if f.endswith(".gguf")) or "check the name")
+            raise UserError(
+                f"gguf_file {gguf_file!r} is not in the repository",
+                "pick one of " + ", ".join(f for f in filenames if f.endswith(".gguf")) or "check the name",
+            )
         patterns = CONFIG_PATTERNS + [gguf_file]
     else:
         names = set(filenames)
@@ -72,13 +75,13 @@ def _explain_hub_error(err: Exception, repo_id: str, revision: str) -> UserError
         RevisionNotFoundError,
     )
 
-    token_hint = "if it is private or gated, export HF_TOKEN=<your token> (never put tokens in config.yaml)"
+    auth_hint = "if it is private or gated, export HF_TOKEN=<your token> (never put tokens in config.yaml)"
     if isinstance(err, GatedRepoError):
-        return UserError(f"hub repository {repo_id!r} is gated", "accept its terms on the hub, then " + token_hint)
+        return UserError(f"hub repository {repo_id!r} is gated", "accept its terms on the hub, then " + auth_hint)
     if isinstance(err, RevisionNotFoundError):
         return UserError(f"revision {revision!r} not found in {repo_id!r}", "use an existing branch, tag or commit hash")
     if isinstance(err, RepositoryNotFoundError):
-        return UserError(f"hub repository {repo_id!r} not found at {hub_endpoint()} (or not accessible)", f"check the id; {token_hint}")
+        return UserError(f"hub repository {repo_id!r} not found at {hub_endpoint()} (or not accessible)", f"check the id; {auth_hint}")
     if isinstance(err, EntryNotFoundError):
         return UserError(f"a file of {repo_id!r}@{revision} is missing on the hub: {err}", "check gguf_file / the revision")
     return UserError(
@@ -110,7 +113,7 @@ def fetch_hub(repo_id: str, revision: str, gguf_file: str | None, cache_dir: Pat
     log.info("resolving %s@%s on %s", repo_id, revision, hub_endpoint())
     try:
         info = with_retries(lambda: api.model_info(repo_id, revision=revision, files_metadata=True), f"model_info {repo_id}")
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - every failure is explained below
         raise _explain_hub_error(err, repo_id, revision) from None
     sizes = {s.rfilename: (s.size or 0) for s in info.siblings or []}
     wanted = select_hub_files(list(sizes), gguf_file)
@@ -119,7 +122,8 @@ def fetch_hub(repo_id: str, revision: str, gguf_file: str | None, cache_dir: Pat
     free = free_bytes(cache_dir)
     if free < need:
         raise UserError(
-            f"not enough disk for {repo_id}: needs {human_bytes(need)} (2x its {human_bytes(total)}), {human_bytes(free)} free at {cache_dir}",
+            f"not enough disk for {repo_id}: needs {human_bytes(need)} (2x its {human_bytes(total)}), "
+            f"{human_bytes(free)} free at {cache_dir}",
             "free space, or point paths.work at a larger disk",
         )
     log.info("downloading %d files (%s) of %s at commit %s", len(wanted), human_bytes(total), repo_id, info.sha)
@@ -128,7 +132,7 @@ def fetch_hub(repo_id: str, revision: str, gguf_file: str | None, cache_dir: Pat
             lambda: snapshot_download(repo_id, revision=info.sha, cache_dir=str(cache_dir), allow_patterns=wanted, endpoint=hub_endpoint()),
             f"download {repo_id}",
         )
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - every failure is explained below
         raise _explain_hub_error(err, repo_id, revision) from None
     return {"path": str(Path(local).resolve()), "resolved_revision": info.sha, "gguf_file": gguf_file}
 

@@ -38,10 +38,12 @@ def atomic_directory(path: Path | str) -> Iterator[Path]:
     """Yield a fresh temporary sibling of `path`; on success it replaces `path` in one rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in path.parent.glob(f".{path.name}.*.partial"):  # from a killed earlier attempt
+        shutil.rmtree(leftover, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
     try:
         yield tmp
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, 0o755)  # noqa: S103 - readable by the server, writable only by us
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)

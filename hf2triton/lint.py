@@ -61,7 +61,15 @@ def _check_tensors(config: mc.ModelConfig, path: str, findings: list[Finding]) -
                 findings.append(Finding("error", path, where, "duplicate tensor name", "use unique names"))
             names.add(tensor.name)
             if tensor.data_type == mc.TYPE_INVALID:
-                findings.append(Finding("error", path, f"{where}.data_type", f"model {kind} '{tensor.name}' must specify 'data_type'", "set data_type, e.g. TYPE_STRING"))
+                findings.append(
+                    Finding(
+                        "error",
+                        path,
+                        f"{where}.data_type",
+                        f"model {kind} '{tensor.name}' must specify 'data_type'",
+                        "set data_type, e.g. TYPE_STRING",
+                    )
+                )
             if not tensor.dims and not tensor.HasField("reshape"):
                 findings.append(Finding("error", path, f"{where}.dims", "no dims", "set dims (e.g. dims: [ 1 ])"))
             if any(d == 0 or d < -1 for d in tensor.dims):
@@ -81,17 +89,33 @@ def lint_model_dir(model_dir: Path | str, backend_dir: Path | str | None, gpu_av
     cfg = str(config_path)
     if config.name and config.name != model_dir.name:
         findings.append(
-            Finding("error", cfg, "name", f"unexpected directory name '{model_dir.name}' for model '{config.name}'", "make the directory name equal the model name")
+            Finding(
+                "error",
+                cfg,
+                "name",
+                f"unexpected directory name '{model_dir.name}' for model '{config.name}'",
+                "make the directory name equal the model name",
+            )
         )
     if config.max_batch_size < 0:
         findings.append(Finding("error", cfg, "max_batch_size", f"{config.max_batch_size} < 0", "use 0 (no batching) or a positive size"))
     if config.max_batch_size == 0 and config.HasField("dynamic_batching"):
-        findings.append(Finding("error", cfg, "dynamic_batching", "dynamic batching needs max_batch_size > 0", "set max_batch_size or drop dynamic_batching"))
+        findings.append(
+            Finding(
+                "error", cfg, "dynamic_batching", "dynamic batching needs max_batch_size > 0", "set max_batch_size or drop dynamic_batching"
+            )
+        )
     _check_tensors(config, cfg, findings)
     for group in config.instance_group:
         if group.kind == mc.ModelInstanceGroup.KIND_GPU and not gpu_available:
             findings.append(
-                Finding("error", cfg, "instance_group.kind", "KIND_GPU but no GPUs are available on this host", "use device: cpu or auto (KIND_CPU)")
+                Finding(
+                    "error",
+                    cfg,
+                    "instance_group.kind",
+                    "KIND_GPU but no GPUs are available on this host",
+                    "use device: cpu or auto (KIND_CPU)",
+                )
             )
     backend = config.backend or ("python" if config.platform == "" else "")
     if backend_dir is not None and backend:
@@ -103,7 +127,8 @@ def lint_model_dir(model_dir: Path | str, backend_dir: Path | str | None, gpu_av
                     "error",
                     cfg,
                     "backend",
-                    f"unable to find backend library for backend '{backend}' in {backend_dir} (the server has: {', '.join(available) or 'none'})",
+                    f"unable to find backend library for backend '{backend}' in {backend_dir} "
+                    f"(the server has: {', '.join(available) or 'none'})",
                     "use backend: python (the pip server ships only that), or a Triton install with this backend",
                 )
             )
@@ -114,16 +139,30 @@ def lint_model_dir(model_dir: Path | str, backend_dir: Path | str | None, gpu_av
                 versions.append(entry)
             else:
                 findings.append(
-                    Finding("error", str(entry), "version directory", f"'{entry.name}' fails to convert to an integral version", f"remove {entry}")
+                    Finding(
+                        "error",
+                        str(entry),
+                        "version directory",
+                        f"'{entry.name}' fails to convert to an integral version",
+                        f"remove {entry}",
+                    )
                 )
     if not versions:
-        findings.append(Finding("error", str(model_dir), "versions", "at least one version must be available (no numeric directory)", "create 1/"))
+        findings.append(
+            Finding("error", str(model_dir), "versions", "at least one version must be available (no numeric directory)", "create 1/")
+        )
     filename = config.default_model_filename or ("model.py" if backend == "python" else "")
     for version in versions:
         model_file = version / filename if filename else None
         if model_file is not None and not model_file.is_file():
             findings.append(
-                Finding("error", str(model_file), "model file", "missing: the server would wait forever (never ready)", "render the repository again")
+                Finding(
+                    "error",
+                    str(model_file),
+                    "model file",
+                    "missing: the server would wait forever (never ready)",
+                    "render the repository again",
+                )
             )
         elif model_file is not None and model_file.suffix == ".py":
             try:
@@ -133,7 +172,9 @@ def lint_model_dir(model_dir: Path | str, backend_dir: Path | str | None, gpu_av
     if "model_dir" in config.parameters:
         saved = Path(config.parameters["model_dir"].string_value)
         if not (saved / "config.json").is_file():
-            findings.append(Finding("error", cfg, "parameters.model_dir", f"{saved} holds no saved model", "rebuild it: snakemake --cores 1 serve"))
+            findings.append(
+                Finding("error", cfg, "parameters.model_dir", f"{saved} holds no saved model", "rebuild it: snakemake --cores 1 serve")
+            )
     return findings
 
 

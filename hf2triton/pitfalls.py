@@ -21,21 +21,63 @@ class Pitfall:
 
 
 PITFALLS = [
-    Pitfall(r"unexpected directory name '.*' for model", "directory name differs from `name:`", "make the directory name equal the name in config.pbtxt"),
-    Pitfall(r"Error parsing text-format inference\.ModelConfig", "config.pbtxt syntax error or misspelled field", "fix the line/column given (run the lint: snakemake lint)"),
+    Pitfall(
+        r"unexpected directory name '.*' for model",
+        "directory name differs from `name:`",
+        "make the directory name equal the name in config.pbtxt",
+    ),
+    Pitfall(
+        r"Error parsing text-format inference\.ModelConfig",
+        "config.pbtxt syntax error or misspelled field",
+        "fix the line/column given (run the lint: snakemake lint)",
+    ),
     Pitfall(r"at least one version must be available", "no numeric version directory", "create the version directory 1/ with model.py"),
-    Pitfall(r"ignore version directory '.*' which fails to convert", "non-numeric directory in the model dir (e.g. .ipynb_checkpoints)", "remove it; version directories are integers"),
+    Pitfall(
+        r"ignore version directory '.*' which fails to convert",
+        "non-numeric directory in the model dir (e.g. .ipynb_checkpoints)",
+        "remove it; version directories are integers",
+    ),
     Pitfall(r"has kind KIND_GPU but no GPUs are available", "KIND_GPU on a host without GPU", "set device: cpu (or auto) for the model"),
-    Pitfall(r"unable to find backend library for backend", "backend absent from the server (the pip wheel has only python)", "use backend: python, or a Triton install that has the backend"),
+    Pitfall(
+        r"unable to find backend library for backend",
+        "backend absent from the server (the pip wheel has only python)",
+        "use backend: python, or a Triton install that has the backend",
+    ),
     Pitfall(r"must specify 'data_type'", "input/output without data_type", "set data_type in config.pbtxt"),
-    Pitfall(r"ModuleNotFoundError: No module named", "model.py imports a package the stub's Python lacks", "install it into the .venv the server runs with (make serve)"),
-    Pitfall(r"libpython3\.\d+\.so[.\d]*: cannot open shared object|undefined symbol: _Py", "stub/libpython mismatch", "use the stub of the running Python and put its LIBDIR on LD_LIBRARY_PATH (hf2triton does this)"),
+    Pitfall(
+        r"ModuleNotFoundError: No module named",
+        "model.py imports a package the stub's Python lacks",
+        "install it into the .venv the server runs with (make serve)",
+    ),
+    Pitfall(
+        r"libpython3\.\d+\.so[.\d]*: cannot open shared object|undefined symbol: _Py",
+        "stub/libpython mismatch",
+        "use the stub of the running Python and put its LIBDIR on LD_LIBRARY_PATH (hf2triton does this)",
+    ),
     Pitfall(r"Python model file not found", "1/model.py missing", "re-render the repository: snakemake --cores 1 serve"),
-    Pitfall(r"Unable to initialize shared memory key|shm-default-byte-size", "Python-backend shared memory too small or /dev/shm full", "raise server.shm_default_byte_size, or free /dev/shm"),
-    Pitfall(r"[Ss]ocket '.*' already in use|Address already in use|failed to start (HTTP|GRPC|Metrics)", "a port is taken", "stop whatever holds it or choose other server.*_port values in config.yaml"),
-    Pitfall(r"deserialize_bytes_tensor|unpack_from requires a buffer", "numpy 2 in the stub's Python breaks string tensors", "use numpy<2 in the environment the server runs with"),
-    Pitfall(r"Stub process .* is not healthy", "a Python-backend stub process died", "read the lines above in the server log; hf2triton serve restarts the server"),
-    Pitfall(r"CUDA out of memory|OutOfMemoryError", "the model does not fit in GPU memory", "fewer instances, a smaller dtype, or device: cpu"),
+    Pitfall(
+        r"Unable to initialize shared memory key|shm-default-byte-size",
+        "Python-backend shared memory too small or /dev/shm full",
+        "raise server.shm_default_byte_size, or free /dev/shm",
+    ),
+    Pitfall(
+        r"[Ss]ocket '.*' already in use|Address already in use|failed to start (HTTP|GRPC|Metrics)",
+        "a port is taken",
+        "stop whatever holds it or choose other server.*_port values in config.yaml",
+    ),
+    Pitfall(
+        r"deserialize_bytes_tensor|unpack_from requires a buffer",
+        "numpy 2 in the stub's Python breaks string tensors",
+        "use numpy<2 in the environment the server runs with",
+    ),
+    Pitfall(
+        r"Stub process .* is not healthy",
+        "a Python-backend stub process died",
+        "read the lines above in the server log; hf2triton serve restarts the server",
+    ),
+    Pitfall(
+        r"CUDA out of memory|OutOfMemoryError", "the model does not fit in GPU memory", "fewer instances, a smaller dtype, or device: cpu"
+    ),
     Pitfall(r"failed to load all models|failed to load '", "a model failed to load", "read that model's own error just above"),
     Pitfall(r"unexpected shape for input", "batch dimension missing or wrong shape", "send texts as shape [n, 1] (one row per text)"),
     Pitfall(r"unexpected inference input", "wrong input name", "the input is called 'text'"),

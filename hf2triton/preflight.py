@@ -92,12 +92,15 @@ def run_preflight(cfg: dict, pretrained_dirs: dict[str, str], gpu_available: boo
             _check(
                 f"port:{key}",
                 free_now or held_by_us,
-                f"{settings.host}:{port} " + ("free" if free_now else "held by our tritonserver" if held_by_us else "in use by another program"),
+                f"{settings.host}:{port} "
+                + ("free" if free_now else "held by our tritonserver" if held_by_us else "in use by another program"),
                 f"stop that program or set server.{key} in config.yaml to a free port",
             )
         )
 
-    estimates = {m["name"]: estimate_model_memory(m, Path(pretrained_dirs[m["name"]]), gpu_available and m["device"] != "cpu") for m in cfg["models"]}
+    estimates = {
+        m["name"]: estimate_model_memory(m, Path(pretrained_dirs[m["name"]]), gpu_available and m["device"] != "cpu") for m in cfg["models"]
+    }
     total = sum((est or 0) * m["instances"] for m, est in zip(cfg["models"], estimates.values()))
     available = host.available_memory_bytes()
     if ours:
@@ -111,18 +114,26 @@ def run_preflight(cfg: dict, pretrained_dirs: dict[str, str], gpu_available: boo
             "fewer instances, a smaller dtype, or fewer models",
         )
     )
-    shm = Path("/dev/shm")
+    shm = Path("/dev/shm")  # noqa: S108 - only measured
     if shm.is_dir():
         shm_free = shutil.disk_usage(shm).free
         shm_need = settings.shm_default_byte_size * sum(m["instances"] for m in cfg["models"]) * 2
         checks.append(
-            _check("shared-memory", shm_free >= shm_need, f"/dev/shm: {human_bytes(shm_free)} free, {human_bytes(shm_need)} needed", "free /dev/shm or lower server.shm_default_byte_size")
+            _check(
+                "shared-memory",
+                shm_free >= shm_need,
+                f"{shm}: {human_bytes(shm_free)} free, {human_bytes(shm_need)} needed",
+                "free /dev/shm or lower server.shm_default_byte_size",
+            )
         )
     report = {"ok": all(c["ok"] for c in checks), "checks": checks}
     for check in checks:
         (log.info if check["ok"] else log.error)("preflight %-22s %s  %s", check["name"], "ok " if check["ok"] else "FAIL", check["detail"])
     if not report["ok"]:
         failed = [c for c in checks if not c["ok"]]
-        raise UserError("preflight failed: " + "; ".join(f"{c['name']}: {c['detail']}" for c in failed), "; ".join(dict.fromkeys(c["fix"] for c in failed)))
+        raise UserError(
+            "preflight failed: " + "; ".join(f"{c['name']}: {c['detail']}" for c in failed),
+            "; ".join(dict.fromkeys(c["fix"] for c in failed)),
+        )
     atomic_write_json(output, report)
     return report

@@ -67,7 +67,13 @@ def save_pretrained_model(record: str, task: str, output: str) -> dict[str, Any]
     source_dir = Path(fetched["path"])
     started = time.monotonic()
     model, tokenizer = load_source_model(source_dir, fetched.get("gguf_file"), task)
-    log.info("loaded %s (%s, %.1fM parameters) in %.1f s", fetched["source"], type(model).__name__, model.num_parameters() / 1e6, time.monotonic() - started)
+    log.info(
+        "loaded %s (%s, %.1fM parameters) in %.1f s",
+        fetched["source"],
+        type(model).__name__,
+        model.num_parameters() / 1e6,
+        time.monotonic() - started,
+    )
     need = estimate_saved_bytes(model)
     free = free_bytes(Path(output).parent)
     if free < need * 1.1:

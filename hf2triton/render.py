@@ -119,6 +119,6 @@ def render_model(
         (tmp / "config.pbtxt").write_text(config_text(config))
         (tmp / VERSION).mkdir()
         shutil.copyfile(SERVING_MODULE, tmp / VERSION / "model.py")
-        os.chmod(tmp / VERSION, 0o755)
+        os.chmod(tmp / VERSION, 0o755)  # noqa: S103 - readable by the server, writable only by us
     log.info("rendered %s (%s, %s x%d, max_batch_size %d)", output, task, kind, instances, max_batch_size)
     return Path(output)

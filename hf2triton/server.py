@@ -406,7 +406,9 @@ def wait_until_ready(settings: Settings, process: subprocess.Popen) -> None:
             text = settings.log_file.read_text(errors="replace")
             loaded = _loaded_models(text, settings.models)
             pending = [m for m in settings.models if m not in loaded]
-            log.info("waiting for tritonserver: %.0f s; loaded: %s; loading: %s", elapsed, ", ".join(loaded) or "-", ", ".join(pending) or "-")
+            log.info(
+                "waiting for tritonserver: %.0f s; loaded: %s; loading: %s", elapsed, ", ".join(loaded) or "-", ", ".join(pending) or "-"
+            )
             last_report = time.monotonic()
         time.sleep(0.25)
 
@@ -443,9 +445,7 @@ def server_status(settings: Settings) -> dict[str, Any]:
     }
     if state and facts.cmdline_matches:
         status.update(pid=state["pid"], uptime_s=round(time.time() - state["started_at"]), origin=state.get("origin"))
-        status["models"] = {
-            name: http_get(f"http://{settings.url()}/v2/models/{name}/ready")[0] == 200 for name in state.get("models", [])
-        }
+        status["models"] = {name: http_get(f"http://{settings.url()}/v2/models/{name}/ready")[0] == 200 for name in state.get("models", [])}
     return status
 
 
@@ -495,4 +495,3 @@ def stop_step(server: dict[str, Any], models: list[str], work: str, repository: 
     message = stop_server(make_settings(server, models, work, repository))
     print(f"hf2triton: {message}", file=sys.stderr)
     return message
-

@@ -25,7 +25,11 @@ from hf2triton.server import Settings, ensure_server, http_get, make_settings, p
 log = logging.getLogger("hf2triton.validate")
 
 PROBES = {
-    "feature-extraction": ["The quick brown fox jumps over the lazy dog.", "Triton sert des modèles — ça marche très bien.", "東京は日本の首都です。"],
+    "feature-extraction": [
+        "The quick brown fox jumps over the lazy dog.",
+        "Triton sert des modèles — ça marche très bien.",
+        "東京は日本の首都です。",
+    ],
     "text-classification": ["I loved this film, it was wonderful.", "Terrible service, never again.", "Un repas correct, sans plus."],
     "text-generation": ["What is the capital of France?"],
 }
@@ -91,7 +95,10 @@ def compare_outputs(task: str, served: dict[str, np.ndarray], reference: dict[st
     if task == "text-classification":
         labels_s, labels_r = served["label"].reshape(-1).tolist(), reference["label"].reshape(-1).tolist()
         diff = float(np.abs(served["score"].reshape(-1) - reference["score"].reshape(-1)).max())
-        return labels_s == labels_r and diff < 1e-3, f"labels {[x.decode() for x in labels_s]} vs {[x.decode() for x in labels_r]}; max score diff {diff:.2e}"
+        return (
+            labels_s == labels_r and diff < 1e-3,
+            f"labels {[x.decode() for x in labels_s]} vs {[x.decode() for x in labels_r]}; max score diff {diff:.2e}",
+        )
     text_s = [x.decode() for x in served["text_output"].reshape(-1)]
     text_r = [x.decode() for x in reference["text_output"].reshape(-1)]
     return text_s == text_r, f"served {text_s!r} vs in-process {text_r!r}"
@@ -132,7 +139,9 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client) -> d
     rendered = rendered_config(settings.repository, name)
     served = json_format.ParseDict(grpc_client.get_model_config(name, as_json=True)["config"], mc.ModelConfig(), ignore_unknown_fields=True)
     diffs = config_differences(_as_dict(rendered), _as_dict(served))
-    checks.append(check("served config equals rendered", not diffs, "identical in every rendered field" if not diffs else "; ".join(diffs[:5])))
+    checks.append(
+        check("served config equals rendered", not diffs, "identical in every rendered field" if not diffs else "; ".join(diffs[:5]))
+    )
     task = rendered.parameters["task"].string_value
     texts = PROBES[task][: rendered.max_batch_size or None]  # one request must fit max_batch_size
     outputs = tuple(o.name for o in rendered.output)
@@ -152,7 +161,9 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client) -> d
     started = time.perf_counter()
     reference = reference_outputs(rendered, texts)
     ok, detail = compare_outputs(task, http_out, reference)
-    checks.append(check("served equals in-process", ok, f"{detail}; in-process run {1000 * (time.perf_counter() - started):.0f} ms incl. load"))
+    checks.append(
+        check("served equals in-process", ok, f"{detail}; in-process run {1000 * (time.perf_counter() - started):.0f} ms incl. load")
+    )
     time.sleep(0.2)
     after = metric_value(http_get(metrics_url)[1], "nv_inference_request_success", name)
     checks.append(check("metrics count requests", after >= before + 2, f"nv_inference_request_success {before:.0f} -> {after:.0f}"))
@@ -161,7 +172,10 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client) -> d
         "ok": all(c["ok"] for c in checks),
         "task": task,
         "latency_ms": {"http": round(http_ms, 1), "grpc": round(grpc_ms, 1)},
-        "sample": {"input": texts[0], "output": sample[0].decode() if sample.dtype == np.object_ else [round(float(x), 5) for x in sample[:4]]},
+        "sample": {
+            "input": texts[0],
+            "output": sample[0].decode() if sample.dtype == np.object_ else [round(float(x), 5) for x in sample[:4]],
+        },
         "checks": checks,
     }
 
@@ -212,7 +226,12 @@ def validate_server(settings: Settings, server_state: dict[str, Any], output_jso
         models[name] = validate_model(settings, name, http_client, grpc_client)
         for item in models[name]["checks"]:
             (log.info if item["ok"] else log.error)("  %-30s %s  %s", item["name"], "ok" if item["ok"] else "FAIL", item["detail"])
-    report = {"ok": server["live"] and server["ready"] and all(m["ok"] for m in models.values()), "server": server, "models": models, "finished_at": time.time()}
+    report = {
+        "ok": server["live"] and server["ready"] and all(m["ok"] for m in models.values()),
+        "server": server,
+        "models": models,
+        "finished_at": time.time(),
+    }
     if not report["ok"]:
         failed_dir = Path(output_json).parent
         atomic_write_text(failed_dir / "failed-report.md", render_markdown(report))
@@ -223,7 +242,9 @@ def validate_server(settings: Settings, server_state: dict[str, Any], output_jso
     return report
 
 
-def validate_step(server: dict[str, Any], models: list[str], work: str, repository: str, output_json: str, output_md: str) -> dict[str, Any]:
+def validate_step(
+    server: dict[str, Any], models: list[str], work: str, repository: str, output_json: str, output_md: str
+) -> dict[str, Any]:
     """Rule `validate`: make sure the server runs the current repository, then validate it."""
     settings = make_settings(server, models, work, repository)
     state = ensure_server(settings)

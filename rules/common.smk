@@ -7,6 +7,7 @@ from pathlib import Path
 from hf2triton import host
 from hf2triton.config import load_config, model_by_name
 from hf2triton.errors import UserError
+from hf2triton.locks import clear_stale_locks
 from hf2triton.sources import parse_source, resolve_local_path
 
 try:
@@ -18,6 +19,9 @@ try:
     }
 except UserError as err:
     sys.exit(f"hf2triton: error: {err.render()}")
+
+if clear_stale_locks(Path.cwd()):
+    print("hf2triton: removed the locks of an earlier run that was killed; resuming", file=sys.stderr)
 
 WORK = CFG["paths"]["work"]
 MODELS = [m["name"] for m in CFG["models"]]

@@ -1,4 +1,5 @@
 """Snakemake adapter for rule fetch (logic: hf2triton.fetch.fetch_source)."""
+
 from hf2triton.fetch import fetch_source
 from hf2triton.steps import run_step
 

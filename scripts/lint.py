@@ -1,4 +1,5 @@
 """Snakemake adapter for rule lint (logic: hf2triton.lint.lint_step)."""
+
 from hf2triton.lint import lint_step
 from hf2triton.steps import run_step
 

@@ -1,4 +1,5 @@
 """Snakemake adapter for rule preflight (logic: hf2triton.preflight.run_preflight)."""
+
 from hf2triton.preflight import run_preflight
 from hf2triton.steps import run_step
 

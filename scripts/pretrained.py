@@ -1,4 +1,5 @@
 """Snakemake adapter for rule pretrained (logic: hf2triton.pretrained.save_pretrained_model)."""
+
 from hf2triton.pretrained import save_pretrained_model
 from hf2triton.steps import run_step
 

@@ -1,4 +1,5 @@
 """Snakemake adapter for rule repository (logic: hf2triton.render.render_model)."""
+
 from hf2triton.render import render_model
 from hf2triton.steps import run_step
 

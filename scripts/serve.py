@@ -1,4 +1,5 @@
 """Snakemake adapter for target serve (logic: hf2triton.server.serve_step)."""
+
 from hf2triton.server import serve_step
 from hf2triton.steps import run_step
 

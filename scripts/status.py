@@ -1,4 +1,5 @@
 """Snakemake adapter for target status (logic: hf2triton.server.status_step)."""
+
 from hf2triton.server import status_step
 from hf2triton.steps import run_step
 

@@ -1,4 +1,5 @@
 """Snakemake adapter for target stop (logic: hf2triton.server.stop_step)."""
+
 from hf2triton.server import stop_step
 from hf2triton.steps import run_step
 

@@ -1,4 +1,5 @@
 """Snakemake adapter for rule validate (logic: hf2triton.validate.validate_step)."""
+
 from hf2triton.steps import run_step
 from hf2triton.validate import validate_step
 

@@ -35,7 +35,13 @@ def _tiny_bert_config(**extra):
     from transformers import BertConfig
 
     return BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128, **extra
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        **extra,
     )
 
 
@@ -56,9 +62,9 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     (embed / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True}))
 
     classify = root / "tiny-classify"
-    BertForSequenceClassification(_tiny_bert_config(num_labels=2, id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})).save_pretrained(
-        classify
-    )
+    BertForSequenceClassification(
+        _tiny_bert_config(num_labels=2, id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
+    ).save_pretrained(classify)
     bert_tokenizer.save_pretrained(classify)
 
     generate = root / "tiny-generate"
@@ -83,7 +89,13 @@ def tiny_model_entries(tiny_models: dict[str, Path], **overrides) -> list[dict]:
     names = {"feature-extraction": "embed", "text-classification": "classify", "text-generation": "generate"}
     entries = []
     for task, path in tiny_models.items():
-        entry = {"name": names[task], "source": str(path), "task": task, "max_batch_size": 4, "dynamic_batching": {"max_queue_delay_us": 1000}}
+        entry = {
+            "name": names[task],
+            "source": str(path),
+            "task": task,
+            "max_batch_size": 4,
+            "dynamic_batching": {"max_queue_delay_us": 20000},
+        }
         if task == "text-generation":
             entry["generation"] = {"max_new_tokens": 8}
         entry.update(overrides.get(names[task], {}))
@@ -109,11 +121,24 @@ class Workflow:
     def run(self, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
         self.write_config()
         # --configfile takes several values: keep it last so targets are not read as config files
-        cmd = [str(BIN / "snakemake"), "-s", str(SNAKEFILE), "-d", str(self.directory), "--cores", "1", *args, "--configfile", str(self.config_file)]
+        cmd = [
+            str(BIN / "snakemake"),
+            "-s",
+            str(SNAKEFILE),
+            "-d",
+            str(self.directory),
+            "--cores",
+            "1",
+            *args,
+            "--configfile",
+            str(self.config_file),
+        ]
         env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **self.env}
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=self.directory, check=False)
         if check and result.returncode != 0:
-            raise AssertionError(f"snakemake {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}")
+            raise AssertionError(
+                f"snakemake {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+            )
         return result
 
     def jobs_run(self, result: subprocess.CompletedProcess) -> list[str]:
@@ -122,7 +147,12 @@ class Workflow:
         return [line.split()[-1].rstrip(":") for line in text.splitlines() if line.startswith(("rule ", "localrule "))]
 
     def settings(self):
-        return make_settings(self.config["server"], [m["name"] for m in self.config["models"]], str(self.directory / ".hf2triton"), str(self.directory / "model_repository"))
+        return make_settings(
+            self.config["server"],
+            [m["name"] for m in self.config["models"]],
+            str(self.directory / ".hf2triton"),
+            str(self.directory / "model_repository"),
+        )
 
     def state(self) -> dict:
         return json.loads((self.directory / ".hf2triton" / "server" / "state.json").read_text())
@@ -147,9 +177,9 @@ def make_workflow(directory: Path, models: list[dict]) -> Workflow:
     return Workflow(directory, {"models": models, "server": server_block(), "paths": {"work": ".hf2triton"}})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_workflow(tmp_path_factory, tiny_models):
-    """The three tiny models served by a real run of the workflow (shared by a test module)."""
+    """The three tiny models served by a real run of the workflow (shared; test_workflow changes it last)."""
     workflow = make_workflow(tmp_path_factory.mktemp("tiny-workflow"), tiny_model_entries(tiny_models))
     workflow.first_run = workflow.run("serve")
     yield workflow

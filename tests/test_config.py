@@ -124,8 +124,11 @@ def test_at_least_twenty_bad_configs():
     [
         (b"models: [\n", ["YAML syntax error", "line"]),
         (b"models:\n  - name: \xff\xfe\n", ["UTF-8"]),
-        (b"a: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
-         b"d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: [*e,*e,*e,*e,*e,*e,*e,*e,*e]\n", ["alias bomb"]),
+        (
+            b"a: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+            b"d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: [*e,*e,*e,*e,*e,*e,*e,*e,*e]\n",
+            ["alias bomb"],
+        ),
         (b"!!python/object/apply:os.system ['true']\n", ["YAML"]),
         (b"- just\n- a list\n", ["mapping"]),
     ],

@@ -26,7 +26,9 @@ def make_model(root: Path, name: str = "m", config: str | None = None, saved: Pa
     params = {"task": "feature-extraction"}
     if saved is not None:
         params["model_dir"] = str(saved)
-    (model / "config.pbtxt").write_text(config if config is not None else config_text(build_model_config(name, "feature-extraction", 4, 1, "KIND_CPU", 100, params, 8)))
+    (model / "config.pbtxt").write_text(
+        config if config is not None else config_text(build_model_config(name, "feature-extraction", 4, 1, "KIND_CPU", 100, params, 8))
+    )
     (model / "1" / "model.py").write_text(GOOD_MODEL_PY)
     return model
 
@@ -59,7 +61,9 @@ def test_syntax_error_gives_line_and_column(tmp_path, backends):
 
 
 def test_name_differs_from_directory(tmp_path, backends):
-    model = make_model(tmp_path, name="dir_name", config=config_text(build_model_config("other", "feature-extraction", 4, 1, "KIND_CPU", 0, {}, 8)))
+    model = make_model(
+        tmp_path, name="dir_name", config=config_text(build_model_config("other", "feature-extraction", 4, 1, "KIND_CPU", 0, {}, 8))
+    )
     findings = lint_model_dir(model, backends, False)
     assert "name" in fields(findings)
     assert "unexpected directory name 'dir_name' for model 'other'" in findings[0].message
@@ -96,8 +100,11 @@ def test_kind_gpu_without_gpu(tmp_path, backends):
 
 
 def test_backend_not_in_server(tmp_path, backends):
-    model = make_model(tmp_path, config='name: "m"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
-                       'input { name: "x" data_type: TYPE_FP32 dims: [1] }\noutput { name: "y" data_type: TYPE_FP32 dims: [1] }\n')
+    model = make_model(
+        tmp_path,
+        config='name: "m"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
+        'input { name: "x" data_type: TYPE_FP32 dims: [1] }\noutput { name: "y" data_type: TYPE_FP32 dims: [1] }\n',
+    )
     (model / "1" / "model.onnx").write_bytes(b"")
     findings = lint_model_dir(model, backends, False)
     assert "backend" in fields(findings)
@@ -106,15 +113,21 @@ def test_backend_not_in_server(tmp_path, backends):
 
 
 def test_input_without_data_type_and_dims(tmp_path, backends):
-    model = make_model(tmp_path, config='name: "m"\nbackend: "python"\nmax_batch_size: 2\ninput { name: "text" }\n'
-                       'output { name: "y" data_type: TYPE_FP32 dims: [1] }\n')
+    model = make_model(
+        tmp_path,
+        config='name: "m"\nbackend: "python"\nmax_batch_size: 2\ninput { name: "text" }\n'
+        'output { name: "y" data_type: TYPE_FP32 dims: [1] }\n',
+    )
     errors = fields(lint_model_dir(model, backends, False))
     assert "input 'text'.data_type" in errors and "input 'text'.dims" in errors
 
 
 def test_dynamic_batching_without_batch_size(tmp_path, backends):
-    model = make_model(tmp_path, config='name: "m"\nbackend: "python"\nmax_batch_size: 0\ndynamic_batching {}\n'
-                       'input { name: "t" data_type: TYPE_STRING dims: [1] }\noutput { name: "y" data_type: TYPE_FP32 dims: [1] }\n')
+    model = make_model(
+        tmp_path,
+        config='name: "m"\nbackend: "python"\nmax_batch_size: 0\ndynamic_batching {}\n'
+        'input { name: "t" data_type: TYPE_STRING dims: [1] }\noutput { name: "y" data_type: TYPE_FP32 dims: [1] }\n',
+    )
     assert fields(lint_model_dir(model, backends, False)) == ["dynamic_batching"]
 
 

@@ -64,7 +64,20 @@ def test_render_model_writes_directory(tmp_path):
 def test_render_generation_parameters(tmp_path):
     saved = tmp_path / "saved"
     saved.mkdir()
-    out = render_model(str(tmp_path / "g"), "g", "text-generation", str(saved), 2, 1, "KIND_CPU", "float32", 1, 0, 10, {"max_new_tokens": 7, "temperature": 0.5, "chat_template": False})
+    out = render_model(
+        str(tmp_path / "g"),
+        "g",
+        "text-generation",
+        str(saved),
+        2,
+        1,
+        "KIND_CPU",
+        "float32",
+        1,
+        0,
+        10,
+        {"max_new_tokens": 7, "temperature": 0.5, "chat_template": False},
+    )
     params = parse((out / "config.pbtxt").read_text()).parameters
     assert params["max_new_tokens"].string_value == "7"
     assert params["temperature"].string_value == "0.5"

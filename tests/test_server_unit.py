@@ -27,7 +27,14 @@ from hf2triton.server import (
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:
-    return Settings(repository=str(tmp_path / "repo"), work=str(tmp_path / "work"), models=["a", "b"], http_port=18000, grpc_port=18001, metrics_port=18002)
+    return Settings(
+        repository=str(tmp_path / "repo"),
+        work=str(tmp_path / "work"),
+        models=["a", "b"],
+        http_port=18000,
+        grpc_port=18001,
+        metrics_port=18002,
+    )
 
 
 def test_locates_wheel_server_with_matching_stub(monkeypatch):
@@ -55,7 +62,11 @@ def test_tritonserver_on_path_wins(tmp_path, monkeypatch):
 def test_backend_dir_has_stub_for_running_python(tmp_path):
     backend_dir = Path(prepare_backend_dir(locate_tritonserver(), tmp_path))
     python = backend_dir / "python"
-    assert sorted(p.name for p in python.iterdir()) == ["libtriton_python.so", "triton_python_backend_stub", "triton_python_backend_utils.py"]
+    assert sorted(p.name for p in python.iterdir()) == [
+        "libtriton_python.so",
+        "triton_python_backend_stub",
+        "triton_python_backend_utils.py",
+    ]
     assert os.access(python / "triton_python_backend_stub", os.X_OK)
 
 
@@ -77,7 +88,14 @@ def test_command_binds_loopback_explicit_models_and_restricts_apis(settings):
     cmd = server_command(install, settings, "/b", "s3cret")
     assert f"--model-repository={settings.repository}" in cmd
     assert "--model-control-mode=explicit" in cmd and "--load-model=a" in cmd and "--load-model=b" in cmd
-    for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", "--http-port=18000", "--grpc-port=18001", "--metrics-port=18002"):
+    for flag in (
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        "--http-port=18000",
+        "--grpc-port=18001",
+        "--metrics-port=18002",
+    ):
         assert flag in cmd
     assert any(a.startswith("--http-restricted-api=model-repository") for a in cmd)
     assert any(a.startswith("--grpc-restricted-protocol=model-repository") for a in cmd)
@@ -122,7 +140,14 @@ def test_port_check(settings):
         assert not host.port_is_free("127.0.0.1", port)
         from hf2triton.server import _check_ports
 
-        busy = Settings(repository=settings.repository, work=settings.work, models=["a"], http_port=port, grpc_port=host.free_port(), metrics_port=host.free_port())
+        busy = Settings(
+            repository=settings.repository,
+            work=settings.work,
+            models=["a"],
+            http_port=port,
+            grpc_port=host.free_port(),
+            metrics_port=host.free_port(),
+        )
         with pytest.raises(UserError) as info:
             _check_ports(busy)
         assert f"port {port} (server.http_port)" in info.value.render() and "config.yaml" in info.value.render()
@@ -131,7 +156,11 @@ def test_port_check(settings):
 @pytest.mark.parametrize(
     "line,cause",
     [
-        ("E1130 model_lifecycle.cc:638] failed to load 'x' version 1: Invalid argument: instance group x of model x has kind KIND_GPU but no GPUs are available", "KIND_GPU"),
+        (
+            "E1130 model_lifecycle.cc:638] failed to load 'x' version 1: Invalid argument: "
+            "instance group x of model x has kind KIND_GPU but no GPUs are available",
+            "KIND_GPU",
+        ),
         ("unable to find backend library for backend 'onnxruntime', try specifying runtime on the model configuration.", "backend"),
         ("failed to start GRPC service: Unavailable - Socket '0.0.0.0:8001' already in use", "port"),
         ("ImportError: /x/_ssl.so: undefined symbol: _PyModule_Add", "libpython"),

@@ -29,7 +29,10 @@ def test_decode_texts_accepts_utf8_and_refuses_bad_input():
 def test_generation_options_checked():
     defaults = {"max_new_tokens": 16, "temperature": 0.0}
     assert generation_options({}, defaults) == defaults
-    assert generation_options({"max_new_tokens": np.array([[4]]), "temperature": np.array([[0.5]])}, defaults) == {"max_new_tokens": 4, "temperature": 0.5}
+    assert generation_options({"max_new_tokens": np.array([[4]]), "temperature": np.array([[0.5]])}, defaults) == {
+        "max_new_tokens": 4,
+        "temperature": 0.5,
+    }
     for raw, message in [
         ({"max_new_tokens": np.array([[-1]])}, "between 1"),
         ({"max_new_tokens": np.array([[1], [2]])}, "one value"),

@@ -19,14 +19,22 @@ BUILD_RULES = {"fetch", "pretrained", "repository", "lint", "preflight", "valida
 
 def test_first_run_builds_everything_and_validates(tiny_workflow):
     jobs = tiny_workflow.jobs_run(tiny_workflow.first_run)
-    assert sorted(jobs) == sorted(["preflight", "validate", "serve"] + [r for r in ("fetch", "pretrained", "repository", "lint") for _ in range(3)])
+    assert sorted(jobs) == sorted(
+        ["preflight", "validate", "serve"] + [r for r in ("fetch", "pretrained", "repository", "lint") for _ in range(3)]
+    )
     report = tiny_workflow.report()
     assert report["ok"] is True
     assert report["server"]["live"] and report["server"]["ready"]
     assert set(report["models"]) == {"embed", "classify", "generate"}
     for name, model in report["models"].items():
         names = {c["name"] for c in model["checks"]}
-        assert {"ready", "served config equals rendered", "http equals grpc", "served equals in-process", "metrics count requests"} <= names, name
+        assert {
+            "ready",
+            "served config equals rendered",
+            "http equals grpc",
+            "served equals in-process",
+            "metrics count requests",
+        } <= names, name
         assert all(c["ok"] for c in model["checks"]), model["checks"]
     assert (tiny_workflow.directory / "results" / "validation" / "report.md").read_text().count("| ok |") >= 15
 
@@ -64,7 +72,10 @@ def test_changing_max_batch_size_rebuilds_only_that_model(tiny_workflow):
     dry = tiny_workflow.run("-n", "serve")
     assert sorted(tiny_workflow.jobs_run(dry)) == ["lint", "preflight", "repository", "serve", "validate"]
     assert "model_repository/embed" in dry.stderr + dry.stdout
-    assert "Params have changed since last execution: Union of exclusive params before and now across all output: before: 4 now: 8" in dry.stderr + dry.stdout
+    assert (
+        "Params have changed since last execution: Union of exclusive params before and now across all output: before: 4 now: 8"
+        in dry.stderr + dry.stdout
+    )
     result = tiny_workflow.run("serve")
     jobs = tiny_workflow.jobs_run(result)
     assert sorted(jobs) == ["lint", "preflight", "repository", "serve", "validate"]

@@ -191,7 +191,7 @@ class GenerationEngine(Engine):
             out = self.model.generate(
                 **batch, max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id, top_p=None, top_k=None, **sampling
             )
-        new_tokens = out[:, batch["input_ids"].shape[1]:]
+        new_tokens = out[:, batch["input_ids"].shape[1] :]
         texts_out = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         return {"text_output": np.array([t.strip().encode("utf-8") for t in texts_out], dtype=np.object_)}
 

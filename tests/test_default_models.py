@@ -1,0 +1,62 @@
+"""The shipped config.yaml end to end: real SmolLM2-135M-Instruct and all-MiniLM-L6-v2, offline."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.conftest import Workflow, minilm_dir, server_block
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def default_workflow(tmp_path_factory):
+    # Only server ports and the work directory are overridden: the models come from config.yaml.
+    workflow = Workflow(tmp_path_factory.mktemp("default-config"), {"server": server_block(), "paths": {"work": ".hf2triton"}})
+    started = time.monotonic()
+    workflow.first_run = workflow.run("serve", timeout=1500)
+    workflow.first_run_s = time.monotonic() - started
+    workflow.config["models"] = [{"name": "smollm2"}, {"name": "minilm"}]  # names only, for settings()
+    yield workflow
+    workflow.stop()
+
+
+def test_default_config_serves_and_validates(default_workflow):
+    report = default_workflow.report()
+    assert report["ok"], report
+    assert set(report["models"]) == {"smollm2", "minilm"}
+    print(f"shipped config from nothing to validated server: {default_workflow.first_run_s:.0f} s")
+
+
+def test_smollm2_knows_the_capital_of_france(default_workflow):
+    settings = default_workflow.settings()
+    for module, url in ((httpclient, settings.url()), (grpcclient, settings.url("grpc_port"))):
+        client = module.InferenceServerClient(url)
+        text = module.InferInput("text", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"What is the capital of France?"]], dtype=np.object_))
+        answer = client.infer("smollm2", [text]).as_numpy("text_output")[0][0].decode()
+        assert "Paris" in answer, answer
+
+
+def test_minilm_embeddings_match_in_process_sentence_embeddings(default_workflow):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    sentences = ["A man is eating food.", "Ein Mann isst Essen.", "The weather is lovely today in Paris!"]
+    client = httpclient.InferenceServerClient(default_workflow.settings().url())
+    text = httpclient.InferInput("text", [3, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[s.encode()] for s in sentences], dtype=np.object_))
+    served = client.infer("minilm", [text]).as_numpy("embedding")
+    tokenizer, model = AutoTokenizer.from_pretrained(minilm_dir()), AutoModel.from_pretrained(minilm_dir()).eval()
+    batch = tokenizer(sentences, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    expected = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=1).numpy()
+    cosine = (served * expected).sum(1)
+    assert served.shape == (3, 384) and cosine.min() > 0.9999, cosine

@@ -1,0 +1,110 @@
+"""Requests against a live server (tiny models): good ones answered, bad ones get their own error
+response, a bad request does not spoil the good ones batched with it, and the server stays ready."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def clients(tiny_workflow):
+    settings = tiny_workflow.settings()
+    return httpclient.InferenceServerClient(settings.url(), concurrency=8), grpcclient.InferenceServerClient(settings.url("grpc_port"))
+
+
+def text_input(module, values, name="text", datatype="BYTES", shape=None):
+    data = np.array(values, dtype=np.object_ if datatype == "BYTES" else None)
+    tensor = module.InferInput(name, list(shape or data.shape), datatype)
+    tensor.set_data_from_numpy(data)
+    return tensor
+
+
+def embed(client, texts: list[bytes]):
+    return client.infer("embed", [text_input(httpclient, [[t] for t in texts])]).as_numpy("embedding")
+
+
+def expect_error(call, *words):
+    with pytest.raises(InferenceServerException) as info:
+        call()
+    for word in words:
+        assert word in str(info.value), str(info.value)
+    return str(info.value)
+
+
+def test_bad_request_in_a_dynamic_batch_does_not_spoil_good_ones(clients):
+    http, _ = clients
+    good = [b"first good text", b"second good text", "third: caf\u00e9".encode()]
+    alone = embed(http, good)
+    stats_before = http.get_inference_statistics("embed")["model_stats"][0]
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(embed, http, [t]) for t in good] + [pool.submit(embed, http, [b"\xff\xfe broken"])]
+        results = []
+        for future in futures:
+            try:
+                results.append(future.result())
+            except InferenceServerException as err:
+                results.append(err)
+    assert all(isinstance(r, np.ndarray) for r in results[:3])
+    for row, result in zip(alone, results[:3]):
+        assert np.allclose(row, result[0], atol=1e-5)
+    assert isinstance(results[3], InferenceServerException) and "UTF-8" in str(results[3])
+    stats_after = http.get_inference_statistics("embed")["model_stats"][0]
+    executions = stats_after["execution_count"] - stats_before["execution_count"]
+    print(f"4 concurrent requests ran in {executions} model execution(s)")
+    assert http.is_server_ready()
+
+
+def test_invalid_utf8_empty_and_oversized_texts(clients):
+    http, _ = clients
+    expect_error(lambda: embed(http, [b"\xc3\x28"]), "UTF-8", "400")
+    expect_error(lambda: embed(http, [b"   "]), "empty")
+    expect_error(lambda: embed(http, [b"x" * 70_000]), "max_input_bytes=65536")
+    assert http.is_model_ready("embed")
+
+
+def test_triton_rejects_malformed_requests(clients):
+    http, grpc = clients
+    expect_error(lambda: http.infer("no_such_model", [text_input(httpclient, [[b"x"]])]), "no_such_model")
+    expect_error(lambda: http.infer("embed", [text_input(httpclient, [[b"x"]], name="input")]), "unexpected inference input 'input'")
+    expect_error(lambda: http.infer("embed", [text_input(httpclient, np.array([[1]], dtype=np.int32), datatype="INT32")]), "INT32")
+    expect_error(lambda: http.infer("embed", [text_input(httpclient, [b"x"])]), "unexpected shape")
+    expect_error(lambda: http.infer("embed", [text_input(httpclient, [[b"x"]] * 9)]), "batch-size must be <=")
+    expect_error(lambda: grpc.infer("embed", [text_input(grpcclient, [[b"\xff"]])]), "UTF-8")
+    assert http.is_server_ready()
+
+
+def test_generation_options_per_request(clients):
+    http, grpc = clients
+
+    def generate(max_new_tokens=None, temperature=None, module=httpclient, client=http):
+        inputs = [text_input(module, [[b"Hello"]])]
+        if max_new_tokens is not None:
+            inputs.append(text_input(module, np.array([[max_new_tokens]], dtype=np.int32), name="max_new_tokens", datatype="INT32"))
+        if temperature is not None:
+            inputs.append(text_input(module, np.array([[temperature]], dtype=np.float32), name="temperature", datatype="FP32"))
+        return client.infer("generate", inputs).as_numpy("text_output")[0][0].decode()
+
+    short, default = generate(max_new_tokens=2), generate()
+    assert len(short) <= len(default)
+    assert generate(module=grpcclient, client=grpc) == default, "greedy: same text over gRPC"
+    generate(temperature=0.7)
+    expect_error(lambda: generate(max_new_tokens=-3), "max_new_tokens=-3")
+    expect_error(lambda: generate(temperature=math.nan), "temperature=nan")
+    expect_error(lambda: generate(max_new_tokens=250), "exceeds the context")
+    assert http.is_model_ready("generate")
+
+
+def test_classification_labels(clients):
+    http, _ = clients
+    result = http.infer("classify", [text_input(httpclient, [[b"great"], [b"awful"]])])
+    assert {x.decode() for x in result.as_numpy("label").reshape(-1)} <= {"negative", "positive"}
+    assert result.as_numpy("score").shape == (2, 1)
