@@ -3,6 +3,7 @@
 # below are newer than the pin files unless those change.
 PYTHON ?= python3
 VENV ?= .venv
+HUB_VENV ?= .venv-hub
 BIN := $(VENV)/bin
 # Thrift for small disks, patience for flaky networks. Add e.g. PIP_EXTRA="--index-url ..." for mirrors.
 PIP_FLAGS := --no-cache-dir --retries 10 --timeout 60 --disable-pip-version-check $(PIP_EXTRA)
@@ -31,7 +32,13 @@ $(VENV)/.installed-test: $(VENV)/.installed envs/test.txt
 	$(PIP) install $(PIP_FLAGS) -r envs/test.txt
 	touch $@
 
-test: $(VENV)/.installed-test ## set up (if needed) and run the whole test suite
+# The hub-compatible test server (olah) needs a huggingface_hub that transformers 4.57 refuses: own venv.
+$(HUB_VENV)/.installed: envs/hub-mirror.txt
+	$(PYTHON) -m venv $(HUB_VENV)
+	$(HUB_VENV)/bin/python -m pip install $(PIP_FLAGS) -r envs/hub-mirror.txt
+	touch $@
+
+test: $(VENV)/.installed-test $(HUB_VENV)/.installed ## set up (if needed) and run the whole test suite
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-test ## unit tests only (no server, no snakemake runs)
@@ -56,4 +63,4 @@ clean: stop ## remove rendered repository, results and snakemake metadata (keeps
 	find model_repository -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
 
 clean-all: clean ## also remove downloads, saved models and .venv
-	rm -rf .hf2triton $(VENV)
+	rm -rf .hf2triton $(VENV) $(HUB_VENV)

@@ -27,6 +27,7 @@ from typing import Any
 from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
+from hf2triton.logs import SECRET_ENV
 from hf2triton.pitfalls import explain, relevant_log_lines
 
 log = logging.getLogger("hf2triton.server")
@@ -151,6 +152,8 @@ def server_environment(install: Installation) -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("OMP_NUM_THREADS", "1")  # per-model threads are set in model.py
     env.pop("PYTHONPATH", None)
+    for secret in SECRET_ENV:  # the server never needs hub credentials
+        env.pop(secret, None)
     return env
 
 

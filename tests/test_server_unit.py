@@ -73,6 +73,7 @@ def test_backend_dir_has_stub_for_running_python(tmp_path):
 def test_environment_puts_wheel_libs_and_libdir_first(monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/lib/other")
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
+    monkeypatch.setenv("HF_TOKEN", "hf_secretsecretsecretsecret")
     install = locate_tritonserver()
     env = server_environment(install)
     parts = env["LD_LIBRARY_PATH"].split(":")
@@ -80,7 +81,7 @@ def test_environment_puts_wheel_libs_and_libdir_first(monkeypatch):
     assert parts[1] == sysconfig.get_config_var("LIBDIR")
     assert parts[-1] == "/usr/lib/other"
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
-    assert "PYTHONPATH" not in env
+    assert "PYTHONPATH" not in env and "HF_TOKEN" not in env
 
 
 def test_command_binds_loopback_explicit_models_and_restricts_apis(settings):
