@@ -16,7 +16,7 @@ from tests.hub_server import HubServer, olah_binary
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(olah_binary() is None, reason="olah (hub-compatible test server) not installed: `make test` installs it into .venv-hub"),
+    pytest.mark.skipif(olah_binary() is None, reason="olah (hub-compatible test server) not installed: `make test` puts it in .venv-hub"),
 ]
 REPO = "testorg/tiny-embed"
 

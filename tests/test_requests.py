@@ -4,6 +4,7 @@ response, a bad request does not spoil the good ones batched with it, and the se
 from __future__ import annotations
 
 import math
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
