@@ -3,6 +3,7 @@ shipped inside an installed Python package (`pkg:<package>/<path>`)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 from dataclasses import dataclass
@@ -75,3 +76,21 @@ def resolve_local_path(source: Source, where: str = "source") -> Path:
             raise UserError(f"{where}: {source.inner_path!r} not found in package {source.value} ({base})", "check the path")
         return path
     raise ValueError(f"{source.kind} sources have no local path before fetching")
+
+
+@functools.lru_cache(maxsize=None)
+def package_version(source: Source) -> str | None:
+    """Installed version of the distribution that ships a package source (None for other sources).
+
+    Package files get a new mtime whenever a venv is rebuilt; their identity is the package version."""
+    if source.kind != "package":
+        return None
+    import importlib.metadata
+
+    top = source.value.split(".")[0]
+    for dist in importlib.metadata.packages_distributions().get(top, []):
+        try:
+            return f"{dist}=={importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None

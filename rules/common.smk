@@ -8,14 +8,13 @@ from hf2triton import host
 from hf2triton.config import load_config, model_by_name
 from hf2triton.errors import UserError
 from hf2triton.locks import clear_stale_locks
-from hf2triton.sources import parse_source, resolve_local_path
+from hf2triton.sources import package_version, parse_source, resolve_local_path
 
 try:
     CFG = load_config(Path(workflow.basedir) / "config.yaml", overrides=config)
+    SOURCES = {m["name"]: parse_source(m["source"], f"config.models[{i}].source") for i, m in enumerate(CFG["models"])}
     LOCAL_SOURCES = {
-        m["name"]: str(resolve_local_path(parse_source(m["source"]), f"config.models[{i}].source"))
-        for i, m in enumerate(CFG["models"])
-        if not parse_source(m["source"]).is_hub
+        name: str(resolve_local_path(source, f"source of model {name}")) for name, source in SOURCES.items() if not source.is_hub
     }
 except UserError as err:
     sys.exit(f"hf2triton: error: {err.render()}")
@@ -40,8 +39,14 @@ def pretrained_dir(name):
 
 
 def local_source(wildcards):
-    """A local/package source is an input of fetch: editing it refetches that model."""
-    return [LOCAL_SOURCES[wildcards.model]] if wildcards.model in LOCAL_SOURCES else []
+    """A local source is an input of fetch: editing it refetches that model. Package sources are
+    tracked by their package version instead (a rebuilt venv gives them new mtimes, not new content)."""
+    source = SOURCES[wildcards.model]
+    return [LOCAL_SOURCES[wildcards.model]] if source.kind == "local" else []
+
+
+def source_version(wildcards):
+    return package_version(SOURCES[wildcards.model])
 
 
 def instance_kind(wildcards):

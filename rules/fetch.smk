@@ -6,6 +6,7 @@ rule fetch:
         record=f"{WORK}/models/{{model}}/fetch.json",
     params:
         source=model_value("source"),
+        source_version=source_version,
         revision=model_value("revision"),
         gguf_file=model_value("gguf_file"),
         cache_dir=f"{WORK}/hub",
