@@ -78,7 +78,7 @@ def resolve_local_path(source: Source, where: str = "source") -> Path:
     raise ValueError(f"{source.kind} sources have no local path before fetching")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def package_version(source: Source) -> str | None:
     """Installed version of the distribution that ships a package source (None for other sources).
 
