@@ -85,3 +85,21 @@ def process_rss_bytes(pid: int) -> int | None:
     except OSError:
         return None
     return None
+
+
+def gpu_free_memory_bytes() -> int | None:
+    """Free memory of GPU 0 as nvidia-smi reports it (None without a working nvidia-smi)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        result = subprocess.run(
+            [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits", "--id=0"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        return int(result.stdout.strip().splitlines()[0]) * 1024**2 if result.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None

@@ -98,22 +98,32 @@ def run_preflight(cfg: dict, pretrained_dirs: dict[str, str], gpu_available: boo
             )
         )
 
-    estimates = {
-        m["name"]: estimate_model_memory(m, Path(pretrained_dirs[m["name"]]), gpu_available and m["device"] != "cpu") for m in cfg["models"]
-    }
-    total = sum((est or 0) * m["instances"] for m, est in zip(cfg["models"], estimates.values()))
+    on_gpu = {m["name"]: gpu_available and m["device"] != "cpu" for m in cfg["models"]}
+    estimates = {m["name"]: estimate_model_memory(m, Path(pretrained_dirs[m["name"]]), on_gpu[m["name"]]) for m in cfg["models"]}
+    per_model = "".join(f"; {n}: {human_bytes(e)}/instance" for n, e in estimates.items() if e)
+    ram_need = sum((estimates[m["name"]] or 0) * m["instances"] for m in cfg["models"])
     available = host.available_memory_bytes()
     if ours:
         available += host.process_rss_bytes(int(state["pid"])) or 0  # freed if the server restarts
     checks.append(
         _check(
             "memory",
-            total <= available,
-            f"estimated {human_bytes(total)} for all instances, {human_bytes(available)} available"
-            + ("".join(f"; {n}: {human_bytes(e)}/instance" for n, e in estimates.items() if e)),
+            ram_need <= available,
+            f"estimated {human_bytes(ram_need)} for all instances, {human_bytes(available)} available{per_model}",
             "fewer instances, a smaller dtype, or fewer models",
         )
     )
+    gpu_need = sum((estimates[m["name"]] or 0) * m["instances"] for m in cfg["models"] if on_gpu[m["name"]])
+    gpu_free = host.gpu_free_memory_bytes() if gpu_need else None
+    if gpu_free is not None:
+        checks.append(
+            _check(
+                "gpu-memory",
+                gpu_need <= gpu_free,
+                f"estimated {human_bytes(gpu_need)} on GPU 0, {human_bytes(gpu_free)} free",
+                "fewer GPU instances, float16, or device: cpu for some models",
+            )
+        )
     shm = Path("/dev/shm")  # noqa: S108 - only measured
     if shm.is_dir():
         shm_free = shutil.disk_usage(shm).free

@@ -1,0 +1,65 @@
+"""A real tritonserver that cannot come up: the launcher names the model's own error and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf2triton.errors import UserError
+from hf2triton.render import build_model_config, config_text
+from hf2triton.server import Settings, start_server, stop_server
+from tests.conftest import server_block
+
+pytestmark = pytest.mark.integration
+
+FAILING_MODEL = """
+class TritonPythonModel:
+    def initialize(self, args):
+        import hf2triton_no_such_module  # noqa: F401
+
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def make_settings(tmp_path, models) -> Settings:
+    ports = server_block()
+    return Settings(
+        repository=str(tmp_path / "repo"),
+        work=str(tmp_path / "work"),
+        models=models,
+        startup_timeout_s=60,
+        **{k: ports[k] for k in ("http_port", "grpc_port", "metrics_port")},
+    )
+
+
+def test_model_failing_in_initialize_is_explained(tmp_path, capsys):
+    model = tmp_path / "repo" / "broken"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(config_text(build_model_config("broken", "feature-extraction", 2, 1, "KIND_CPU", 0, {}, 4)))
+    (model / "1" / "model.py").write_text(FAILING_MODEL)
+    settings = make_settings(tmp_path, ["broken"])
+    try:
+        with pytest.raises(UserError) as info:
+            start_server(settings)
+    finally:
+        stop_server(settings)
+    message = info.value.render()
+    assert "exited" in message and "tritonserver.log" in message
+    assert "install it into the .venv" in message, message  # the ModuleNotFoundError pitfall's fix
+    printed = capsys.readouterr().err
+    assert "hf2triton_no_such_module" in printed, printed
+
+
+def test_missing_model_py_hits_the_startup_timeout(tmp_path):
+    model = tmp_path / "repo" / "nofile"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(config_text(build_model_config("nofile", "feature-extraction", 2, 1, "KIND_CPU", 0, {}, 4)))
+    settings = make_settings(tmp_path, ["nofile"])
+    settings.startup_timeout_s = 20
+    try:
+        with pytest.raises(UserError) as info:
+            start_server(settings)
+    finally:
+        stop_server(settings)
+    assert "not ready after 20 s" in info.value.render() or "exited" in info.value.render()
