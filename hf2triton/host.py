@@ -77,6 +77,24 @@ def process_cmdline(pid: int) -> list[str] | None:
     return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
 
 
+def descendants(pid: int) -> list[int]:
+    """All live descendants of `pid` (children, grandchildren, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
 def process_rss_bytes(pid: int) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():

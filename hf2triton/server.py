@@ -189,20 +189,47 @@ def redacted_command(cmd: list[str]) -> list[str]:
     return [arg.rsplit("=", 1)[0] + "=***" if "restricted" in arg else arg for arg in cmd]
 
 
-def repository_digest(settings: Settings) -> str:
-    """Digest of what the server loads: each model's config.pbtxt, model.py and saved-model manifest."""
+def model_digest(settings: Settings, name: str) -> str:
+    """Digest of what the server loads for one model: config.pbtxt, model.py, saved-model manifest."""
     digest = hashlib.sha256()
-    for name in sorted(settings.models):
-        model_dir = Path(settings.repository) / name
-        for path in sorted(model_dir.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(model_dir)).encode() + b"\0" + path.read_bytes())
-        config = model_dir / "config.pbtxt"
-        if config.is_file():
-            manifest = _model_dir_of(config) / "hf2triton.json"
-            if manifest.is_file():
-                digest.update(str(manifest.stat().st_mtime_ns).encode() + manifest.read_bytes())
+    model_dir = Path(settings.repository) / name
+    for path in sorted(model_dir.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(model_dir)).encode() + b"\0" + path.read_bytes())
+    config = model_dir / "config.pbtxt"
+    if config.is_file():
+        manifest = _model_dir_of(config) / "hf2triton.json"
+        if manifest.is_file():
+            digest.update(str(manifest.stat().st_mtime_ns).encode() + manifest.read_bytes())
     return digest.hexdigest()
+
+
+def model_digests(settings: Settings) -> dict[str, str]:
+    return {name: model_digest(settings, name) for name in sorted(settings.models)}
+
+
+def expected_instances(settings: Settings, name: str) -> int:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    try:
+        config = text_format.Parse((Path(settings.repository) / name / "config.pbtxt").read_text(), mc.ModelConfig())
+    except (OSError, text_format.ParseError):
+        return 1
+    return sum(group.count or 1 for group in config.instance_group) or 1
+
+
+def dead_stub_models(settings: Settings, server_pid: int) -> list[str]:
+    """Models with fewer live Python-backend stub processes than instances. A killed stub leaves the
+    model "ready" while every request fails with 'Stub process ... is not healthy'."""
+    cmdlines = [host.process_cmdline(pid) or [] for pid in host.descendants(server_pid)]
+    dead = []
+    for name in settings.models:
+        marker = f"{settings.repository}/{name}/"
+        alive = sum(1 for cmd in cmdlines if len(cmd) > 1 and "triton_python_backend_stub" in cmd[0] and cmd[1].startswith(marker))
+        if alive < expected_instances(settings, name):
+            dead.append(name)
+    return dead
 
 
 def _model_dir_of(config_path: Path) -> Path:
@@ -252,7 +279,8 @@ class Facts:
     pid_alive: bool
     cmdline_matches: bool
     ready: bool
-    digest: str
+    digests: dict[str, str]
+    dead_stubs: list[str] = field(default_factory=list)
 
 
 def observe(settings: Settings, state: dict[str, Any] | None) -> Facts:
@@ -262,26 +290,38 @@ def observe(settings: Settings, state: dict[str, Any] | None) -> Facts:
         alive = cmdline is not None
         matches = alive and cmdline == state.get("cmdline")
         ready = matches and is_ready(settings)
-    return Facts(host.boot_id(), alive, matches, ready, repository_digest(settings))
+    dead = dead_stub_models(settings, int(state["pid"])) if ready else []
+    return Facts(host.boot_id(), alive, matches, ready, model_digests(settings), dead)
 
 
-def decide(state: dict[str, Any] | None, facts: Facts, wanted_cmdline: list[str] | None) -> tuple[str, str]:
-    """("keep" | "start" | "restart", reason). Pure: unit-tested with every combination."""
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "keep" | "start" | "restart" | "reload"
+    reason: str
+    models: tuple[str, ...] = ()  # for "reload": the models to unload and load again
+
+
+def decide(state: dict[str, Any] | None, facts: Facts, wanted_cmdline: list[str] | None) -> Decision:
+    """What to do with the server. Pure: unit-tested with every combination."""
     if not state:
-        return "start", "no server started yet"
+        return Decision("start", "no server started yet")
     if state.get("boot_id") != facts.boot_id:
-        return "start", "the machine rebooted (or the session was restored) since the server started"
+        return Decision("start", "the machine rebooted (or the session was restored) since the server started")
     if not facts.pid_alive:
-        return "start", f"server process {state.get('pid')} is gone"
+        return Decision("start", f"server process {state.get('pid')} is gone")
     if not facts.cmdline_matches:
-        return "start", f"pid {state.get('pid')} now belongs to another program"
+        return Decision("start", f"pid {state.get('pid')} now belongs to another program")
     if wanted_cmdline is not None and redacted_command(state.get("cmdline", [])) != redacted_command(wanted_cmdline):
-        return "restart", "server settings changed (ports, host, models or flags)"
-    if state.get("digest") != facts.digest:
-        return "restart", "the model repository changed"
+        return Decision("restart", "server settings changed (ports, host, models or flags)")
     if not facts.ready:
-        return "restart", "server is running but not ready"
-    return "keep", "running, ready and current"
+        return Decision("restart", "server is running but not ready")
+    recorded = state.get("digests", {})
+    changed = tuple(name for name, digest in facts.digests.items() if recorded.get(name) != digest)
+    dead = tuple(name for name in facts.dead_stubs if name not in changed)
+    if changed or dead:
+        reasons = [f"changed: {', '.join(changed)}"] * bool(changed) + [f"stub process died: {', '.join(dead)}"] * bool(dead)
+        return Decision("reload", "; ".join(reasons), changed + dead)
+    return Decision("keep", "running, ready and current")
 
 
 # ---------------------------------------------------------------- start / stop
@@ -374,7 +414,7 @@ def start_server(settings: Settings, install: Installation | None = None) -> dic
         "host": settings.host,
         "repository": settings.repository,
         "models": settings.models,
-        "digest": repository_digest(settings),
+        "digests": model_digests(settings),
         "origin": install.origin,
         "log": str(settings.log_file),
         "started_at": time.time(),
@@ -416,8 +456,34 @@ def wait_until_ready(settings: Settings, process: subprocess.Popen) -> None:
         time.sleep(0.25)
 
 
+def reload_models(settings: Settings, state: dict[str, Any], models: tuple[str, ...]) -> None:
+    """Unload and load models in the running server (explicit model control, restricted API with the
+    admin key from the state file); the other models keep serving."""
+    headers = {RESTRICTED_KEY_HEADER: state["admin_key"]}
+    base = f"http://{settings.url()}/v2"
+    for name in models:
+        started = time.monotonic()
+        _post(f"{base}/repository/models/{name}/unload", headers)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while http_get(f"{base}/models/{name}/ready")[0] == 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        status, body = _post(f"{base}/repository/models/{name}/load", headers, timeout=settings.startup_timeout_s)
+        if status != 200:
+            raise _failure(settings, f"reloading model {name} failed ({status}: {body[:300]})")
+        log.info("reloaded %s in %.1f s", name, time.monotonic() - started)
+
+
+def _post(url: str, headers: dict[str, str], timeout: float = 60) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=b"{}", headers={"Content-Type": "application/json", **headers}, method="POST")  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - our own server
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode("utf-8", "replace")
+
+
 def ensure_server(settings: Settings) -> dict[str, Any]:
-    """Keep a current, ready server; start or restart it otherwise. Returns the state plus `action`."""
+    """Keep a current, ready server: start, restart, or reload only the models that changed."""
     install = locate_tritonserver()
     state = read_state(settings)
     facts = observe(settings, state)
@@ -425,13 +491,17 @@ def ensure_server(settings: Settings) -> dict[str, Any]:
     if state and facts.cmdline_matches:
         backend_dir = prepare_backend_dir(install, settings.server_dir)
         wanted = server_command(install, settings, backend_dir, state.get("admin_key", ""))
-    action, reason = decide(state, facts, wanted)
-    log.info("server: %s (%s)", action, reason)
-    if action == "restart":
+    decision = decide(state, facts, wanted)
+    log.info("server: %s (%s)", decision.action, decision.reason)
+    if decision.action == "reload":
+        reload_models(settings, state, decision.models)
+        state["digests"] = model_digests(settings)
+        write_state(settings, state)
+    if decision.action == "restart":
         _terminate(int(state["pid"]), state.get("cmdline"))
-    if action != "keep":
+    if decision.action in ("start", "restart"):
         state = start_server(settings, install)
-    return {**state, "action": action, "reason": reason}
+    return {**state, "action": decision.action, "reason": decision.reason}
 
 
 def server_status(settings: Settings) -> dict[str, Any]:
@@ -440,7 +510,7 @@ def server_status(settings: Settings) -> dict[str, Any]:
     status: dict[str, Any] = {
         "running": facts.cmdline_matches,
         "ready": facts.ready,
-        "current": bool(state) and state.get("digest") == facts.digest,
+        "current": bool(state) and state.get("digests") == facts.digests and not facts.dead_stubs,
         "http": f"http://{settings.url()}",
         "grpc": settings.url("grpc_port"),
         "metrics": f"http://{settings.url('metrics_port')}/metrics",

@@ -94,3 +94,14 @@ def package_version(source: Source) -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+def resolve_model_sources(models: list[dict]) -> tuple[dict[str, Source], dict[str, str]]:
+    """Parse every model's source and resolve the local/package ones now (errors name the config key)."""
+    sources, local_paths = {}, {}
+    for index, model in enumerate(models):
+        where = f"config.models[{index}].source"
+        sources[model["name"]] = parse_source(model["source"], where)
+        if not sources[model["name"]].is_hub:
+            local_paths[model["name"]] = str(resolve_local_path(sources[model["name"]], where))
+    return sources, local_paths

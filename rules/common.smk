@@ -8,14 +8,11 @@ from hf2triton import host
 from hf2triton.config import load_config, model_by_name
 from hf2triton.errors import UserError
 from hf2triton.locks import clear_stale_locks
-from hf2triton.sources import package_version, parse_source, resolve_local_path
+from hf2triton.sources import package_version, resolve_model_sources
 
 try:
     CFG = load_config(Path(workflow.basedir) / "config.yaml", overrides=config)
-    SOURCES = {m["name"]: parse_source(m["source"], f"config.models[{i}].source") for i, m in enumerate(CFG["models"])}
-    LOCAL_SOURCES = {
-        name: str(resolve_local_path(source, f"source of model {name}")) for name, source in SOURCES.items() if not source.is_hub
-    }
+    SOURCES, LOCAL_SOURCES = resolve_model_sources(CFG["models"])
 except UserError as err:
     sys.exit(f"hf2triton: error: {err.render()}")
 

@@ -104,31 +104,33 @@ def test_command_binds_loopback_explicit_models_and_restricts_apis(settings):
 
 
 def facts(**overrides) -> Facts:
-    base = {"boot_id": "boot-1", "pid_alive": True, "cmdline_matches": True, "ready": True, "digest": "d1"}
+    base = {"boot_id": "boot-1", "pid_alive": True, "cmdline_matches": True, "ready": True, "digests": {"a": "d1", "b": "d2"}}
     base.update(overrides)
     return Facts(**base)
 
 
-STATE = {"pid": 123, "boot_id": "boot-1", "cmdline": ["tritonserver", "--x"], "digest": "d1"}
+STATE = {"pid": 123, "boot_id": "boot-1", "cmdline": ["tritonserver", "--x"], "digests": {"a": "d1", "b": "d2"}}
 
 
 @pytest.mark.parametrize(
-    "state,observed,wanted,expected",
+    "state,observed,wanted,expected,models",
     [
-        (None, facts(), None, "start"),
-        (STATE, facts(boot_id="boot-2", pid_alive=False, cmdline_matches=False, ready=False), None, "start"),
-        (STATE, facts(pid_alive=False, cmdline_matches=False, ready=False), None, "start"),
-        (STATE, facts(cmdline_matches=False, ready=False), None, "start"),
-        (STATE, facts(), ["tritonserver", "--y"], "restart"),
-        (STATE, facts(digest="d2"), STATE["cmdline"], "restart"),
-        (STATE, facts(ready=False), STATE["cmdline"], "restart"),
-        (STATE, facts(), STATE["cmdline"], "keep"),
+        (None, facts(), None, "start", ()),
+        (STATE, facts(boot_id="boot-2", pid_alive=False, cmdline_matches=False, ready=False), None, "start", ()),
+        (STATE, facts(pid_alive=False, cmdline_matches=False, ready=False), None, "start", ()),
+        (STATE, facts(cmdline_matches=False, ready=False), None, "start", ()),
+        (STATE, facts(), ["tritonserver", "--y"], "restart", ()),
+        (STATE, facts(ready=False), STATE["cmdline"], "restart", ()),
+        (STATE, facts(digests={"a": "d1", "b": "new"}), STATE["cmdline"], "reload", ("b",)),
+        (STATE, facts(dead_stubs=["a"]), STATE["cmdline"], "reload", ("a",)),
+        (STATE, facts(digests={"a": "new", "b": "d2"}, dead_stubs=["a", "b"]), STATE["cmdline"], "reload", ("a", "b")),
+        (STATE, facts(), STATE["cmdline"], "keep", ()),
     ],
-    ids=["no-state", "other-boot", "dead", "pid-reused", "settings-changed", "repository-changed", "not-ready", "current"],
+    ids=["no-state", "other-boot", "dead", "pid-reused", "settings-changed", "not-ready", "model-changed", "stub-died", "both", "current"],
 )
-def test_decide(state, observed, wanted, expected):
-    action, reason = decide(state, observed, wanted)
-    assert action == expected and reason
+def test_decide(state, observed, wanted, expected, models):
+    decision = decide(state, observed, wanted)
+    assert decision.action == expected and decision.reason and decision.models == models
 
 
 def test_port_check(settings):

@@ -81,8 +81,10 @@ def test_changing_max_batch_size_rebuilds_only_that_model(tiny_workflow):
     assert sorted(jobs) == ["lint", "preflight", "repository", "serve", "validate"]
     assert "fetch" not in jobs and "pretrained" not in jobs
     assert "max_batch_size: 8" in (tiny_workflow.directory / "model_repository" / "embed" / "config.pbtxt").read_text()
-    assert tiny_workflow.state()["pid"] != pid, "the server must restart to load the changed model"
+    assert tiny_workflow.state()["pid"] == pid, "only the changed model is reloaded; the server keeps running"
+    assert "server: reload (changed: embed)" in result.stderr
     assert tiny_workflow.report()["ok"]
+    assert tiny_workflow.report()["models"]["embed"]["checks"][1]["name"] == "served config equals rendered"
 
 
 def test_server_killed_is_restored_without_rebuilding(tiny_workflow):
@@ -95,6 +97,27 @@ def test_server_killed_is_restored_without_rebuilding(tiny_workflow):
     new = tiny_workflow.state()
     assert new["pid"] != state["pid"]
     assert host.process_cmdline(new["pid"]) == new["cmdline"]
+
+
+def test_killed_stub_process_is_detected_and_reloaded(tiny_workflow):
+    """A dead Python-backend stub leaves the model 'ready' while every request fails: serve must notice."""
+    settings = tiny_workflow.settings()
+    state = tiny_workflow.state()
+    stubs = [p for p in host.descendants(state["pid"]) if "/model_repository/classify/" in " ".join(host.process_cmdline(p) or [])]
+    assert stubs
+    os.kill(stubs[0], signal.SIGKILL)
+    time.sleep(1)
+    result = tiny_workflow.run("serve")
+    assert tiny_workflow.jobs_run(result) == ["serve"]
+    assert "stub process died: classify" in result.stderr
+    assert tiny_workflow.state()["pid"] == state["pid"]
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(settings.url())
+    text = httpclient.InferInput("text", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"works again"]], dtype=np.object_))
+    assert client.infer("classify", [text]).as_numpy("label").shape == (1, 1)
 
 
 def test_other_boot_id_restarts_server(tiny_workflow):
