@@ -10,6 +10,10 @@ PIP_FLAGS := --no-cache-dir --retries 10 --timeout 60 --disable-pip-version-chec
 PIP := $(BIN)/python -m pip
 SNAKEMAKE := $(BIN)/snakemake
 CORES ?= 1
+# `make serve CONFIG=other.yaml` serves another config file instead of config.yaml.
+ifdef CONFIG
+export HF2TRITON_CONFIG := $(abspath $(CONFIG))
+endif
 PYTEST_ARGS ?=
 
 .PHONY: serve setup test test-fast lint stop status dry-run clean clean-all

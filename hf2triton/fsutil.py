@@ -71,12 +71,17 @@ def tree_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+DISK_RESERVE_ENV = "HF2TRITON_DISK_RESERVE_BYTES"
+
+
 def free_bytes(path: Path) -> int:
-    """Free bytes on the filesystem that holds `path` (or its nearest existing parent)."""
+    """Bytes hf2triton may use on the filesystem holding `path` (or its nearest existing parent): the
+    free space minus $HF2TRITON_DISK_RESERVE_BYTES, which users set to keep room for other work."""
     path = Path(path).absolute()
     while not path.exists():
         path = path.parent
-    return shutil.disk_usage(path).free
+    reserve = int(os.environ.get(DISK_RESERVE_ENV, "0") or 0)
+    return max(0, shutil.disk_usage(path).free - reserve)
 
 
 def human_bytes(count: float) -> str:

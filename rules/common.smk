@@ -1,5 +1,6 @@
 # Helpers shared by the rule files -- the validated config, paths of artifacts, per-model params.
 # Config is validated here, at parse time, so any mistake stops the run before any work.
+import os
 import re
 import sys
 from pathlib import Path
@@ -10,8 +11,12 @@ from hf2triton.errors import UserError
 from hf2triton.locks import clear_stale_locks
 from hf2triton.sources import package_version, resolve_model_sources
 
+# config.yaml next to the Snakefile, or the file $HF2TRITON_CONFIG names (read by hf2triton's bounded
+# YAML loader); --config/--configfile values merge over it.
+CONFIG_FILE = os.environ.get("HF2TRITON_CONFIG") or str(Path(workflow.basedir) / "config.yaml")
+
 try:
-    CFG = load_config(Path(workflow.basedir) / "config.yaml", overrides=config)
+    CFG = load_config(CONFIG_FILE, overrides=config)
     SOURCES, LOCAL_SOURCES = resolve_model_sources(CFG["models"])
 except UserError as err:
     sys.exit(f"hf2triton: error: {err.render()}")
