@@ -16,7 +16,7 @@ export HF2TRITON_CONFIG := $(abspath $(CONFIG))
 endif
 PYTEST_ARGS ?=
 
-.PHONY: serve setup test test-fast lint stop status dry-run clean clean-all
+.PHONY: serve setup test test-fast lint stop status dry-run soak clean clean-all
 
 serve: $(VENV)/.installed ## set up (if needed) and serve the models of config.yaml
 	$(SNAKEMAKE) --cores $(CORES) serve
@@ -55,6 +55,9 @@ lint: $(VENV)/.installed-test ## ruff + snakemake --lint
 
 dry-run: $(VENV)/.installed ## what `make serve` would rebuild, and why
 	$(SNAKEMAKE) --cores $(CORES) -n serve
+
+soak: $(VENV)/.installed ## 5-minute mixed-traffic soak test against the running server (results/soak/)
+	$(BIN)/python -m hf2triton.soak --config $(or $(HF2TRITON_CONFIG),config.yaml) --duration $(or $(DURATION),300) --concurrency 32
 
 stop: ## stop the server started by `make serve`
 	@if [ -x $(SNAKEMAKE) ]; then $(SNAKEMAKE) --cores 1 stop; else echo "nothing installed, nothing running"; fi

@@ -1,0 +1,210 @@
+"""A bounded soak test: mixed traffic (embeddings, generation, deliberately bad requests) at a fixed
+concurrency against a server on this machine, recording per interval the errors, p50/p99 latency and the
+resident memory of tritonserver and its Python-backend stubs.
+
+    python -m hf2triton.soak --duration 300 --concurrency 32        # `make soak`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hf2triton import host
+from hf2triton.config import load_config
+from hf2triton.errors import UserError, exit_on_user_error
+from hf2triton.fsutil import atomic_write_json, atomic_write_text, human_bytes
+from hf2triton.server import read_state, settings_from_config
+
+WORDS = "the model serves text quickly while many clients send requests of different length and kind".split()
+BAD_KINDS = ("invalid-utf8", "empty", "oversized", "bad-max-new-tokens")
+
+
+@dataclass
+class Sample:
+    at: float
+    kind: str
+    expected_ok: bool
+    ok: bool
+    latency_ms: float
+    error: str = ""
+
+
+def _texts(rng: random.Random, count: int) -> list[bytes]:
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40))).encode() for _ in range(count)]
+
+
+def _request(rng: random.Random, models: dict[str, str], bad_share: float):
+    """(kind, model, inputs spec, expected_ok) for one request."""
+    if rng.random() < bad_share:
+        kind = rng.choice(BAD_KINDS if "text-generation" in models else BAD_KINDS[:3])
+        text = {"invalid-utf8": b"\xff\xfe bad", "empty": b"  ", "oversized": b"x" * 70_000}.get(kind, b"Hello")
+        model = models["text-generation"] if kind == "bad-max-new-tokens" else next(iter(models.values()))
+        extra = {"max_new_tokens": -1} if kind == "bad-max-new-tokens" else {}
+        return kind, model, [text], extra, False
+    task = rng.choice(sorted(models))
+    if task == "text-generation":
+        return "generate", models[task], _texts(rng, 1), {"max_new_tokens": 8}, True
+    return "embed" if task == "feature-extraction" else "classify", models[task], _texts(rng, rng.randint(1, 4)), {}, True
+
+
+def _worker(url: str, models: dict[str, str], deadline: float, seed: int, bad_share: float, out: list[Sample], lock: threading.Lock) -> None:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    rng = random.Random(seed)
+    while time.monotonic() < deadline:
+        kind, model, texts, extra, expected_ok = _request(rng, models, bad_share)
+        tensor = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[t] for t in texts], dtype=np.object_))
+        inputs = [tensor]
+        for name, value in extra.items():
+            optional = grpcclient.InferInput(name, [len(texts), 1], "INT32")
+            optional.set_data_from_numpy(np.full((len(texts), 1), value, dtype=np.int32))
+            inputs.append(optional)
+        started = time.monotonic()
+        try:
+            client.infer(model, inputs, client_timeout=120)
+            ok, error = True, ""
+        except Exception as err:  # noqa: BLE001 - every outcome is recorded
+            ok, error = False, str(err)[:200]
+        sample = Sample(started, kind, expected_ok, ok, (time.monotonic() - started) * 1000, error)
+        with lock:
+            out.append(sample)
+    client.close()
+
+
+def _memory(server_pid: int) -> dict[str, int]:
+    pids = [server_pid, *host.descendants(server_pid)]
+    return {str(pid): host.process_rss_bytes(pid) or 0 for pid in pids}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+def summarise(samples: list[Sample], memory: list[dict[str, Any]], start: float, interval_s: float, warmup_intervals: int = 1) -> dict[str, Any]:
+    """Per-interval figures and the verdict (0 unexpected errors, RSS growth < 10% after warm-up)."""
+    intervals = []
+    count = max(1, int(np.ceil((max((s.at for s in samples), default=start) - start + 1e-9) / interval_s)))
+    for index in range(count):
+        lo, hi = start + index * interval_s, start + (index + 1) * interval_s
+        chunk = [s for s in samples if lo <= s.at < hi]
+        good = [s.latency_ms for s in chunk if s.expected_ok and s.ok]
+        mem = next((m for m in memory if lo <= m["at"] < hi), memory[-1] if memory else {"total": 0})
+        intervals.append(
+            {
+                "interval": index,
+                "requests": len(chunk),
+                "good_ok": sum(s.expected_ok and s.ok for s in chunk),
+                "bad_rejected": sum((not s.expected_ok) and (not s.ok) for s in chunk),
+                "unexpected": sum(s.expected_ok != s.ok for s in chunk),
+                "p50_ms": round(_percentile(good, 50), 1),
+                "p99_ms": round(_percentile(good, 99), 1),
+                "rss_bytes": mem["total"],
+            }
+        )
+    steady = intervals[warmup_intervals:] or intervals
+    rss_growth = (steady[-1]["rss_bytes"] - steady[0]["rss_bytes"]) / max(1, steady[0]["rss_bytes"])
+    p99s = [i["p99_ms"] for i in steady if i["p99_ms"]]
+    unexpected = [s for s in samples if s.expected_ok != s.ok]
+    return {
+        "requests": len(samples),
+        "unexpected_errors": len(unexpected),
+        "unexpected_examples": [f"{s.kind}: {s.error or 'succeeded but should have failed'}" for s in unexpected[:5]],
+        "rss_growth_after_warmup": round(rss_growth, 4),
+        "p99_spread": round(max(p99s) / statistics.median(p99s), 2) if p99s else None,
+        "ok": not unexpected and rss_growth < 0.10,
+        "intervals": intervals,
+    }
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "# hf2triton soak test",
+        "",
+        f"**{'PASS' if result['ok'] else 'FAIL'}** — {result['requests']} requests in {result['duration_s']} s at concurrency "
+        f"{result['concurrency']} ({result['bad_share']:.0%} deliberately bad); unexpected errors: {result['unexpected_errors']}; "
+        f"RSS growth after warm-up: {result['rss_growth_after_warmup']:.1%}; p99 max/median: {result['p99_spread']}",
+        "",
+        "| interval | requests | good ok | bad rejected | unexpected | p50 ms | p99 ms | RSS server+stubs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for i in result["intervals"]:
+        lines.append(
+            f"| {i['interval']} | {i['requests']} | {i['good_ok']} | {i['bad_rejected']} | {i['unexpected']} | {i['p50_ms']} | {i['p99_ms']} | "
+            f"{human_bytes(i['rss_bytes'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_soak(
+    grpc_url: str, models: dict[str, str], server_pid: int, duration_s: float, concurrency: int, interval_s: float, bad_share: float = 0.2
+) -> dict[str, Any]:
+    """Drive the traffic and sample memory; `models` maps task -> model name."""
+    samples: list[Sample] = []
+    memory: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    start = time.monotonic()
+    deadline = start + duration_s
+    workers = [
+        threading.Thread(target=_worker, args=(grpc_url, models, deadline, seed, bad_share, samples, lock), daemon=True) for seed in range(concurrency)
+    ]
+    for worker in workers:
+        worker.start()
+    next_report = start
+    while any(w.is_alive() for w in workers):
+        now = time.monotonic()
+        if now >= next_report:
+            per_process = _memory(server_pid)
+            memory.append({"at": now, "total": sum(per_process.values()), "processes": per_process})
+            with lock:
+                done = len(samples)
+            print(f"soak: {now - start:5.0f} s, {done} requests, server+stubs RSS {human_bytes(memory[-1]['total'])}", flush=True)
+            next_report += interval_s
+        time.sleep(0.2)
+    result = summarise(samples, memory, start, interval_s)
+    result.update(duration_s=duration_s, concurrency=concurrency, bad_share=bad_share, models=models, interval_s=interval_s)
+    return result
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="config.yaml")
+    parser.add_argument("--duration", type=float, default=300.0, help="seconds (bounded: at most 3600)")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--interval", type=float, default=60.0, help="seconds per reported interval")
+    parser.add_argument("--bad-share", type=float, default=0.2)
+    parser.add_argument("--output", default="results/soak/soak.json")
+    args = parser.parse_args(argv)
+    if not 1 <= args.duration <= 3600 or not 1 <= args.concurrency <= 256:
+        raise UserError("--duration must be 1..3600 s and --concurrency 1..256")
+    cfg = load_config(args.config)
+    settings = settings_from_config(cfg)
+    state = read_state(settings)
+    if not state or host.process_cmdline(int(state["pid"])) != state.get("cmdline"):
+        raise UserError("no hf2triton server is running for this config", "start it with `make serve`")
+    if settings.client_host not in ("127.0.0.1", "::1", "localhost"):
+        raise UserError(f"the soak test only targets this machine's loopback, not {settings.host}")
+    models: dict[str, str] = {}
+    for model in cfg["models"]:
+        models.setdefault(model["task"], model["name"])
+    result = run_soak(settings.url("grpc_port"), models, int(state["pid"]), args.duration, args.concurrency, args.interval, args.bad_share)
+    atomic_write_json(args.output, result)
+    atomic_write_text(Path(args.output).with_suffix(".md"), render_markdown(result))
+    print(render_markdown(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
