@@ -8,7 +8,6 @@ resident memory of tritonserver and its Python-backend stubs.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import threading
@@ -57,11 +56,13 @@ def _request(rng: random.Random, models: dict[str, str], bad_share: float):
     return "embed" if task == "feature-extraction" else "classify", models[task], _texts(rng, rng.randint(1, 4)), {}, True
 
 
-def _worker(url: str, models: dict[str, str], deadline: float, seed: int, bad_share: float, out: list[Sample], lock: threading.Lock) -> None:
+def _worker(
+    url: str, models: dict[str, str], deadline: float, seed: int, bad_share: float, out: list[Sample], lock: threading.Lock
+) -> None:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - load generation, not cryptography
     while time.monotonic() < deadline:
         kind, model, texts, extra, expected_ok = _request(rng, models, bad_share)
         tensor = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
@@ -92,7 +93,9 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else 0.0
 
 
-def summarise(samples: list[Sample], memory: list[dict[str, Any]], start: float, interval_s: float, warmup_intervals: int = 1) -> dict[str, Any]:
+def summarise(
+    samples: list[Sample], memory: list[dict[str, Any]], start: float, interval_s: float, warmup_intervals: int = 1
+) -> dict[str, Any]:
     """Per-interval figures and the verdict (0 unexpected errors, RSS growth < 10% after warm-up)."""
     intervals = []
     count = max(1, int(np.ceil((max((s.at for s in samples), default=start) - start + 1e-9) / interval_s)))
@@ -140,10 +143,17 @@ def render_markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for i in result["intervals"]:
-        lines.append(
-            f"| {i['interval']} | {i['requests']} | {i['good_ok']} | {i['bad_rejected']} | {i['unexpected']} | {i['p50_ms']} | {i['p99_ms']} | "
-            f"{human_bytes(i['rss_bytes'])} |"
-        )
+        cells = [
+            i["interval"],
+            i["requests"],
+            i["good_ok"],
+            i["bad_rejected"],
+            i["unexpected"],
+            i["p50_ms"],
+            i["p99_ms"],
+            human_bytes(i["rss_bytes"]),
+        ]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -157,7 +167,8 @@ def run_soak(
     start = time.monotonic()
     deadline = start + duration_s
     workers = [
-        threading.Thread(target=_worker, args=(grpc_url, models, deadline, seed, bad_share, samples, lock), daemon=True) for seed in range(concurrency)
+        threading.Thread(target=_worker, args=(grpc_url, models, deadline, seed, bad_share, samples, lock), daemon=True)
+        for seed in range(concurrency)
     ]
     for worker in workers:
         worker.start()
