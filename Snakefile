@@ -16,6 +16,7 @@ wildcard_constraints:
 include: "rules/preflight.smk"
 include: "rules/fetch.smk"
 include: "rules/pretrained.smk"
+include: "rules/export.smk"
 include: "rules/repository.smk"
 include: "rules/validate.smk"
 include: "rules/server.smk"

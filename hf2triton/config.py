@@ -158,7 +158,7 @@ def _schema_error_line(error: jsonschema.ValidationError) -> UserError:
     return UserError(f"{_key_path(path)} = {value}: not allowed", f"use {_allowed(error)}")
 
 
-def _check_semantics(cfg: dict, explicit_generation: set[int]) -> None:
+def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: set[int]) -> None:
     """Checks a JSON schema cannot express."""
     seen: dict[str, int] = {}
     for index, model in enumerate(cfg["models"]):
@@ -177,6 +177,20 @@ def _check_semantics(cfg: dict, explicit_generation: set[int]) -> None:
             raise UserError(
                 f"config.models[{index}].generation: only for task text-generation (task is {model['task']})",
                 "remove the generation block",
+            )
+        if model["backend"] == "python" and index in explicit_onnx:
+            raise UserError(
+                f"config.models[{index}].onnx: only for backend onnx or tensorrt (backend is python)",
+                "remove the onnx block or change backend",
+            )
+        if model["backend"] == "tensorrt" and model["task"] == "text-generation":
+            raise UserError(
+                f"config.models[{index}].backend = 'tensorrt': not supported for text-generation",
+                "use backend: onnx (KV-cache decoder) for it",
+            )
+        if model["onnx"]["quantize"] != "none" and model["task"] == "text-generation":
+            raise UserError(
+                f"config.models[{index}].onnx.quantize: int8 is for encoder tasks only", "use quantize: none for text-generation"
             )
         if ".." in model["revision"].split("/"):
             raise UserError(f"config.models[{index}].revision = {model['revision']!r}: '..' not allowed", "use a branch, tag or commit")
@@ -209,11 +223,12 @@ def validate_config(raw: Any) -> dict:
     explicit_generation = (
         {i for i, m in enumerate(models) if isinstance(m, dict) and "generation" in m} if isinstance(models, list) else set()
     )
+    explicit_onnx = {i for i, m in enumerate(models) if isinstance(m, dict) and "onnx" in m} if isinstance(models, list) else set()
     validator = _DefaultFillingValidator(_schema())
     errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         raise _schema_error_line(errors[0])
-    _check_semantics(cfg, explicit_generation)
+    _check_semantics(cfg, explicit_generation, explicit_onnx)
     return cfg
 
 

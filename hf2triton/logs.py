@@ -31,7 +31,8 @@ def setup_logging(log_file: Path | str | None = None, level: int = logging.INFO)
     formatter = RedactingFormatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
     root = logging.getLogger()
     root.handlers.clear()
-    root.setLevel(level)
+    root.setLevel(logging.WARNING)  # libraries (e.g. the ONNX quantizer) log per tensor at INFO
+    logging.getLogger("hf2triton").setLevel(level)
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)

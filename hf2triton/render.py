@@ -6,6 +6,7 @@ always syntactically valid; model.py is the package's serving module, copied ver
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -78,8 +79,6 @@ def config_text(config: mc.ModelConfig) -> str:
 
 def embedding_dim_of(model_dir: Path) -> int | None:
     """hidden_size of the saved model (the pooled embedding width)."""
-    import json
-
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     return cfg.get("hidden_size") or cfg.get("d_model") or cfg.get("dim")
 
@@ -97,15 +96,25 @@ def render_model(
     max_queue_delay_us: int,
     max_input_bytes: int,
     generation: dict[str, Any] | None = None,
+    backend: str = "python",
+    onnx_dir: str = "",
+    trt_engine: str = "",
 ) -> Path:
     """Write the model's repository directory `output` (config.pbtxt + 1/model.py) atomically."""
     parameters = {
         "task": task,
+        "backend": backend,
         "model_dir": str(Path(pretrained).resolve()),
         "dtype": dtype,
         "num_threads": str(num_threads),
         "max_input_bytes": str(max_input_bytes),
     }
+    if backend in ("onnx", "tensorrt"):
+        parameters["onnx_dir"] = str(Path(onnx_dir).resolve())
+        export = Path(onnx_dir) / "export.json"
+        parameters["quantize"] = json.loads(export.read_text()).get("quantize", "none") if export.is_file() else "none"
+    if backend == "tensorrt":
+        parameters["trt_engine"] = str(Path(trt_engine).resolve())
     if task == "text-generation":
         generation = generation or {}
         parameters.update(

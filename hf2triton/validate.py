@@ -35,6 +35,20 @@ PROBES = {
 }
 VALIDATION_MAX_NEW_TOKENS = 24
 COSINE_FLOOR = 0.999
+_SUBJECTS = ["the weather", "a new phone", "this restaurant", "la réunion", "das Konzert", "el viaje", "東京の夜", "the quarterly report"]
+_VERBS = ["was surprisingly good", "disappointed everyone", "changed my mind", "ist ausgezeichnet", "fue increíble", "は静かだった"]
+# Parity probes: 40 texts of varied length (3 to ~60 words), several scripts and languages.
+PARITY_PROBES = [
+    f"{_SUBJECTS[i % len(_SUBJECTS)]} {_VERBS[i % len(_VERBS)]}"
+    + (" and " + " ".join(["more", "details", "follow"] * (i % 20)) if i % 3 else "")
+    for i in range(40)
+]
+PARITY_GENERATION_PROMPTS = [
+    "What is the capital of France?",
+    "Name three colours.",
+    "Translate 'good morning' to French.",
+    "What is 2 + 2?",
+]
 
 
 def check(name: str, ok: bool, detail: str) -> dict[str, Any]:
@@ -116,18 +130,57 @@ def outputs_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[b
     return worst <= 1e-5, f"max abs difference {worst:.2e}"
 
 
-def reference_outputs(config: mc.ModelConfig, texts: list[str]) -> dict[str, np.ndarray]:
-    """The saved model run in-process with the same engine model.py uses (no Triton involved)."""
+def reference_outputs(config: mc.ModelConfig, texts: list[str], backend: str | None = None) -> dict[str, np.ndarray]:
+    """The saved model run in-process with the same engine model.py uses (no Triton involved);
+    `backend="python"` gives the torch reference for the parity gate."""
     from hf2triton.serving.model import engine_from_parameters
 
     params = {k: v.string_value for k, v in config.parameters.items()}
+    if backend:
+        params["backend"] = backend
     params["dtype"] = "float32" if params.get("dtype") in ("auto", "float16", "bfloat16") else params.get("dtype", "float32")
     engine = engine_from_parameters(params, "cpu")
     options = {"max_new_tokens": VALIDATION_MAX_NEW_TOKENS} if params["task"] == "text-generation" else {}
     return engine.run(texts, **options)
 
 
-def validate_model(settings: Settings, name: str, http_client, grpc_client) -> dict[str, Any]:
+def infer_in_chunks(
+    client, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...], size: int
+) -> dict[str, np.ndarray]:
+    parts = [infer(client, client_module, name, task, texts[i : i + size], outputs)[0] for i in range(0, len(texts), size)]
+    return {o: np.concatenate([p[o] for p in parts]) for o in outputs}
+
+
+def parity_check(rendered: mc.ModelConfig, name: str, http_client, floor: float) -> dict[str, Any]:
+    """Served non-torch backend vs the torch reference on the fixed probe set, with the figures."""
+    import tritonclient.http as httpclient
+
+    params = {k: v.string_value for k, v in rendered.parameters.items()}
+    task, quantized = params["task"], params.get("quantize", "none") != "none"
+    texts = PARITY_GENERATION_PROMPTS if task == "text-generation" else PARITY_PROBES
+    outputs = tuple(o.name for o in rendered.output)
+    served = infer_in_chunks(http_client, httpclient, name, task, texts, outputs, rendered.max_batch_size or len(texts))
+    torch_ref = reference_outputs(rendered, texts, backend="python")
+    if task == "feature-extraction":
+        a, b = served["embedding"].astype(np.float64), torch_ref["embedding"].astype(np.float64)
+        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        needed = floor if quantized else COSINE_FLOOR
+        figures = {
+            "texts": len(texts),
+            "cosine_min": round(float(cos.min()), 6),
+            "cosine_mean": round(float(cos.mean()), 6),
+            "floor": needed,
+        }
+        return {"ok": bool(cos.min() >= needed), **figures}
+    if task == "text-classification":
+        same = int(sum(x == y for x, y in zip(served["label"].reshape(-1).tolist(), torch_ref["label"].reshape(-1).tolist())))
+        diff = float(np.abs(served["score"].reshape(-1) - torch_ref["score"].reshape(-1)).max())
+        return {"ok": same == len(texts), "texts": len(texts), "labels_identical": same, "max_score_diff": round(diff, 6)}
+    same = int(sum(x == y for x, y in zip(served["text_output"].reshape(-1).tolist(), torch_ref["text_output"].reshape(-1).tolist())))
+    return {"ok": same == len(texts), "prompts": len(texts), "greedy_identical": same}
+
+
+def validate_model(settings: Settings, name: str, http_client, grpc_client, parity_floor: float = 0.98) -> dict[str, Any]:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
@@ -164,6 +217,12 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client) -> d
     checks.append(
         check("served equals in-process", ok, f"{detail}; in-process run {1000 * (time.perf_counter() - started):.0f} ms incl. load")
     )
+    backend = rendered.parameters["backend"].string_value or "python"
+    parity = None
+    if backend != "python":
+        parity = parity_check(rendered, name, http_client, parity_floor)
+        detail = ", ".join(f"{k} {v}" for k, v in parity.items() if k != "ok")
+        checks.append(check(f"parity {backend} vs torch", parity["ok"], detail))
     time.sleep(0.2)
     after = metric_value(http_get(metrics_url)[1], "nv_inference_request_success", name)
     checks.append(check("metrics count requests", after >= before + 2, f"nv_inference_request_success {before:.0f} -> {after:.0f}"))
@@ -171,6 +230,8 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client) -> d
     return {
         "ok": all(c["ok"] for c in checks),
         "task": task,
+        "backend": backend,
+        "parity": parity,
         "latency_ms": {"http": round(http_ms, 1), "grpc": round(grpc_ms, 1)},
         "sample": {
             "input": texts[0],
@@ -190,13 +251,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"Server: Triton {server.get('version', '?')} ({server.get('origin', '?')}), live={server.get('live')}, "
         f"ready={server.get('ready')}, HTTP {server.get('http')}, gRPC {server.get('grpc')}, pid {server.get('pid')}",
         "",
-        "| model | task | check | result | detail |",
-        "|---|---|---|---|---|",
+        "| model | task | backend | check | result | detail |",
+        "|---|---|---|---|---|---|",
     ]
     for name, model in report["models"].items():
         for item in model["checks"]:
             detail = item["detail"].replace("|", "\\|").replace("\n", " ")
-            lines.append(f"| {name} | {model.get('task', '')} | {item['name']} | {'ok' if item['ok'] else '**FAIL**'} | {detail} |")
+            result = "ok" if item["ok"] else "**FAIL**"
+            lines.append(f"| {name} | {model.get('task', '')} | {model.get('backend', '')} | {item['name']} | {result} | {detail} |")
     lines += ["", "## Samples", ""]
     for name, model in report["models"].items():
         if "sample" in model:
@@ -204,7 +266,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def validate_server(settings: Settings, server_state: dict[str, Any], output_json: str, output_md: str) -> dict[str, Any]:
+def validate_server(
+    settings: Settings, server_state: dict[str, Any], output_json: str, output_md: str, parity_floors: dict[str, float] | None = None
+) -> dict[str, Any]:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
@@ -223,7 +287,7 @@ def validate_server(settings: Settings, server_state: dict[str, Any], output_jso
     models = {}
     for name in settings.models:
         log.info("validating %s", name)
-        models[name] = validate_model(settings, name, http_client, grpc_client)
+        models[name] = validate_model(settings, name, http_client, grpc_client, (parity_floors or {}).get(name, 0.98))
         for item in models[name]["checks"]:
             (log.info if item["ok"] else log.error)("  %-30s %s  %s", item["name"], "ok" if item["ok"] else "FAIL", item["detail"])
     report = {
@@ -243,9 +307,15 @@ def validate_server(settings: Settings, server_state: dict[str, Any], output_jso
 
 
 def validate_step(
-    server: dict[str, Any], models: list[str], work: str, repository: str, output_json: str, output_md: str
+    server: dict[str, Any],
+    models: list[str],
+    work: str,
+    repository: str,
+    output_json: str,
+    output_md: str,
+    parity_floors: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Rule `validate`: make sure the server runs the current repository, then validate it."""
     settings = make_settings(server, models, work, repository)
     state = ensure_server(settings)
-    return validate_server(settings, state, output_json, output_md)
+    return validate_server(settings, state, output_json, output_md, parity_floors)

@@ -10,6 +10,7 @@ from hf2triton.config import load_config, model_by_name
 from hf2triton.errors import UserError
 from hf2triton.locks import clear_stale_locks
 from hf2triton.sources import package_version, resolve_model_sources
+from hf2triton.tensorrt import require_tensorrt
 
 # config.yaml next to the Snakefile, or the file $HF2TRITON_CONFIG names (read by hf2triton's bounded
 # YAML loader); --config/--configfile values merge over it.
@@ -18,6 +19,7 @@ CONFIG_FILE = os.environ.get("HF2TRITON_CONFIG") or str(Path(workflow.basedir) /
 try:
     CFG = load_config(CONFIG_FILE, overrides=config)
     SOURCES, LOCAL_SOURCES = resolve_model_sources(CFG["models"])
+    require_tensorrt(CFG["models"], host.has_gpu())
 except UserError as err:
     sys.exit(f"hf2triton: error: {err.render()}")
 
@@ -72,3 +74,30 @@ def queue_delay_us(wildcards):
 def repository_of(wildcards, input):
     """The repository root, derived from the rendered model directories that are inputs."""
     return str(Path(input.repository[0]).parent)
+
+
+def repository_inputs(wildcards):
+    """What a model's repository is rendered from: the saved model, plus its ONNX export / TensorRT
+    engine when the backend needs them, plus the serving code (so code changes re-render)."""
+    backend = model_by_name(CFG, wildcards.model)["backend"]
+    inputs = {"pretrained": pretrained_dir(wildcards.model), "serving_code": SERVING_CODE}
+    if backend in ("onnx", "tensorrt"):
+        inputs["onnx"] = onnx_dir(wildcards.model)
+    if backend == "tensorrt":
+        inputs["trt_engine"] = f"{WORK}/models/{wildcards.model}/tensorrt/engine.plan"
+    return inputs
+
+
+def onnx_dir(name):
+    return f"{WORK}/models/{name}/onnx"
+
+
+def onnx_value(key):
+    return lambda wildcards: model_by_name(CFG, wildcards.model)["onnx"][key]
+
+
+
+def preflight_models():
+    """Only the model keys preflight uses, so e.g. a max_batch_size change does not rerun it."""
+    keys = ("name", "source", "task", "device", "dtype", "instances", "backend")
+    return [{key: model[key] for key in keys} for model in CFG["models"]]

@@ -5,7 +5,7 @@ rule preflight:
     output:
         "results/preflight.json",
     params:
-        models=CFG["models"],
+        models=preflight_models(),
         server=CFG["server"],
         work=WORK,
         pretrained={name: pretrained_dir(name) for name in MODELS},

@@ -1,8 +1,7 @@
 # Saved model -> model_repository/<model>/{config.pbtxt,1/model.py}, then a static lint of it.
 rule repository:
     input:
-        pretrained=rules.pretrained.output[0],
-        serving_code=SERVING_CODE,
+        unpack(repository_inputs),
     output:
         directory(f"{REPOSITORY}/{{model}}"),
     params:
@@ -15,6 +14,7 @@ rule repository:
         max_queue_delay_us=queue_delay_us,
         max_input_bytes=model_value("max_input_bytes"),
         generation=generation_options,
+        backend=model_value("backend"),
     log:
         "results/logs/repository/{model}.log",
     conda:

@@ -12,6 +12,7 @@ rule validate:
         models=MODELS,
         work=WORK,
         repository=repository_of,
+        parity_floors={m["name"]: m["onnx"]["parity_floor"] for m in CFG["models"]},
     log:
         "results/logs/validate.log",
     localrule: True

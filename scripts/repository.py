@@ -19,4 +19,7 @@ run_step(
     max_queue_delay_us=params.max_queue_delay_us,
     max_input_bytes=params.max_input_bytes,
     generation=params.generation,
+    backend=params.backend,
+    onnx_dir=snakemake.input.get("onnx", ""),
+    trt_engine=snakemake.input.get("trt_engine", ""),
 )

@@ -13,4 +13,5 @@ run_step(
     repository=params.repository,
     output_json=snakemake.output.json,
     output_md=snakemake.output.markdown,
+    parity_floors=params.parity_floors,
 )

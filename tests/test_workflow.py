@@ -14,8 +14,6 @@ from hf2triton import host
 
 pytestmark = pytest.mark.integration
 
-BUILD_RULES = {"fetch", "pretrained", "repository", "lint", "preflight", "validate"}
-
 
 def test_first_run_builds_everything_and_validates(tiny_workflow):
     jobs = tiny_workflow.jobs_run(tiny_workflow.first_run)
@@ -70,7 +68,7 @@ def test_changing_max_batch_size_rebuilds_only_that_model(tiny_workflow):
             model["max_batch_size"] = 8
     # (snakemake 9.27's --list-changes params lists every output, changed or not; the dry run's reasons are exact)
     dry = tiny_workflow.run("-n", "serve")
-    assert sorted(tiny_workflow.jobs_run(dry)) == ["lint", "preflight", "repository", "serve", "validate"]
+    assert sorted(tiny_workflow.jobs_run(dry)) == ["lint", "repository", "serve", "validate"]
     assert "model_repository/embed" in dry.stderr + dry.stdout
     assert (
         "Params have changed since last execution: Union of exclusive params before and now across all output: before: 4 now: 8"
@@ -78,7 +76,7 @@ def test_changing_max_batch_size_rebuilds_only_that_model(tiny_workflow):
     )
     result = tiny_workflow.run("serve")
     jobs = tiny_workflow.jobs_run(result)
-    assert sorted(jobs) == ["lint", "preflight", "repository", "serve", "validate"]
+    assert sorted(jobs) == ["lint", "repository", "serve", "validate"]
     assert "fetch" not in jobs and "pretrained" not in jobs
     assert "max_batch_size: 8" in (tiny_workflow.directory / "model_repository" / "embed" / "config.pbtxt").read_text()
     assert tiny_workflow.state()["pid"] == pid, "only the changed model is reloaded; the server keeps running"

