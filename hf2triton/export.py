@@ -21,6 +21,10 @@ from hf2triton.fsutil import atomic_directory, human_bytes, tree_size
 
 log = logging.getLogger("hf2triton.export")
 
+# Bumped whenever the export logic changes what it produces: it is a param of the rule, so an upgrade of
+# hf2triton re-exports (Snakemake does not rerun jobs for changes in imported modules).
+EXPORT_VERSION = 2
+
 OPTIMUM_TASKS = {
     "feature-extraction": "feature-extraction",
     "text-classification": "text-classification",

@@ -8,6 +8,7 @@ from pathlib import Path
 from hf2triton import host
 from hf2triton.config import load_config, model_by_name
 from hf2triton.errors import UserError
+from hf2triton.export import EXPORT_VERSION
 from hf2triton.locks import clear_stale_locks
 from hf2triton.sources import package_version, resolve_model_sources
 from hf2triton.tensorrt import require_tensorrt

@@ -10,6 +10,7 @@ rule export_onnx:
         opset=onnx_value("opset"),
         optimize=onnx_value("optimize"),
         quantize=onnx_value("quantize"),
+        exporter=EXPORT_VERSION,
     log:
         "results/logs/export_onnx/{model}.log",
     conda:
