@@ -63,7 +63,7 @@ stop: ## stop the server started by `make serve`
 	@if [ -x $(SNAKEMAKE) ]; then $(SNAKEMAKE) --cores 1 stop; else echo "nothing installed, nothing running"; fi
 
 status: ## is the server running, ready and current?
-	@if [ -x $(SNAKEMAKE) ]; then $(SNAKEMAKE) --cores 1 --quiet all status; else echo "not set up: run make serve"; fi
+	@if [ -x $(SNAKEMAKE) ]; then $(SNAKEMAKE) --cores 1 status --quiet all; else echo "not set up: run make serve"; fi
 
 clean: stop ## remove rendered repository, results and snakemake metadata (keeps downloads and .venv)
 	rm -rf results .snakemake

@@ -27,3 +27,14 @@ def test_every_requirement_is_pinned_exactly():
 
 def test_numpy_below_2_for_the_triton_stub():
     assert any(p.startswith("numpy==1.") for p in pins(ENVS / "requirements.txt"))
+
+
+def test_makefile_targets_parse():
+    import subprocess
+
+    root = ENVS.parent
+    for target in ("serve", "test", "test-fast", "lint", "stop", "status", "dry-run", "soak", "clean"):
+        result = subprocess.run(["make", "-n", "-C", str(root), target], capture_output=True, text=True, check=False)
+        assert result.returncode == 0, (target, result.stderr)
+    status = subprocess.run(["make", "-n", "-C", str(root), "status"], capture_output=True, text=True, check=False).stdout
+    assert "status --quiet all" in status, "targets must come before --quiet (it takes several values)"
