@@ -130,6 +130,18 @@ def outputs_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[b
     return worst <= 1e-5, f"max abs difference {worst:.2e}"
 
 
+def reference_device(config: mc.ModelConfig) -> str:
+    """The device the served model uses: GPU instances are compared with a GPU reference in the same dtype
+    (a float32 CPU reference may pick another greedy token than float16 on a GPU)."""
+    gpu = any(group.kind == mc.ModelInstanceGroup.KIND_GPU for group in config.instance_group)
+    if gpu:
+        import torch
+
+        if torch.cuda.is_available():
+            return "cuda:0"
+    return "cpu"
+
+
 def reference_outputs(config: mc.ModelConfig, texts: list[str], backend: str | None = None) -> dict[str, np.ndarray]:
     """The saved model run in-process with the same engine model.py uses (no Triton involved);
     `backend="python"` gives the torch reference for the parity gate."""
@@ -138,8 +150,7 @@ def reference_outputs(config: mc.ModelConfig, texts: list[str], backend: str | N
     params = {k: v.string_value for k, v in config.parameters.items()}
     if backend:
         params["backend"] = backend
-    params["dtype"] = "float32" if params.get("dtype") in ("auto", "float16", "bfloat16") else params.get("dtype", "float32")
-    engine = engine_from_parameters(params, "cpu")
+    engine = engine_from_parameters(params, reference_device(config))
     options = {"max_new_tokens": VALIDATION_MAX_NEW_TOKENS} if params["task"] == "text-generation" else {}
     return engine.run(texts, **options)
 
