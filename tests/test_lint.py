@@ -156,3 +156,21 @@ def test_onnx_model_explains_python_backend_path(tmp_path, backends):
     findings = lint_model_dir(model, backends, False)
     assert [f.severity for f in findings] == ["info"]
     assert "no native onnxruntime backend" in findings[0].message
+
+
+def test_command_line_lint(tmp_path, backends):
+    import subprocess
+    import sys
+
+    make_model(tmp_path, name="good")
+    bad = make_model(tmp_path, name="bad")
+    (bad / ".ipynb_checkpoints").mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "hf2triton", "lint", str(tmp_path / "repo")], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 1
+    assert "good: ok" in result.stdout and "bad: ERRORS" in result.stdout and ".ipynb_checkpoints" in result.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "hf2triton", "lint", str(tmp_path / "nope")], capture_output=True, text=True, check=False
+    )
+    assert missing.returncode == 1 and "hf2triton: error:" in missing.stderr and "Traceback" not in missing.stderr
