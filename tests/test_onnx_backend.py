@@ -16,6 +16,7 @@ def onnx_workflow(tmp_path_factory, tiny_models):
     for model in models:
         model["backend"] = "onnx"
     models.append({**models[0], "name": "embed8", "onnx": {"quantize": "dynamic-int8", "parity_floor": 0.9}})
+    models.append({**models[1], "name": "classify8", "onnx": {"quantize": "dynamic-int8"}})
     workflow = make_workflow(tmp_path_factory.mktemp("onnx-workflow"), models)
     workflow.first_run = workflow.run("serve")
     yield workflow
@@ -24,7 +25,7 @@ def onnx_workflow(tmp_path_factory, tiny_models):
 
 def test_all_tasks_served_from_onnx_with_parity_figures(onnx_workflow):
     jobs = onnx_workflow.jobs_run(onnx_workflow.first_run)
-    assert jobs.count("export_onnx") == 4
+    assert jobs.count("export_onnx") == 5
     report = onnx_workflow.report()
     assert report["ok"], report
     for name, model in report["models"].items():
@@ -34,7 +35,8 @@ def test_all_tasks_served_from_onnx_with_parity_figures(onnx_workflow):
         print(name, parity)
     assert report["models"]["embed"]["parity"]["cosine_min"] >= 0.999 and report["models"]["embed"]["parity"]["texts"] >= 32
     assert report["models"]["embed8"]["parity"]["floor"] == 0.9
-    assert report["models"]["classify"]["parity"]["labels_identical"] == report["models"]["classify"]["parity"]["texts"]
+    for name in ("classify", "classify8"):
+        assert report["models"][name]["parity"]["labels_identical"] == report["models"][name]["parity"]["texts"]
     assert report["models"]["generate"]["parity"]["greedy_identical"] == report["models"]["generate"]["parity"]["prompts"]
     assert "parity onnx vs torch" in (onnx_workflow.directory / "results/validation/report.md").read_text()
 
