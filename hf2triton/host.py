@@ -77,16 +77,22 @@ def process_cmdline(pid: int) -> list[str] | None:
     return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of `pid` from /proc/<pid>/stat (None if it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def descendants(pid: int) -> list[int]:
     """All live descendants of `pid` (children, grandchildren, ...), from /proc."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
+            parent = parent_pid(int(entry.name))
+            if parent is not None:
+                children.setdefault(parent, []).append(int(entry.name))
     found, queue = [], [pid]
     while queue:
         for child in children.get(queue.pop(), []):

@@ -10,15 +10,11 @@ from pathlib import Path
 from hf2triton import host
 
 
-def _ancestors(pid: int) -> set[int]:
-    seen = set()
-    while pid > 1 and pid not in seen:
+def _ancestors(pid: int | None) -> set[int]:
+    seen: set[int] = set()
+    while pid is not None and pid > 1 and pid not in seen:
         seen.add(pid)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            pid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
+        pid = host.parent_pid(pid)
     return seen
 
 

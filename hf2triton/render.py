@@ -73,6 +73,11 @@ def build_model_config(
     return config
 
 
+def read_model_config(path: Path | str) -> mc.ModelConfig:
+    """Parse a config.pbtxt with the real ModelConfig protobuf (raises OSError / text_format.ParseError)."""
+    return text_format.Parse(Path(path).read_text(encoding="utf-8"), mc.ModelConfig())
+
+
 def config_text(config: mc.ModelConfig) -> str:
     return HEADER + text_format.MessageToString(config)
 

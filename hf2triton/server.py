@@ -208,15 +208,21 @@ def model_digests(settings: Settings) -> dict[str, str]:
     return {name: model_digest(settings, name) for name in sorted(settings.models)}
 
 
-def expected_instances(settings: Settings, name: str) -> int:
+def _rendered_config(config_path: Path):
+    """The parsed config.pbtxt, or None where it is missing or unreadable (the lint reports why)."""
     from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as mc
+
+    from hf2triton.render import read_model_config
 
     try:
-        config = text_format.Parse((Path(settings.repository) / name / "config.pbtxt").read_text(), mc.ModelConfig())
-    except (OSError, text_format.ParseError):
-        return 1
-    return sum(group.count or 1 for group in config.instance_group) or 1
+        return read_model_config(config_path)
+    except (OSError, UnicodeDecodeError, text_format.ParseError):
+        return None
+
+
+def expected_instances(settings: Settings, name: str) -> int:
+    config = _rendered_config(Path(settings.repository) / name / "config.pbtxt")
+    return (sum(group.count or 1 for group in config.instance_group) or 1) if config else 1
 
 
 def dead_stub_models(settings: Settings, server_pid: int) -> list[str]:
@@ -233,14 +239,8 @@ def dead_stub_models(settings: Settings, server_pid: int) -> list[str]:
 
 
 def _model_dir_of(config_path: Path) -> Path:
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as mc
-
-    try:
-        config = text_format.Parse(config_path.read_text(), mc.ModelConfig())
-    except text_format.ParseError:
-        return Path("/nonexistent")
-    return Path(config.parameters["model_dir"].string_value or "/nonexistent")
+    config = _rendered_config(config_path)
+    return Path((config.parameters["model_dir"].string_value if config else "") or "/nonexistent")
 
 
 # ---------------------------------------------------------------- state

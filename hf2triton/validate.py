@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from google.protobuf import json_format, text_format
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
 from hf2triton.pitfalls import explain
+from hf2triton.render import read_model_config
 from hf2triton.server import Settings, ensure_server, http_get, make_settings, public_state
 
 log = logging.getLogger("hf2triton.validate")
@@ -56,7 +57,7 @@ def check(name: str, ok: bool, detail: str) -> dict[str, Any]:
 
 
 def rendered_config(repository: str, name: str) -> mc.ModelConfig:
-    return text_format.Parse((Path(repository) / name / "config.pbtxt").read_text(), mc.ModelConfig())
+    return read_model_config(Path(repository) / name / "config.pbtxt")
 
 
 def config_differences(rendered: Any, served: Any, path: str = "") -> list[str]:

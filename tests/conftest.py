@@ -118,10 +118,10 @@ class Workflow:
     def write_config(self) -> None:
         self.config_file.write_text(yaml.safe_dump(self.config, sort_keys=False))
 
-    def run(self, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
+    def command(self, *args: str) -> list[str]:
         self.write_config()
         # --configfile takes several values: keep it last so targets are not read as config files
-        cmd = [
+        return [
             str(BIN / "snakemake"),
             "-s",
             str(SNAKEFILE),
@@ -133,8 +133,25 @@ class Workflow:
             "--configfile",
             str(self.config_file),
         ]
-        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **self.env}
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=self.directory, check=False)
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **self.env}
+
+    def popen(self, *args: str) -> subprocess.Popen:
+        """Start a run in its own process group (tests kill it mid-step with os.killpg)."""
+        return subprocess.Popen(
+            self.command(*args),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=self.environment(),
+            cwd=self.directory,
+        )
+
+    def run(self, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            self.command(*args), capture_output=True, text=True, timeout=timeout, env=self.environment(), cwd=self.directory, check=False
+        )
         if check and result.returncode != 0:
             raise AssertionError(
                 f"snakemake {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"

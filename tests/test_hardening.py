@@ -70,22 +70,8 @@ def test_fetch_killed_mid_download_resumes_byte_identical(tmp_path):
     try:
         workflow = make_workflow(tmp_path / "w", [{"name": "mini", "source": "acme/minilm", "task": "feature-extraction"}])
         workflow.env["HF_ENDPOINT"] = hub.endpoint
-        workflow.write_config()
         target = ".hf2triton/models/mini/fetch.json"
-        cmd = [
-            str(BIN / "snakemake"),
-            "-s",
-            str(SNAKEFILE),
-            "-d",
-            str(workflow.directory),
-            "--cores",
-            "1",
-            target,
-            "--configfile",
-            str(workflow.config_file),
-        ]
-        env = {**os.environ, **workflow.env}
-        process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+        process = workflow.popen(target)
         assert wait_for(hub.half_sent.is_set, 120), "download never started"
         partial = lambda: [p for p in (workflow.directory / ".hf2triton/hub").rglob("*.incomplete") if p.stat().st_size > 0]  # noqa: E731
         assert wait_for(lambda: bool(partial()), 30), "no partial file written"

@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import time
 
 import pytest
 
-from tests.conftest import BIN, SNAKEFILE, make_workflow, minilm_dir
+from tests.conftest import make_workflow, minilm_dir
 
 pytestmark = pytest.mark.integration
 
@@ -63,21 +62,7 @@ def test_gpu_device_on_cpu_host_refused_by_preflight(tmp_path):
 
 def test_killed_during_pretrained_leaves_nothing_done_and_rerun_completes(tmp_path):
     workflow = make_workflow(tmp_path / "w", [{"name": "mini", "source": str(minilm_dir()), "task": "feature-extraction"}])
-    workflow.write_config()
-    target = ".hf2triton/models/mini/pretrained"
-    cmd = [
-        str(BIN / "snakemake"),
-        "-s",
-        str(SNAKEFILE),
-        "-d",
-        str(workflow.directory),
-        "--cores",
-        "1",
-        target,
-        "--configfile",
-        str(workflow.config_file),
-    ]
-    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd=workflow.directory)
+    process = workflow.popen(".hf2triton/models/mini/pretrained")
     log = workflow.directory / "results" / "logs" / "pretrained" / "mini.log"
     deadline = time.monotonic() + 120
     while not log.exists() and time.monotonic() < deadline:
