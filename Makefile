@@ -15,11 +15,15 @@ ifdef CONFIG
 export HF2TRITON_CONFIG := $(abspath $(CONFIG))
 endif
 PYTEST_ARGS ?=
+# `make serve OVERLAY=results/tune/overlay.yaml` applies a tuning overlay (config `overrides:`) on top.
+SMK_CONFIG := $(if $(OVERLAY),--configfile $(abspath $(OVERLAY)))
+# perf_analyzer's wheel needs glibc >= 2.38; where it runs, `bench` uses it (else tritonclient's async APIs).
+PERF_ANALYZER_PIN := perf-analyzer==2.60.0
 
-.PHONY: serve setup test test-fast lint stop status dry-run soak clean clean-all
+.PHONY: serve setup test test-fast lint stop status dry-run soak bench tune clean clean-all
 
 serve: $(VENV)/.installed ## set up (if needed) and serve the models of config.yaml
-	$(SNAKEMAKE) --cores $(CORES) serve
+	$(SNAKEMAKE) --cores $(CORES) serve $(SMK_CONFIG)
 
 setup: $(VENV)/.installed
 
@@ -54,10 +58,23 @@ lint: $(VENV)/.installed-test ## ruff + snakemake --lint
 	$(SNAKEMAKE) --lint
 
 dry-run: $(VENV)/.installed ## what `make serve` would rebuild, and why
-	$(SNAKEMAKE) --cores $(CORES) -n serve
+	$(SNAKEMAKE) --cores $(CORES) -n serve $(SMK_CONFIG)
 
 soak: $(VENV)/.installed ## 5-minute mixed-traffic soak test against the running server (results/soak/)
 	$(BIN)/python -m hf2triton.soak --config $(or $(HF2TRITON_CONFIG),config.yaml) --duration $(or $(DURATION),300) --concurrency 32
+
+$(VENV)/.installed-bench: $(VENV)/.installed
+	@if $(BIN)/python -c 'import platform,sys; v=platform.libc_ver()[1]; sys.exit(0 if tuple(map(int, v.split("."))) >= (2, 38) else 1)'; then \
+		$(PIP) install $(PIP_FLAGS) $(PERF_ANALYZER_PIN); \
+	else echo "glibc < 2.38: perf_analyzer cannot run here; bench uses tritonclient's async load generator"; fi
+	touch $@
+
+bench: $(VENV)/.installed-bench ## serve (if needed), load-test every model, report with plots + ratios (results/bench/)
+	$(SNAKEMAKE) --cores $(CORES) bench $(SMK_CONFIG) $(if $(FORCE),--forcerun bench_model)
+	@$(BIN)/python -c 'import json; [print(l) for l in json.load(open("results/bench/summary/ratios.json"))["lines"]]'
+
+tune: $(VENV)/.installed ## sweep batching/instances/queue delay on a scratch server; writes results/tune/overlay.yaml
+	$(SNAKEMAKE) --cores $(CORES) tune $(SMK_CONFIG) $(if $(FORCE),--forcerun tune)
 
 stop: ## stop the server started by `make serve`
 	@if [ -x $(SNAKEMAKE) ]; then $(SNAKEMAKE) --cores 1 stop; else echo "nothing installed, nothing running"; fi

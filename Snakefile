@@ -20,6 +20,7 @@ include: "rules/export.smk"
 include: "rules/repository.smk"
 include: "rules/validate.smk"
 include: "rules/server.smk"
+include: "rules/bench.smk"
 
 
 # The default target: everything through validation, then make sure the server is up and current.

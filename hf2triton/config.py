@@ -208,6 +208,42 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
         raise UserError(f"config.paths.work = {cfg['paths']['work']!r}: whitespace not allowed", "choose a path without spaces")
 
 
+def apply_overrides(cfg: dict) -> dict:
+    """Merge `overrides: {<model name>: {key: value}}` (e.g. a tuning overlay) into models[] by name.
+    The merged models are then validated like any other (a bad overlay value is named as such)."""
+    overrides = cfg.get("overrides")
+    models = cfg.get("models")
+    if not overrides or not isinstance(overrides, dict) or not isinstance(models, list):
+        return cfg
+    by_name = {m.get("name"): i for i, m in enumerate(models) if isinstance(m, dict)}
+    for name, values in overrides.items():
+        if name not in by_name:
+            raise UserError(
+                f"config.overrides.{name}: no model named {name!r}",
+                "use one of " + ", ".join(str(n) for n in by_name) + " (or remove the overlay)",
+            )
+        if not isinstance(values, dict):
+            raise UserError(f"config.overrides.{name} = {values!r}: not a mapping", "give model keys, e.g. {instances: 2}")
+        if "name" in values:
+            raise UserError(f"config.overrides.{name}.name: a model cannot be renamed by an override", "remove the key")
+        models[by_name[name]] = deep_merge(models[by_name[name]], values)
+    return cfg
+
+
+TUNE_BOUNDS = {"max_batch_size": (1, 1024), "instances": (1, 16), "max_queue_delay_us": (0, 10_000_000)}
+
+
+def _check_tune(cfg: dict) -> None:
+    tune, names = cfg["tune"], {m["name"]: m for m in cfg["models"]}
+    for name in tune["models"]:
+        if name not in names:
+            raise UserError(f"config.tune.models: no model named {name!r}", "use one of " + ", ".join(names))
+    for key, (low, high) in TUNE_BOUNDS.items():
+        for value in tune[key]:
+            if not low <= value <= high:
+                raise UserError(f"config.tune.{key}: {value} is out of range", f"use values between {low} and {high}")
+
+
 def validate_config(raw: Any) -> dict:
     """Validate a parsed config and return it completed with defaults (input is not modified)."""
     if not isinstance(raw, dict):
@@ -224,11 +260,13 @@ def validate_config(raw: Any) -> dict:
         {i for i, m in enumerate(models) if isinstance(m, dict) and "generation" in m} if isinstance(models, list) else set()
     )
     explicit_onnx = {i for i, m in enumerate(models) if isinstance(m, dict) and "onnx" in m} if isinstance(models, list) else set()
+    cfg = apply_overrides(cfg)
     validator = _DefaultFillingValidator(_schema())
     errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         raise _schema_error_line(errors[0])
     _check_semantics(cfg, explicit_generation, explicit_onnx)
+    _check_tune(cfg)
     return cfg
 
 

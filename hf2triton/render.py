@@ -73,6 +73,16 @@ def build_model_config(
     return config
 
 
+def instance_kind(device: str, gpu_available: bool) -> str:
+    """config `device` -> Triton instance kind (auto: the GPU when this machine has one)."""
+    return "KIND_GPU" if device == "gpu" or (device == "auto" and gpu_available) else "KIND_CPU"
+
+
+def threads_per_instance(instances: int, cpus: int) -> int:
+    """CPU instances share the machine's cores instead of each taking all of them."""
+    return max(1, cpus // instances)
+
+
 def read_model_config(path: Path | str) -> mc.ModelConfig:
     """Parse a config.pbtxt with the real ModelConfig protobuf (raises OSError / text_format.ParseError)."""
     return text_format.Parse(Path(path).read_text(encoding="utf-8"), mc.ModelConfig())

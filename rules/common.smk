@@ -5,7 +5,7 @@ import re
 import sys
 from pathlib import Path
 
-from hf2triton import host
+from hf2triton import host, render
 from hf2triton.config import load_config, model_by_name
 from hf2triton.errors import UserError
 from hf2triton.export import EXPORT_VERSION
@@ -55,12 +55,11 @@ def source_version(wildcards):
 
 
 def instance_kind(wildcards):
-    device = model_by_name(CFG, wildcards.model)["device"]
-    return "KIND_GPU" if device == "gpu" or (device == "auto" and GPU_AVAILABLE) else "KIND_CPU"
+    return render.instance_kind(model_by_name(CFG, wildcards.model)["device"], GPU_AVAILABLE)
 
 
 def threads_per_instance(wildcards):
-    return max(1, host.cpu_count() // model_by_name(CFG, wildcards.model)["instances"])
+    return render.threads_per_instance(model_by_name(CFG, wildcards.model)["instances"], host.cpu_count())
 
 
 def generation_options(wildcards):
@@ -102,3 +101,22 @@ def preflight_models():
     """Only the model keys preflight uses, so e.g. a max_batch_size change does not rerun it."""
     keys = ("name", "source", "task", "device", "dtype", "instances", "backend")
     return [{key: model[key] for key in keys} for model in CFG["models"]]
+
+
+def tuned_models(wildcards=None):
+    """The models `tune` sweeps: config tune.models, or every model except text-generation ones."""
+    names = CFG["tune"]["models"] or [m["name"] for m in CFG["models"] if m["task"] != "text-generation"]
+    return [model_by_name(CFG, name) for name in names]
+
+
+def tune_inputs(wildcards):
+    """Artifacts the sweep renders variants from; an ONNX export is built on demand when a tried backend needs it."""
+    inputs = {"serving_code": SERVING_CODE}
+    for model in tuned_models():
+        name, backends = model["name"], set(CFG["tune"]["backends"] or [model["backend"]])
+        inputs[f"{name}__pretrained"] = pretrained_dir(name)
+        if backends & {"onnx", "tensorrt"}:
+            inputs[f"{name}__onnx"] = onnx_dir(name)
+        if "tensorrt" in backends:
+            inputs[f"{name}__trt_engine"] = f"{WORK}/models/{name}/tensorrt/engine.plan"
+    return inputs

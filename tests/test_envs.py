@@ -33,7 +33,7 @@ def test_makefile_targets_parse():
     import subprocess
 
     root = ENVS.parent
-    for target in ("serve", "test", "test-fast", "lint", "stop", "status", "dry-run", "soak", "clean"):
+    for target in ("serve", "test", "test-fast", "lint", "stop", "status", "dry-run", "soak", "bench", "tune", "clean"):
         result = subprocess.run(["make", "-n", "-C", str(root), target], capture_output=True, text=True, check=False)
         assert result.returncode == 0, (target, result.stderr)
     status = subprocess.run(["make", "-n", "-C", str(root), "status"], capture_output=True, text=True, check=False).stdout

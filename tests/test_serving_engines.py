@@ -14,7 +14,9 @@ from hf2triton.serving.model import (
     RequestError,
     decode_texts,
     generation_options,
+    length_buckets,
 )
+from tests.conftest import minilm_dir
 
 TEXTS = ["short", "a considerably longer sentence with many more tokens in it than the first", "naïve café — 東京"]
 
@@ -59,6 +61,47 @@ def test_embeddings_match_independent_mean_pooling_and_ignore_padding(tiny_model
         expected = torch.nn.functional.normalize(hidden.mean(0), dim=0).numpy()
         assert float(np.dot(expected, row)) > 0.99999, text
         assert np.allclose(engine.run([text])["embedding"][0], row, atol=1e-5), "padding must not change a text's embedding"
+
+
+@pytest.mark.parametrize("which", ["tiny", "minilm"])
+def test_fast_tokenisation_equals_the_tokenizer_call(which, tiny_models):
+    """encode() drives the Rust tokenizer directly; ids, masks and truncation must equal __call__'s."""
+    path = tiny_models["feature-extraction"] if which == "tiny" else minilm_dir()
+    engine = EmbeddingEngine(str(path), num_threads=1)
+    assert engine.fast_tokenizer is not None
+    texts = [*TEXTS, "word " * 1000, "  spaced   out\ttabs\n", "CAPS and ümlauts — ok?"]
+    fast = engine.encode(texts)
+    slow = engine.tokenizer(texts, padding=True, truncation=True, max_length=engine.max_length, return_tensors="pt")
+    assert set(fast) == set(slow)
+    for key in slow:
+        assert fast[key].tolist() == slow[key].tolist(), key
+    assert fast["input_ids"].shape[1] == engine.max_length, "truncated to the model's max_seq_length"
+
+
+def test_length_buckets_cover_every_text_once_and_limit_padding():
+    lengths = [5, 80, 7, 81, 6, 79, 40, 41] * 4
+    buckets = length_buckets(lengths, min_size=4)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+    assert all(max(lengths[i] for i in b) < 2 * min(lengths[i] for i in b) for b in buckets), "short and long texts end up apart"
+    for bucket in buckets:
+        real = sum(lengths[i] for i in bucket)
+        assert max(lengths[i] for i in bucket) * len(bucket) <= 1.2 * real
+    assert length_buckets([10] * 50, min_size=8) == [list(range(50))], "uniform lengths: one pass"
+    assert length_buckets([1, 100], min_size=8) == [[0, 1]], "never below min_size"
+
+
+def test_bucketed_batch_keeps_request_order(tiny_models):
+    engine = EmbeddingEngine(str(tiny_models["feature-extraction"]), num_threads=1, min_bucket=2)
+    texts = [("word " * n).strip() for n in (30, 2, 50, 3, 31, 1, 49, 4)]
+    batched = engine.run(texts)["embedding"]
+    assert len(list(engine.batches(texts))) > 1, "several buckets were used"
+    for text, row in zip(texts, batched):
+        assert np.allclose(engine.run([text])["embedding"][0], row, atol=1e-5), text
+    classes = ClassificationEngine(str(tiny_models["text-classification"]), num_threads=1, min_bucket=2)
+    together = classes.run(texts)
+    for i, text in enumerate(texts):
+        alone = classes.run([text])
+        assert alone["label"][0] == together["label"][i] and abs(alone["score"][0] - together["score"][i]) < 1e-5
 
 
 def test_classification_labels_from_config(tiny_models):

@@ -1,0 +1,210 @@
+"""`snakemake bench`: how fast each served model is, next to the same saved model run in-process.
+
+Per model (results/bench/<model>.json):
+- raw: the project's own in-process engine (the code model.py runs) on the served device, at batch 1 and
+  max_batch_size, for every backend the model has artifacts for -> the yardstick and per-backend speedups;
+- served: throughput and latency percentiles over HTTP and gRPC for requests of 1 text and of
+  max_batch_size texts at each configured concurrency (hf2triton.loadgen), with Triton's server-side
+  breakdown per cell and the metrics endpoint's counters over the whole run;
+- ratios: served / raw at max_batch_size, single-text requests at the highest concurrency / raw at
+  max_batch_size, backend speedups.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from hf2triton import host, loadgen
+from hf2triton.corpus import bench_texts
+from hf2triton.fsutil import atomic_write_json
+from hf2triton.render import read_model_config
+from hf2triton.server import ensure_server, make_settings
+
+log = logging.getLogger("hf2triton")
+
+GENERATION = "text-generation"
+RAW_MIN_CALLS = 3
+
+
+def model_parameters(config) -> dict[str, str]:
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def available_backends(params: dict[str, str], all_backends: bool) -> list[str]:
+    """The served backend first, then the others whose artifacts exist (for per-backend speedups)."""
+    served = params.get("backend", "python")
+    if not all_backends:
+        return [served]
+    found = ["python"]
+    onnx_dir = params.get("onnx_dir")
+    if onnx_dir and any(Path(onnx_dir).glob("*.onnx")):
+        found.append("onnx")
+    if params.get("trt_engine") and Path(params["trt_engine"]).is_file():
+        found.append("tensorrt")
+    return [served, *[b for b in found if b != served]]
+
+
+def token_counter(tokenizer):
+    def count(outputs: list[bytes]) -> int:
+        return sum(len(ids) for ids in tokenizer([o.decode("utf-8", "replace") for o in outputs], add_special_tokens=False)["input_ids"])
+
+    return count
+
+
+def raw_throughput(engine, texts: list[str], batch: int, seconds: float, options: dict[str, Any], count_tokens=None) -> dict[str, float]:
+    """Closed loop over the corpus in batches of `batch`, in this process: items/s and per-call latency."""
+    chunks = [texts[i : i + batch] for i in range(0, len(texts) - batch + 1, batch)] or [texts[:batch]]
+    engine.run(chunks[0], **options)  # warm-up (lazy init, allocator)
+    calls, items, started, latencies = 0, 0, time.perf_counter(), []
+    while calls < RAW_MIN_CALLS or time.perf_counter() - started < seconds:
+        chunk = chunks[calls % len(chunks)]
+        call_started = time.perf_counter()
+        out = engine.run(chunk, **options)
+        latencies.append(time.perf_counter() - call_started)
+        items += count_tokens(list(out["text_output"])) if count_tokens else len(chunk)
+        calls += 1
+    elapsed = time.perf_counter() - started
+    return {"batch": batch, "calls": calls, "items_per_s": round(items / elapsed, 2), "latency_ms": loadgen.percentiles(latencies)}
+
+
+def measure_raw(config, texts: list[str], sizes: list[int], seconds: float, backends: list[str], max_new_tokens: int) -> dict:
+    from hf2triton.serving.model import engine_from_parameters
+    from hf2triton.validate import reference_device
+
+    params = model_parameters(config)
+    device = reference_device(config)
+    options = {"max_new_tokens": max_new_tokens} if params["task"] == GENERATION else {}
+    raw: dict[str, Any] = {"device": device}
+    for backend in backends:
+        started = time.perf_counter()
+        engine = engine_from_parameters({**params, "backend": backend}, device)
+        counter = token_counter(engine.tokenizer) if params["task"] == GENERATION else None
+        log.info("in-process %s engine loaded in %.1f s on %s", backend, time.perf_counter() - started, device)
+        raw[backend] = {str(b): raw_throughput(engine, texts, b, seconds, options, counter) for b in sizes}
+        for b in sizes:
+            log.info("in-process %s batch %d: %.1f items/s", backend, b, raw[backend][str(b)]["items_per_s"])
+        del engine
+    return raw
+
+
+def choose_tool(requested: str, task: str) -> tuple[str, str | None, str]:
+    """(tool, perf_analyzer path, why). perf_analyzer measures encoders where it runs; generation needs
+    the generated texts to count tokens, so it always uses the tritonclient generator."""
+    binary = loadgen.perf_analyzer_binary() if requested in ("auto", "perf_analyzer") else None
+    if requested == "perf_analyzer" and binary is None:
+        from hf2triton.errors import UserError
+
+        raise UserError("bench.tool = 'perf_analyzer': no runnable perf_analyzer here (needs glibc >= 2.38)", "use bench.tool: auto")
+    if task == GENERATION:
+        return "tritonclient", None, "generation: tokens are counted from the returned texts"
+    if binary:
+        return "perf_analyzer", binary, f"perf_analyzer runs on this host ({binary})"
+    if requested == "tritonclient":
+        return "tritonclient", None, "configured (bench.tool)"
+    return "tritonclient", None, "perf_analyzer does not run on this host (its wheel needs glibc >= 2.38)"
+
+
+def measure_served(
+    urls: dict[str, str], name: str, task: str, texts: list[bytes], sizes: list[int], bench: dict, counter
+) -> tuple[list, str]:
+    tool, binary, why = choose_tool(bench["tool"], task)
+    extra = {"max_new_tokens": bench["max_new_tokens"]} if task == GENERATION else None
+    cells = []
+    for protocol in bench["protocols"]:
+        for size in sizes:
+            for concurrency in bench["concurrency"]:
+                load = loadgen.Load(protocol, urls, name, texts, size, concurrency, bench["seconds"], bench["max_requests"], extra)
+                if binary:
+                    cell = loadgen.measure_perf_analyzer(load, binary)
+                else:
+                    cell = loadgen.measure_tritonclient(load, bench["warmup_s"], counter)
+                log.info(
+                    "%s %s x%d texts, concurrency %d: %.1f items/s, p50 %.1f ms, p99 %.1f ms, errors %d",
+                    name, protocol, size, concurrency, cell.items_per_s, cell.latency_ms["p50"], cell.latency_ms["p99"], cell.errors,
+                )  # fmt: skip
+                cells.append(cell.to_dict())
+    return cells, f"{tool}: {why}"
+
+
+def _cell(cells: list[dict], protocol: str, size: int, concurrency: int) -> dict | None:
+    return next((c for c in cells if (c["protocol"], c["request_texts"], c["concurrency"]) == (protocol, size, concurrency)), None)
+
+
+def ratios(result: dict) -> dict[str, Any]:
+    """The figures that matter, side by side from this one run."""
+    raw, cells, backend = result["raw"], result["served"], result["backend"]
+    big, top = result["max_batch_size"], max(result["bench"]["concurrency"])
+    yardstick = raw[backend][str(big)]["items_per_s"]
+    out: dict[str, Any] = {"raw_items_per_s_at_max_batch": yardstick}
+    for protocol in result["bench"]["protocols"]:
+        one = _cell(cells, protocol, big, 1)
+        best = max((c for c in cells if c["protocol"] == protocol and c["request_texts"] == big), key=lambda c: c["items_per_s"])
+        singles = _cell(cells, protocol, 1, top)
+        out[protocol] = {
+            f"served_batch{big}_c1_vs_raw": round(one["items_per_s"] / yardstick, 3) if one else None,
+            f"served_batch{big}_best_vs_raw": round(best["items_per_s"] / yardstick, 3),
+            "best_at_concurrency": best["concurrency"],
+            f"single_text_c{top}_vs_raw_batch{big}": round(singles["items_per_s"] / yardstick, 3) if singles else None,
+        }
+    python = raw.get("python", {}).get(str(big), {}).get("items_per_s")
+    if python:
+        out["inprocess_speedup_vs_python"] = {b: round(raw[b][str(big)]["items_per_s"] / python, 3) for b in raw if b not in ("device",)}
+    return out
+
+
+def bench_model(
+    name: str, server: dict[str, Any], models: list[str], work: str, repository: str, bench: dict[str, Any], output_json: str
+) -> dict[str, Any]:
+    """Rule bench_model: make sure the server is up and current (as `serve` does), then measure `name`."""
+    settings = make_settings(server, models, work, repository)
+    state = ensure_server(settings)
+    log.info("server %s (%s)", state["action"], state["reason"])
+    config = read_model_config(Path(repository) / name / "config.pbtxt")
+    params = model_parameters(config)
+    task, big = params["task"], max(config.max_batch_size, 1)
+    sizes = sorted({1, big})
+    texts = bench_texts(512 if task != GENERATION else 64, max_words=90 if task != GENERATION else 40)
+    raw = measure_raw(
+        config, texts, sizes, bench["seconds"], available_backends(params, bench["inprocess_backends"]), bench["max_new_tokens"]
+    )
+    counter = None
+    if task == GENERATION:
+        from transformers import AutoTokenizer
+
+        counter = token_counter(AutoTokenizer.from_pretrained(params["model_dir"]))
+    urls = {"http": settings.url(), "grpc": settings.url("grpc_port")}
+    metrics_url = settings.url("metrics_port")
+    metrics_before = loadgen.metrics_snapshot(metrics_url, name)
+    served, tool = measure_served(urls, name, task, [t.encode() for t in texts], sizes, bench, counter)
+    metrics_after = loadgen.metrics_snapshot(metrics_url, name)
+    result = {
+        "model": name,
+        "task": task,
+        "backend": params.get("backend", "python"),
+        "items": "generated tokens" if task == GENERATION else "texts",
+        "max_batch_size": big,
+        "instances": sum(g.count for g in config.instance_group),
+        "instance_kind": [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group],
+        "max_queue_delay_us": config.dynamic_batching.max_queue_delay_microseconds,
+        "host": {"name": platform.node(), "cpus": host.cpu_count(), "gpu": host.has_gpu(), "python": platform.python_version()},
+        "corpus": {"texts": len(texts), "words_min": min(len(t.split()) for t in texts), "words_max": max(len(t.split()) for t in texts)},
+        "bench": bench,
+        "tool": tool,
+        "raw": raw,
+        "served": served,
+        "metrics": {
+            "counters_delta": {k: round(metrics_after[k] - metrics_before.get(k, 0.0), 1) for k in metrics_after if "gpu" not in k},
+            "gpu_after": {k: v for k, v in metrics_after.items() if k.startswith("nv_gpu_")},
+        },
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    result["ratios"] = ratios(result)
+    atomic_write_json(output_json, result)
+    log.info("bench %s: %s", name, result["ratios"])
+    return result

@@ -1,0 +1,191 @@
+"""The human side of `bench` and `tune`: PNG plots and a Markdown report from the measured JSON files,
+and the ratios printed at the end of a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hf2triton.fsutil import atomic_write_json, atomic_write_text
+
+GOALS = {"served_vs_raw": 0.95, "singles_vs_raw": 0.9}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_throughput(result: dict[str, Any], path: Path) -> None:
+    """Items/s against concurrency, one line per protocol x request size, raw in-process as dashed lines."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    levels = result["bench"]["concurrency"]
+    for protocol in result["bench"]["protocols"]:
+        for size in sorted({c["request_texts"] for c in result["served"]}):
+            cells = sorted(
+                (c for c in result["served"] if c["protocol"] == protocol and c["request_texts"] == size), key=lambda c: c["concurrency"]
+            )
+            ax.plot(
+                [c["concurrency"] for c in cells],
+                [c["items_per_s"] for c in cells],
+                marker="o",
+                label=f"{protocol}, {size} text(s)/request",
+            )
+    for batch, figures in result["raw"][result["backend"]].items():
+        ax.axhline(figures["items_per_s"], linestyle="--", linewidth=1, color="grey")
+        ax.annotate(f"in-process batch {batch}", (levels[0], figures["items_per_s"]), fontsize=8, color="grey", va="bottom")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel(f"{result['items']}/s")
+    ax.set_title(f"{result['model']} ({result['backend']}): throughput")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_latency(result: dict[str, Any], path: Path) -> None:
+    """p50/p90/p99 per cell, and Triton's server-side phases under it."""
+    plt = _pyplot()
+    cells = result["served"]
+    labels = [f"{c['protocol']}\n{c['request_texts']}x c{c['concurrency']}" for c in cells]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(7, 0.6 * len(cells)), 6.5), sharex=True)
+    xs = range(len(cells))
+    for key, marker in (("p50", "o"), ("p90", "s"), ("p99", "^")):
+        top.plot(xs, [c["latency_ms"][key] for c in cells], marker=marker, linestyle="", label=key)
+    top.set_yscale("log")
+    top.set_ylabel("client latency (ms)")
+    top.set_title(f"{result['model']}: latency percentiles and server-side breakdown")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    bottom_base = [0.0] * len(cells)
+    for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
+        values = [c["server"].get(f"{phase}_us", 0) / 1000 for c in cells]
+        bottom.bar(xs, values, bottom=bottom_base, label=phase)
+        bottom_base = [a + b for a, b in zip(bottom_base, values)]
+    bottom.set_ylabel("server ms / request")
+    bottom.legend(fontsize=8)
+    bottom.set_xticks(list(xs), labels, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_tune_grid(name: str, entry: dict[str, Any], budget_ms: float, path: Path) -> None:
+    """Throughput of every variant (bars), green inside the p99 budget, with p99 written on each bar."""
+    plt = _pyplot()
+    rows = sorted(entry["rows"], key=lambda r: r["cell"]["items_per_s"])
+    fig, ax = plt.subplots(figsize=(8, max(2.5, 0.32 * len(rows) + 1)))
+    values = [r["cell"]["items_per_s"] for r in rows]
+    colors = ["tab:green" if r["cell"]["latency_ms"]["p99"] <= budget_ms and not r["cell"]["errors"] else "tab:red" for r in rows]
+    ax.barh(range(len(rows)), values, color=colors)
+    labels = [
+        r["id"] + (" (current)" if r["id"] == entry["baseline"] else "") + (" <- chosen" if r["id"] == entry["best"] else "") for r in rows
+    ]
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    for i, r in enumerate(rows):
+        ax.annotate(f" p99 {r['cell']['latency_ms']['p99']:,.0f} ms", (values[i], i), va="center", fontsize=7)
+    ax.set_xlabel("items/s (green: p99 within budget)")
+    ax.set_title(f"{name}: tuning grid (budget p99 <= {budget_ms:g} ms)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _fmt(value: Any) -> str:
+    return "–" if value is None else (f"{value:,.2f}" if isinstance(value, float) else str(value))
+
+
+def ratio_lines(result: dict[str, Any]) -> list[str]:
+    """The ratios of one model, one line each, with the goal where the issue set one."""
+    r, big = result["ratios"], result["max_batch_size"]
+    top = max(result["bench"]["concurrency"])
+    lines = []
+    for protocol in result["bench"]["protocols"]:
+        p = r[protocol]
+        c1, best = p[f"served_batch{big}_c1_vs_raw"], p[f"served_batch{big}_best_vs_raw"]
+        singles = p[f"single_text_c{top}_vs_raw_batch{big}"]
+        lines.append(
+            f"{result['model']} {protocol}: served batch {big} / in-process batch {big} = {_fmt(c1)} at concurrency 1, "
+            f"{_fmt(best)} at concurrency {p['best_at_concurrency']} (goal >= {GOALS['served_vs_raw']}); "
+            f"single-text x{top} / in-process batch {big} = {_fmt(singles)} (goal >= {GOALS['singles_vs_raw']})"
+        )
+    for backend, speedup in (r.get("inprocess_speedup_vs_python") or {}).items():
+        if backend != "python":
+            lines.append(f"{result['model']}: in-process {backend} / python at batch {big} = {speedup}")
+    return lines
+
+
+def model_section(result: dict[str, Any], plots: dict[str, str]) -> list[str]:
+    big = result["max_batch_size"]
+    lines = [
+        f"## {result['model']} — {result['task']}, backend {result['backend']}, {result['instances']} x "
+        f"{', '.join(result['instance_kind'])}, max_batch_size {big}, queue delay {result['max_queue_delay_us']} µs",
+        "",
+        f"Measured by **{result['tool']}** on {result['host']['name']} ({result['host']['cpus']} CPUs, GPU: {result['host']['gpu']}); "
+        f"{result['corpus']['texts']} corpus texts of {result['corpus']['words_min']}–{result['corpus']['words_max']} words; "
+        f"{result['bench']['seconds']} s per cell. Items = {result['items']}.",
+        "",
+        f"![throughput]({plots['throughput']})",
+        f"![latency]({plots['latency']})",
+        "",
+        "In-process (the yardstick: the same engine model.py runs, no server):",
+        "",
+        "| backend | batch | items/s | p50 ms per call |",
+        "|---|---|---|---|",
+    ]
+    for backend, by_batch in result["raw"].items():
+        if backend == "device":
+            continue
+        for batch, figures in by_batch.items():
+            lines.append(f"| {backend} | {batch} | {_fmt(figures['items_per_s'])} | {_fmt(figures['latency_ms']['p50'])} |")
+    lines += [
+        "",
+        "Served:",
+        "",
+        "| protocol | texts/request | concurrency | items/s | requests/s | p50 ms | p90 ms | p99 ms | errors "
+        "| server queue µs | compute in µs | infer µs | out µs | texts/execution |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in result["served"]:
+        s, lat = c["server"], c["latency_ms"]
+        lines.append(
+            f"| {c['protocol']} | {c['request_texts']} | {c['concurrency']} | {_fmt(c['items_per_s'])} | {_fmt(c['requests_per_s'])} "
+            f"| {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | {_fmt(lat['p99'])} | {c['errors']} | {_fmt(s.get('queue_us'))} "
+            f"| {_fmt(s.get('compute_input_us'))} | {_fmt(s.get('compute_infer_us'))} | {_fmt(s.get('compute_output_us'))} "
+            f"| {_fmt(s.get('avg_batch_texts'))} |"
+        )
+    lines += ["", "Ratios:", "", *[f"- {line}" for line in ratio_lines(result)], ""]
+    return lines
+
+
+def write_bench_report(results: list[str], output_md: str, output_summary: str, plot_dir: str) -> dict[str, Any]:
+    """Rule bench: plots per model, report.md, summary.json (ratios); prints the ratios."""
+    plot_root = Path(plot_dir)
+    plot_root.mkdir(parents=True, exist_ok=True)
+    loaded = [json.loads(Path(p).read_text()) for p in results]
+    lines = ["# hf2triton bench", "", "Regenerate: `snakemake --cores 1 bench` (or `make bench`).", ""]
+    summary: dict[str, Any] = {"models": {}, "lines": []}
+    for result in loaded:
+        plots = {kind: plot_root / f"{result['model']}-{kind}.png" for kind in ("throughput", "latency")}
+        plot_throughput(result, plots["throughput"])
+        plot_latency(result, plots["latency"])
+        relative = {k: str(Path(v).relative_to(Path(output_md).parent)) for k, v in plots.items()}
+        lines += model_section(result, relative)
+        summary["models"][result["model"]] = result["ratios"]
+        summary["lines"] += ratio_lines(result)
+    atomic_write_text(output_md, "\n".join(lines) + "\n")
+    atomic_write_json(output_summary, summary)
+    print("\nhf2triton bench: ratios (measured side by side in this run)", flush=True)
+    for line in summary["lines"]:
+        print(f"  {line}", flush=True)
+    print(f"report: {output_md}", flush=True)
+    return summary

@@ -1,0 +1,343 @@
+"""Load generation against a Triton server on this machine: one measured cell = one protocol, one request
+size, one concurrency level, bounded in time and requests.
+
+Two tools produce the same `Cell` record, so reports do not care which one measured:
+- `perf_analyzer` (Triton's own C++ load generator) where its binary runs on this host (its wheel needs
+  glibc >= 2.38), for encoder models;
+- otherwise a closed-loop generator on tritonclient's asyncio APIs (`tritonclient.{http,grpc}.aio`):
+  `concurrency` coroutines each keep one request in flight, in one event loop, so the client costs one
+  core at most and stays out of the GIL fights a thread pool would have.
+
+Server-side figures (queue / compute input / infer / output per request, average batch size) come from
+Triton's statistics API, read before and after each cell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hf2triton.errors import UserError
+
+log = logging.getLogger("hf2triton")
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+PERF_ANALYZER_TIMEOUT_S = 600
+
+
+@dataclass
+class Cell:
+    """One measured point of a load test."""
+
+    tool: str
+    protocol: str
+    request_texts: int
+    concurrency: int
+    requests: int
+    errors: int
+    seconds: float
+    requests_per_s: float
+    items_per_s: float  # texts/s (encoders) or generated tokens/s (generation)
+    latency_ms: dict[str, float]
+    server: dict[str, float] = field(default_factory=dict)
+    first_error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def percentiles(latencies_s: list[float]) -> dict[str, float]:
+    if not latencies_s:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0, "max": 0.0}
+    values = np.asarray(latencies_s) * 1000.0
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"p50": round(float(p50), 3), "p90": round(float(p90), 3), "p99": round(float(p99), 3),
+            "mean": round(float(values.mean()), 3), "max": round(float(values.max()), 3)}  # fmt: skip
+
+
+def check_loopback(url: str) -> None:
+    """Load tests only ever target this machine."""
+    hostname = url.rsplit(":", 1)[0]
+    if hostname not in LOOPBACK:
+        raise UserError(f"load test target {url} is not on 127.0.0.1", "benchmarks only run against a server on this machine")
+
+
+# --- Triton's statistics API -------------------------------------------------------------------------
+
+
+def model_statistics(http_url: str, model: str) -> dict[str, int]:
+    """Cumulative counters of one model: successes, executions, inferences and the ns spent per phase."""
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=10) as response:  # noqa: S310 - loopback
+        stats = json.load(response)["model_stats"]
+    totals: dict[str, int] = {"execution_count": 0, "inference_count": 0}
+    for entry in stats:
+        totals["execution_count"] += int(entry.get("execution_count", 0))
+        totals["inference_count"] += int(entry.get("inference_count", 0))
+        for phase, value in entry.get("inference_stats", {}).items():
+            totals[f"{phase}_count"] = totals.get(f"{phase}_count", 0) + int(value.get("count", 0))
+            totals[f"{phase}_ns"] = totals.get(f"{phase}_ns", 0) + int(value.get("ns", 0))
+    return totals
+
+
+def server_breakdown(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """Per-request averages (microseconds) of the phases between two statistics snapshots."""
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    requests = max(delta.get("success_count", 0), 1)
+    out = {f"{phase}_us": round(delta.get(f"{phase}_ns", 0) / requests / 1000.0, 1)
+           for phase in ("queue", "compute_input", "compute_infer", "compute_output")}  # fmt: skip
+    out["requests"] = delta.get("success_count", 0)
+    out["executions"] = delta.get("execution_count", 0)
+    out["avg_batch_texts"] = round(delta.get("inference_count", 0) / max(delta.get("execution_count", 0), 1), 2)
+    return out
+
+
+def metrics_snapshot(metrics_url: str, model: str) -> dict[str, float]:
+    """The metrics endpoint's counters and gauges for `model` (plus GPU gauges where the server has a GPU)."""
+    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as response:  # noqa: S310 - loopback
+        text = response.read().decode("utf-8", "replace")
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, value = line.rpartition(" ")
+        metric = name.split("{", 1)[0]
+        if f'model="{model}"' in name or metric.startswith("nv_gpu_"):
+            try:
+                out[metric] = out.get(metric, 0.0) + float(value)
+            except ValueError:
+                continue
+    return out
+
+
+# --- the tritonclient asyncio generator -----------------------------------------------------------------
+
+
+def _client_modules(protocol: str):
+    if protocol == "grpc":
+        import tritonclient.grpc as sync_module
+        import tritonclient.grpc.aio as aio_module
+    else:
+        import tritonclient.http as sync_module
+        import tritonclient.http.aio as aio_module
+    return sync_module, aio_module
+
+
+def build_requests(protocol: str, texts: list[bytes], request_texts: int, extra: dict[str, int] | None = None, count: int = 64) -> list:
+    """`count` distinct input lists of `request_texts` texts each, built once (client-side serialisation
+    is not what we measure)."""
+    sync_module, _ = _client_modules(protocol)
+    requests = []
+    for index in range(count):
+        start = (index * request_texts) % max(len(texts) - request_texts, 1)
+        chunk = texts[start : start + request_texts]
+        tensor = sync_module.InferInput("text", [len(chunk), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[t] for t in chunk], dtype=np.object_))
+        inputs = [tensor]
+        for name, value in (extra or {}).items():
+            optional = sync_module.InferInput(name, [len(chunk), 1], "INT32")
+            optional.set_data_from_numpy(np.full((len(chunk), 1), value, dtype=np.int32))
+            inputs.append(optional)
+        requests.append(inputs)
+    return requests
+
+
+async def _closed_loop(client, model: str, requests: list, concurrency: int, seconds: float, max_requests: int, output: str | None):
+    latencies: list[float] = []
+    outputs: list[bytes] = []
+    errors: list[str] = []
+    issued = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker(offset: int) -> None:
+        nonlocal issued
+        index = offset
+        while time.perf_counter() < deadline and issued < max_requests:
+            issued += 1
+            inputs = requests[index % len(requests)]
+            index += concurrency
+            started = time.perf_counter()
+            try:
+                result = await client.infer(model, inputs)
+            except Exception as err:  # noqa: BLE001 - every failure is counted and the first one reported
+                errors.append(str(err)[:300])
+                continue
+            latencies.append(time.perf_counter() - started)
+            if output:
+                outputs.extend(bytes(v) for v in result.as_numpy(output).reshape(-1))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    return latencies, errors, outputs, time.perf_counter() - started
+
+
+async def _run_async(protocol: str, url: str, model: str, requests: list, concurrency: int, phases: list[tuple[float, int]], output):
+    _, aio_module = _client_modules(protocol)
+    kwargs = {"conn_limit": max(concurrency, 1)} if protocol == "http" else {}
+    client = aio_module.InferenceServerClient(url, **kwargs)
+    try:
+        return [await _closed_loop(client, model, requests, concurrency, s, n, output) for s, n in phases]
+    finally:
+        await client.close()
+
+
+@dataclass
+class Load:
+    """What one cell sends: `request_texts` corpus texts per request, `concurrency` in flight, over
+    `protocol`, for `seconds` or `max_requests` (whichever ends first); `extra` = INT32 inputs."""
+
+    protocol: str
+    urls: dict[str, str]  # "http" / "grpc" -> host:port
+    model: str
+    texts: list[bytes]
+    request_texts: int
+    concurrency: int
+    seconds: float
+    max_requests: int
+    extra: dict[str, int] | None = None
+
+    @property
+    def url(self) -> str:
+        check_loopback(self.urls[self.protocol])
+        return self.urls[self.protocol]
+
+
+def measure_tritonclient(load: Load, warmup_s: float = 1.0, count_tokens=None) -> Cell:
+    """One cell with the asyncio client: warm-up, then a bounded measured phase between two statistics reads.
+    `count_tokens(list[bytes]) -> int` turns generated texts into the items of a generation cell."""
+    protocol, url, model, urls = load.protocol, load.url, load.model, load.urls
+    concurrency, seconds, max_requests, request_texts = load.concurrency, load.seconds, load.max_requests, load.request_texts
+    requests = build_requests(protocol, load.texts, request_texts, load.extra)
+    output = "text_output" if count_tokens else None
+    if warmup_s > 0:
+        asyncio.run(_run_async(protocol, url, model, requests, concurrency, [(warmup_s, max_requests)], None))
+    before = model_statistics(urls["http"], model)
+    ((latencies, errors, outputs, elapsed),) = asyncio.run(
+        _run_async(protocol, url, model, requests, concurrency, [(seconds, max_requests)], output)
+    )
+    breakdown = server_breakdown(before, model_statistics(urls["http"], model))
+    done = len(latencies)
+    items = count_tokens(outputs) if count_tokens else done * request_texts
+    return Cell(
+        tool="tritonclient",
+        protocol=protocol,
+        request_texts=request_texts,
+        concurrency=concurrency,
+        requests=done,
+        errors=len(errors),
+        seconds=round(elapsed, 3),
+        requests_per_s=round(done / elapsed, 2) if elapsed else 0.0,
+        items_per_s=round(items / elapsed, 2) if elapsed else 0.0,
+        latency_ms=percentiles(latencies),
+        server=breakdown,
+        first_error=errors[0] if errors else "",
+    )
+
+
+# --- perf_analyzer ---------------------------------------------------------------------------------------
+
+
+def perf_analyzer_binary() -> str | None:
+    """perf_analyzer next to this Python or on PATH, if it actually runs here (glibc >= 2.38)."""
+    candidates = [os.path.join(os.path.dirname(sys.executable), "perf_analyzer"), shutil.which("perf_analyzer")]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            try:
+                probe = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            broken = "GLIBC_" in probe.stderr or "error while loading shared libraries" in probe.stderr
+            if not broken:
+                return path
+    return None
+
+
+def perf_analyzer_input(texts: list[bytes], extra: dict[str, int] | None = None, count: int = 256) -> dict[str, Any]:
+    """perf_analyzer's --input-data JSON: one text per entry (it batches entries itself with -b)."""
+    data = []
+    for text in texts[:count]:
+        entry: dict[str, Any] = {"text": {"content": [text.decode("utf-8")], "shape": [1]}}
+        for name, value in (extra or {}).items():
+            entry[name] = {"content": [value], "shape": [1]}
+        data.append(entry)
+    return {"data": data}
+
+
+def parse_perf_analyzer_csv(text: str) -> dict[str, Any]:
+    """The first row of perf_analyzer's -f CSV (microseconds) as throughput, latencies and server phases."""
+    row = next(csv.DictReader(io.StringIO(text)))
+
+    def us(column: str) -> float:
+        return float(row.get(column) or 0)
+
+    return {
+        "items_per_s": float(row["Inferences/Second"]),
+        "latency_ms": {
+            "p50": us("p50 latency") / 1000,
+            "p90": us("p90 latency") / 1000,
+            "p99": us("p99 latency") / 1000,
+            "mean": us("Avg latency") / 1000,
+            "max": us("p99 latency") / 1000,
+        },  # fmt: skip
+        "server": {
+            "queue_us": us("Server Queue"),
+            "compute_input_us": us("Server Compute Input"),
+            "compute_infer_us": us("Server Compute Infer"),
+            "compute_output_us": us("Server Compute Output"),
+        },  # fmt: skip
+    }
+
+
+def measure_perf_analyzer(load: Load, binary: str) -> Cell:
+    """One cell measured by perf_analyzer (its own warm-up and stability windows), same record."""
+    protocol, url, model, urls = load.protocol, load.url, load.model, load.urls
+    concurrency, seconds, request_texts = load.concurrency, load.seconds, load.request_texts
+    with tempfile.TemporaryDirectory(prefix="hf2triton-pa-") as tmp:
+        data_file, csv_file = os.path.join(tmp, "input.json"), os.path.join(tmp, "out.csv")
+        with open(data_file, "w", encoding="utf-8") as handle:
+            json.dump(perf_analyzer_input(load.texts, load.extra), handle)
+        cmd = [
+            binary, "-m", model, "-u", url, "-i", protocol, "-b", str(request_texts),
+            "--concurrency-range", f"{concurrency}:{concurrency}", "--input-data", data_file,
+            "--measurement-interval", str(int(seconds * 1000)), "--max-trials", "3", "--stability-percentage", "50",
+            "-f", csv_file, "--verbose-csv",
+        ]  # fmt: skip
+        before = model_statistics(urls["http"], model)
+        started = time.perf_counter()
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=PERF_ANALYZER_TIMEOUT_S, check=False)
+        elapsed = time.perf_counter() - started
+        if result.returncode != 0 or not os.path.isfile(csv_file):
+            raise UserError(
+                f"perf_analyzer failed ({result.returncode}): {(result.stderr or result.stdout)[-400:]}", "set bench.tool: tritonclient"
+            )
+        with open(csv_file, encoding="utf-8") as handle:
+            parsed = parse_perf_analyzer_csv(handle.read())
+    breakdown = server_breakdown(before, model_statistics(urls["http"], model))
+    breakdown.update({k: round(v, 1) for k, v in parsed["server"].items()})
+    rps = parsed["items_per_s"] / request_texts
+    return Cell(
+        tool="perf_analyzer",
+        protocol=protocol,
+        request_texts=request_texts,
+        concurrency=concurrency,
+        requests=int(breakdown["requests"]),
+        errors=0,
+        seconds=round(elapsed, 3),
+        requests_per_s=round(rps, 2),
+        items_per_s=round(parsed["items_per_s"], 2),
+        latency_ms={k: round(v, 3) for k, v in parsed["latency_ms"].items()},
+        server=breakdown,
+    )

@@ -1,0 +1,229 @@
+"""`snakemake tune`: sweep backend x max_batch_size x instances x max_queue_delay for a model on a scratch
+tritonserver (own ports on 127.0.0.1, own repository under results/tune/), measure each variant with the
+same load generator as `bench`, pick the best throughput whose p99 stays inside the latency budget, and
+write a config overlay the user can adopt (`overrides:` by model name).
+
+The served server of `make serve` is not touched; variants load one at a time, so memory stays at one
+extra copy of the model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hf2triton import host, loadgen
+from hf2triton.bench import GENERATION, token_counter
+from hf2triton.corpus import bench_texts
+from hf2triton.fsutil import atomic_write_json, atomic_write_text
+from hf2triton.render import instance_kind, render_model, threads_per_instance
+from hf2triton.server import Settings, start_server, stop_server
+
+log = logging.getLogger("hf2triton")
+
+TUNED_KEYS = ("backend", "max_batch_size", "instances", "max_queue_delay_us")
+
+
+def variant_id(variant: dict[str, Any]) -> str:
+    return f"{variant['backend']}-b{variant['max_batch_size']}-i{variant['instances']}-d{variant['max_queue_delay_us']}"
+
+
+def current_variant(model: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "backend": model["backend"],
+        "max_batch_size": model["max_batch_size"],
+        "instances": model["instances"],
+        "max_queue_delay_us": model["dynamic_batching"]["max_queue_delay_us"],
+    }
+
+
+def grid(model: dict[str, Any], tune: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every combination (the model's current settings included), minus the ones that cannot serve the
+    tuning load (a request of more texts than max_batch_size)."""
+    backends = tune["backends"] or [model["backend"]]
+    combos = [
+        dict(zip(TUNED_KEYS, values))
+        for values in itertools.product(backends, tune["max_batch_size"], tune["instances"], tune["max_queue_delay_us"])
+    ]
+    current = current_variant(model)
+    if current not in combos:
+        combos.insert(0, current)
+    return [c for c in combos if c["max_batch_size"] >= tune["request_texts"]]
+
+
+def pick(rows: list[dict[str, Any]], budget_ms: float) -> tuple[dict[str, Any] | None, str]:
+    """Best throughput among error-free variants whose p99 is inside the budget."""
+    fine = [r for r in rows if r.get("cell") and r["cell"]["errors"] == 0]
+    inside = [r for r in fine if r["cell"]["latency_ms"]["p99"] <= budget_ms]
+    if inside:
+        return max(inside, key=lambda r: r["cell"]["items_per_s"]), f"best throughput with p99 <= {budget_ms:g} ms"
+    if fine:
+        return min(fine, key=lambda r: r["cell"]["latency_ms"]["p99"]), f"no variant met p99 <= {budget_ms:g} ms: lowest p99 chosen"
+    return None, "no variant served the load without errors"
+
+
+def _free_ports() -> dict[str, int]:
+    ports: set[int] = set()
+    while len(ports) < 3:
+        ports.add(host.free_port())
+    http, grpc, metrics = sorted(ports)
+    return {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
+
+
+def measure_variant(
+    model: dict[str, Any],
+    variant: dict[str, Any],
+    paths: dict[str, str],
+    root: Path,
+    server: dict[str, Any],
+    tune: dict[str, Any],
+    texts: list[bytes],
+    counter,
+) -> dict[str, Any]:
+    """Render the variant into its own repository, serve it alone on a scratch server, load-test it."""
+    name = model["name"]
+    repository = root / "variants" / variant_id(variant)
+    kind = instance_kind(model["device"], host.has_gpu())
+    render_model(
+        output=str(repository / name),
+        name=name,
+        task=model["task"],
+        pretrained=paths["pretrained"],
+        max_batch_size=variant["max_batch_size"],
+        instances=variant["instances"],
+        kind=kind,
+        dtype=model["dtype"],
+        num_threads=threads_per_instance(variant["instances"], host.cpu_count()),
+        max_queue_delay_us=variant["max_queue_delay_us"],
+        max_input_bytes=model["max_input_bytes"],
+        generation=model.get("generation") if model["task"] == GENERATION else None,
+        backend=variant["backend"],
+        onnx_dir=paths.get("onnx", ""),
+        trt_engine=paths.get("trt_engine", ""),
+    )
+    settings = Settings(
+        repository=str(repository), work=str(root / "server"), models=[name], host="127.0.0.1",
+        startup_timeout_s=server["startup_timeout_s"], shm_default_byte_size=server["shm_default_byte_size"], **_free_ports(),
+    )  # fmt: skip
+    started = time.perf_counter()
+    try:
+        start_server(settings)
+        load_s = round(time.perf_counter() - started, 1)
+        extra = {"max_new_tokens": model["generation"]["max_new_tokens"]} if model["task"] == GENERATION else None
+        urls = {"http": settings.url(), "grpc": settings.url("grpc_port")}
+        load = loadgen.Load(
+            "grpc", urls, name, texts, tune["request_texts"], tune["concurrency"], tune["seconds"], tune["max_requests"], extra
+        )
+        cell = loadgen.measure_tritonclient(load, warmup_s=1.0, count_tokens=counter)
+    finally:
+        stop_server(settings)
+    log.info(
+        "%s %s: %.1f items/s, p99 %.1f ms, %d errors (ready after %.1f s)",
+        name, variant_id(variant), cell.items_per_s, cell.latency_ms["p99"], cell.errors, load_s,
+    )  # fmt: skip
+    return {"variant": variant, "id": variant_id(variant), "ready_after_s": load_s, "cell": cell.to_dict()}
+
+
+def overlay_for(variant: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "backend": variant["backend"],
+        "max_batch_size": variant["max_batch_size"],
+        "instances": variant["instances"],
+        "dynamic_batching": {"max_queue_delay_us": variant["max_queue_delay_us"]},
+    }
+
+
+def tune_models(
+    models: list[dict[str, Any]],
+    artifacts: dict[str, dict[str, str]],
+    server: dict[str, Any],
+    tune: dict[str, Any],
+    output_overlay: str,
+    output_json: str,
+    output_md: str,
+    plot_dir: str,
+) -> dict[str, Any]:
+    """Rule tune: the sweep for every tuned model, the overlay, the report."""
+    root = Path(output_json).parent
+    texts = [t.encode() for t in bench_texts(512)]
+    results: dict[str, Any] = {"tune": tune, "host": {"cpus": host.cpu_count(), "gpu": host.has_gpu()}, "models": {}}
+    overrides: dict[str, Any] = {}
+    for model in models:
+        counter = None
+        if model["task"] == GENERATION:
+            from transformers import AutoTokenizer
+
+            counter = token_counter(AutoTokenizer.from_pretrained(artifacts[model["name"]]["pretrained"]))
+        variants = grid(model, tune)
+        log.info(
+            "tuning %s: %d variants, %d-text requests at concurrency %d",
+            model["name"],
+            len(variants),
+            tune["request_texts"],
+            tune["concurrency"],
+        )
+        rows = [measure_variant(model, v, artifacts[model["name"]], root / model["name"], server, tune, texts, counter) for v in variants]
+        best, why = pick(rows, tune["latency_budget_ms"])
+        baseline = next(r for r in rows if r["variant"] == current_variant(model))
+        entry = {"rows": rows, "baseline": baseline["id"], "best": best["id"] if best else None, "why": why}
+        if best:
+            entry["gain_vs_current"] = round(best["cell"]["items_per_s"] / max(baseline["cell"]["items_per_s"], 1e-9), 3)
+            overrides[model["name"]] = overlay_for(best["variant"])
+        results["models"][model["name"]] = entry
+    header = (
+        "# hf2triton tuning overlay (written by `snakemake --cores 1 tune`; see results/tune/report.md).\n"
+        "# Adopt it: `make serve OVERLAY=results/tune/overlay.yaml`, or\n"
+        "#           `snakemake --cores 1 serve --configfile results/tune/overlay.yaml`, or copy the values into config.yaml.\n"
+    )
+    atomic_write_text(output_overlay, header + yaml.safe_dump({"overrides": overrides}, sort_keys=False))
+    atomic_write_json(output_json, results)
+    write_tune_report(results, output_md, Path(plot_dir))
+    for name, entry in results["models"].items():
+        print(
+            f"hf2triton tune {name}: best {entry['best']} ({entry['why']}), x{entry.get('gain_vs_current')} vs current {entry['baseline']}"
+        )
+    print(f"overlay: {output_overlay}")
+    return results
+
+
+def write_tune_report(results: dict[str, Any], output_md: str, plot_dir: Path) -> None:
+    from hf2triton.benchreport import plot_tune_grid
+
+    tune = results["tune"]
+    lines = [
+        "# hf2triton tuning sweep",
+        "",
+        f"Load: {tune['request_texts']}-text requests over gRPC at concurrency {tune['concurrency']}, {tune['seconds']} s per variant, "
+        f"p99 budget {tune['latency_budget_ms']} ms; each variant alone on a scratch server ({results['host']['cpus']} CPUs, GPU: "
+        f"{results['host']['gpu']}).",
+        "",
+    ]
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    for name, entry in results["models"].items():
+        plot = plot_dir / f"{name}-grid.png"
+        plot_tune_grid(name, entry, tune["latency_budget_ms"], plot)
+        lines += [
+            f"## {name}",
+            "",
+            f"Chosen: **{entry['best']}** ({entry['why']}); {entry.get('gain_vs_current')}x the throughput of the current "
+            f"settings ({entry['baseline']}).",
+            "",
+            f"![grid]({plot.relative_to(Path(output_md).parent)})",
+            "",
+            "| variant | items/s | p50 ms | p99 ms | errors | server queue µs | infer µs | texts/execution | ready after s |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in sorted(entry["rows"], key=lambda r: -r["cell"]["items_per_s"]):
+            c, mark = row["cell"], " (current)" if row["id"] == entry["baseline"] else ""
+            lines.append(
+                f"| {row['id']}{mark} | {c['items_per_s']:,.1f} | {c['latency_ms']['p50']:,.1f} | {c['latency_ms']['p99']:,.1f} | "
+                f"{c['errors']} | {c['server'].get('queue_us', 0):,.0f} | {c['server'].get('compute_infer_us', 0):,.0f} | "
+                f"{c['server'].get('avg_batch_texts', 0)} | {row['ready_after_s']} |"
+            )
+        lines.append("")
+    atomic_write_text(output_md, "\n".join(lines) + "\n")

@@ -1,0 +1,57 @@
+# Measurement targets (not part of `serve`): bench = load tests of the served models next to the in-process
+# engine; tune = a sweep on a scratch server that writes a config overlay. Both only target 127.0.0.1.
+rule bench_model:
+    input:
+        validated=rules.validate.output.json,
+        repository=f"{REPOSITORY}/{{model}}",
+    output:
+        "results/bench/{model}.json",
+    params:
+        server=CFG["server"],
+        models=MODELS,
+        work=WORK,
+        repository=lambda wildcards, input: str(Path(input.repository).parent),
+        bench=CFG["bench"],
+    log:
+        "results/logs/bench/{model}.log",
+    localrule: True
+    conda:
+        "../envs/hf2triton.yaml"
+    script:
+        "../scripts/bench_model.py"
+
+
+rule bench:
+    input:
+        expand(rules.bench_model.output[0], model=MODELS),
+    output:
+        markdown="results/bench/report.md",
+        summary="results/bench/summary/ratios.json",
+        plots=expand("results/bench/plots/{model}-{kind}.png", model=MODELS, kind=["throughput", "latency"]),
+    log:
+        "results/logs/bench/report.log",
+    localrule: True
+    conda:
+        "../envs/hf2triton.yaml"
+    script:
+        "../scripts/bench_report.py"
+
+
+rule tune:
+    input:
+        unpack(tune_inputs),
+    output:
+        overlay="results/tune/overlay.yaml",
+        json="results/tune/results.json",
+        markdown="results/tune/report.md",
+    params:
+        models=tuned_models,
+        server=CFG["server"],
+        tune=CFG["tune"],
+    log:
+        "results/logs/tune.log",
+    localrule: True
+    conda:
+        "../envs/hf2triton.yaml"
+    script:
+        "../scripts/tune.py"

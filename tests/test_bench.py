@@ -1,0 +1,92 @@
+"""`bench` and `tune` as real snakemake runs against the real server, at tiny scale (a few seconds per
+model). Outputs are schema-checked; no timing assertions (speed is judged by `make bench`, not by tests)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from hf2triton.config import load_config
+
+pytestmark = pytest.mark.integration
+
+TINY_BENCH = {"concurrency": [1, 2], "seconds": 0.5, "warmup_s": 0.1, "max_requests": 200, "max_new_tokens": 4}
+TINY_TUNE = {"models": ["embed"], "max_batch_size": [2, 4], "instances": [1], "max_queue_delay_us": [0], "concurrency": 4, "seconds": 0.5}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def measured(tiny_workflow):
+    """The shared tiny workflow with bench/tune settings added for the test, restored afterwards (they
+    are no params of the serve chain, so serving stays current)."""
+    saved = copy.deepcopy(tiny_workflow.config)
+    tiny_workflow.config.update(bench=TINY_BENCH, tune=TINY_TUNE)
+    yield tiny_workflow
+    tiny_workflow.config = saved
+    tiny_workflow.write_config()
+
+
+def test_bench_writes_json_plots_report_and_ratios(measured):
+    pid = measured.state()["pid"]
+    result = measured.run("bench")
+    assert set(measured.jobs_run(result)) == {"bench_model", "bench"}, "nothing of the serve chain reruns"
+    assert measured.state()["pid"] == pid, "bench uses the running server"
+    out = measured.directory / "results" / "bench"
+    for name, task in (("embed", "feature-extraction"), ("classify", "text-classification"), ("generate", "text-generation")):
+        data = json.loads((out / f"{name}.json").read_text())
+        assert data["task"] == task and data["max_batch_size"] == 4
+        assert "tritonclient" in data["tool"] or "perf_analyzer" in data["tool"]
+        assert data["raw"]["python"]["1"]["items_per_s"] > 0 and data["raw"]["python"]["4"]["calls"] >= 3
+        cells = {(c["protocol"], c["request_texts"], c["concurrency"]) for c in data["served"]}
+        assert cells == {(p, s, c) for p in ("http", "grpc") for s in (1, 4) for c in (1, 2)}
+        for cell in data["served"]:
+            assert cell["errors"] == 0 and cell["requests"] > 0 and cell["items_per_s"] > 0, cell
+            assert cell["requests"] <= TINY_BENCH["max_requests"]
+            assert cell["latency_ms"]["p50"] <= cell["latency_ms"]["p99"] <= cell["latency_ms"]["max"]
+            assert cell["server"]["compute_infer_us"] > 0 and cell["server"]["avg_batch_texts"] >= 1
+        assert data["metrics"]["counters_delta"]["nv_inference_request_success"] > 0
+        ratios = data["ratios"]
+        for protocol in ("http", "grpc"):
+            assert ratios[protocol]["served_batch4_c1_vs_raw"] > 0 and ratios[protocol]["single_text_c2_vs_raw_batch4"] > 0
+        for kind in ("throughput", "latency"):
+            assert (out / "plots" / f"{name}-{kind}.png").read_bytes().startswith(PNG)
+    report = (out / "report.md").read_text()
+    assert report.count("![throughput](plots/") == 3 and "| grpc | 4 | 2 |" in report
+    summary = json.loads((out / "summary" / "ratios.json").read_text())
+    assert set(summary["models"]) == {"embed", "classify", "generate"} and len(summary["lines"]) >= 6
+    assert "single-text x2 / in-process batch 4" in result.stdout + result.stderr, "ratios printed at the end"
+    again = measured.run("bench")
+    assert measured.jobs_run(again) == [], "measurements are files: a second bench reruns nothing"
+
+
+def test_tune_writes_an_overlay_the_config_accepts(measured):
+    result = measured.run("tune")
+    assert measured.jobs_run(result) == ["tune"]
+    out = measured.directory / "results" / "tune"
+    results = json.loads((out / "results.json").read_text())
+    entry = results["models"]["embed"]
+    ids = {row["id"] for row in entry["rows"]}
+    assert ids == {"python-b4-i1-d20000", "python-b2-i1-d0", "python-b4-i1-d0"}, "the grid plus the current settings"
+    assert entry["baseline"] == "python-b4-i1-d20000" and entry["best"] in ids and entry["gain_vs_current"] > 0
+    for row in entry["rows"]:
+        assert row["cell"]["errors"] == 0 and row["cell"]["items_per_s"] > 0 and row["ready_after_s"] > 0
+    overlay = yaml.safe_load((out / "overlay.yaml").read_text())
+    best = next(row["variant"] for row in entry["rows"] if row["id"] == entry["best"])
+    assert overlay["overrides"]["embed"] == {
+        "backend": best["backend"],
+        "max_batch_size": best["max_batch_size"],
+        "instances": best["instances"],
+        "dynamic_batching": {"max_queue_delay_us": best["max_queue_delay_us"]},
+    }
+    assert (out / "plots" / "embed-grid.png").read_bytes().startswith(PNG) and "(current)" in (out / "report.md").read_text()
+    applied = load_config(measured.config_file, overlay)
+    embed = next(m for m in applied["models"] if m["name"] == "embed")
+    assert embed["max_batch_size"] == best["max_batch_size"]
+    # Applying an overlay that changes the model re-renders only that model (params reach the rule).
+    measured.config["overrides"] = {"embed": {"max_batch_size": 3}}
+    dry = measured.run("-n", "serve")
+    assert measured.jobs_run(dry).count("repository") == 1 and "output: model_repository/embed" in dry.stdout
+    assert measured.state()["models"] == ["embed", "classify", "generate"], "the served server was not touched"

@@ -1,0 +1,145 @@
+"""bench / tune logic without a server: corpus, statistics arithmetic, perf_analyzer parsing, the tuning
+grid and pick, config overlays."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf2triton import loadgen
+from hf2triton.bench import ratios
+from hf2triton.config import load_config
+from hf2triton.corpus import bench_texts
+from hf2triton.errors import UserError
+from hf2triton.tune import current_variant, grid, pick, variant_id
+
+# The CSV layout perf_analyzer 2.60 writes with -f (values in microseconds).
+PERF_ANALYZER_CSV = (
+    "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
+    "Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency,Avg latency,"
+    "request/response,response wait\n"
+    "8,6012.5,40,900,2100,30,1800,25,10,4800,5600,5900,6400,4900,0,0\n"
+)
+
+
+def test_corpus_is_fixed_and_realistic():
+    texts = bench_texts(200)
+    assert texts == bench_texts(200), "seeded: the same texts every run"
+    words = [len(t.split()) for t in texts]
+    assert min(words) >= 20 and max(words) <= 90
+    assert any(not t.isascii() for t in bench_texts(512)), "includes non-English text"
+    assert bench_texts(10, seed=1) != bench_texts(10, seed=0)
+
+
+def test_server_breakdown_is_per_request_average():
+    before = {"success_count": 10, "queue_ns": 1_000_000, "compute_infer_ns": 5_000_000, "execution_count": 5, "inference_count": 10}
+    after = {"success_count": 30, "queue_ns": 5_000_000, "compute_infer_ns": 45_000_000, "execution_count": 10, "inference_count": 70}
+    out = loadgen.server_breakdown(before, after)
+    assert out["queue_us"] == 200.0 and out["compute_infer_us"] == 2000.0
+    assert out["requests"] == 20 and out["executions"] == 5 and out["avg_batch_texts"] == 12.0
+
+
+def test_perf_analyzer_csv_parsed_to_the_same_record():
+    parsed = loadgen.parse_perf_analyzer_csv(PERF_ANALYZER_CSV)
+    assert parsed["items_per_s"] == 6012.5
+    assert parsed["latency_ms"]["p99"] == 6.4 and parsed["latency_ms"]["p50"] == 4.8
+    assert parsed["server"]["queue_us"] == 2100 and parsed["server"]["compute_infer_us"] == 1800
+
+
+def test_perf_analyzer_input_batches_single_texts():
+    data = loadgen.perf_analyzer_input([b"hello", "café".encode()], {"max_new_tokens": 4})["data"]
+    assert data[1]["text"] == {"content": ["café"], "shape": [1]}
+    assert data[0]["max_new_tokens"] == {"content": [4], "shape": [1]}
+
+
+@pytest.mark.parametrize("url", ["10.0.0.5:8001", "example.com:8000", "0.0.0.0:8000"])
+def test_load_only_targets_loopback(url):
+    load = loadgen.Load("grpc", {"grpc": url, "http": url}, "m", [b"x"], 1, 1, 1.0, 10)
+    with pytest.raises(UserError, match="not on 127.0.0.1"):
+        _ = load.url
+
+
+def test_percentiles():
+    out = loadgen.percentiles([0.001 * i for i in range(1, 101)])
+    assert out["p50"] == pytest.approx(50.5) and out["p99"] == pytest.approx(99.01) and out["max"] == 100.0
+    assert loadgen.percentiles([])["p99"] == 0.0
+
+
+def _model(**extra):
+    model = {"name": "m", "backend": "python", "max_batch_size": 8, "instances": 1, "dynamic_batching": {"max_queue_delay_us": 100}}
+    model.update(extra)
+    return model
+
+
+def test_grid_includes_current_settings_and_drops_impossible_variants():
+    tune = {"backends": [], "max_batch_size": [1, 4], "instances": [1, 2], "max_queue_delay_us": [0], "request_texts": 2}
+    variants = grid(_model(), tune)
+    assert current_variant(_model()) in variants
+    assert all(v["max_batch_size"] >= 2 for v in variants), "a 2-text request cannot go to max_batch_size 1"
+    assert len(variants) == 1 + 2  # current + (4 x {1, 2} x 0)
+    assert variant_id(variants[0]) == "python-b8-i1-d100"
+
+
+def _row(ident, rate, p99, errors=0):
+    return {"id": ident, "cell": {"items_per_s": rate, "errors": errors, "latency_ms": {"p99": p99}}}
+
+
+def test_pick_respects_budget_and_errors():
+    rows = [_row("fast-but-slow-tail", 100, 900), _row("good", 80, 100), _row("broken", 200, 10, errors=3)]
+    best, why = pick(rows, budget_ms=500)
+    assert best["id"] == "good" and "p99 <= 500" in why
+    best, why = pick(rows, budget_ms=50)
+    assert best["id"] == "good" and "no variant met" in why
+    assert pick([_row("broken", 1, 1, errors=1)], 10)[0] is None
+
+
+def test_ratios_side_by_side():
+    cell = {"protocol": "grpc", "request_texts": 32, "concurrency": 1, "items_per_s": 95.0}
+    result = {
+        "backend": "onnx",
+        "max_batch_size": 32,
+        "bench": {"concurrency": [1, 16], "protocols": ["grpc"]},
+        "raw": {"device": "cpu", "onnx": {"1": {"items_per_s": 50}, "32": {"items_per_s": 100}}, "python": {"32": {"items_per_s": 50}}},
+        "served": [
+            cell,
+            {**cell, "concurrency": 16, "items_per_s": 110.0},
+            {**cell, "request_texts": 1, "concurrency": 16, "items_per_s": 92.0},
+        ],
+    }
+    out = ratios(result)
+    assert out["grpc"]["served_batch32_c1_vs_raw"] == 0.95 and out["grpc"]["served_batch32_best_vs_raw"] == 1.1
+    assert out["grpc"]["single_text_c16_vs_raw_batch32"] == 0.92
+    assert out["inprocess_speedup_vs_python"] == {"onnx": 2.0, "python": 1.0}
+
+
+def test_overlay_overrides_merge_by_model_name(tmp_path):
+    config = tmp_path / "config.yaml"
+    entry = "  - {name: %s, source: org/%s, task: feature-extraction}\n"
+    config.write_text("models:\n" + entry % ("a", "a") + entry % ("b", "b"))
+    cfg = load_config(config, {"overrides": {"b": {"instances": 3, "dynamic_batching": {"max_queue_delay_us": 7}}}})
+    assert cfg["models"][1]["instances"] == 3 and cfg["models"][1]["dynamic_batching"]["max_queue_delay_us"] == 7
+    assert cfg["models"][0]["instances"] == 1, "other models untouched"
+    for overrides, message in [
+        ({"zzz": {"instances": 2}}, "config.overrides.zzz: no model named"),
+        ({"a": {"name": "c"}}, "cannot be renamed"),
+        ({"a": 5}, "not a mapping"),
+        ({"a": {"instances": 0}}, r"config.models\[0\].instances"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            load_config(config, {"overrides": overrides})
+
+
+def test_bench_and_tune_config_checked(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("models:\n  - {name: a, source: org/a, task: feature-extraction}\n")
+    cfg = load_config(config)
+    assert cfg["bench"]["concurrency"] == [1, 4, 16] and cfg["tune"]["latency_budget_ms"] == 1000
+    for overrides, message in [
+        ({"bench": {"concurrency": [0]}}, r"config.bench.concurrency\[0\]"),
+        ({"bench": {"protocols": ["udp"]}}, "one of http, grpc"),
+        ({"bench": {"seconds": 100000}}, "config.bench.seconds"),
+        ({"tune": {"models": ["nope"]}}, "config.tune.models: no model named 'nope'"),
+        ({"tune": {"max_batch_size": [2048]}}, "config.tune.max_batch_size: 2048 is out of range"),
+        ({"tune": {"backends": ["vllm"]}}, r"config.tune.backends\[0\]"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            load_config(config, overrides)
