@@ -174,13 +174,13 @@ def write_bench_report(results: list[str], output_md: str, output_summary: str, 
     loaded = [json.loads(Path(p).read_text()) for p in results]
     lines = ["# hf2triton bench", "", "Regenerate: `snakemake --cores 1 bench` (or `make bench`).", ""]
     summary: dict[str, Any] = {"models": {}, "lines": []}
-    for result in loaded:
-        plots = {kind: plot_root / f"{result['model']}-{kind}.png" for kind in ("throughput", "latency")}
+    for path, result in zip(results, loaded):
+        plots = {kind: plot_root / f"{Path(path).stem}-{kind}.png" for kind in ("throughput", "latency")}
         plot_throughput(result, plots["throughput"])
         plot_latency(result, plots["latency"])
         relative = {k: str(Path(v).relative_to(Path(output_md).parent)) for k, v in plots.items()}
         lines += model_section(result, relative)
-        summary["models"][result["model"]] = result["ratios"]
+        summary["models"][Path(path).stem] = result["ratios"]
         summary["lines"] += ratio_lines(result)
     atomic_write_text(output_md, "\n".join(lines) + "\n")
     atomic_write_json(output_summary, summary)

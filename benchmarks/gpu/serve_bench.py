@@ -1,0 +1,138 @@
+"""Served GPU measurement on the H200 with hf2triton's own code: random-weight MiniLM / SmolLM2 models built
+from the real configs (no hub there; speed does not depend on weight values), rendered by hf2triton.render,
+served by the nvidia-pytriton tritonserver (KIND_GPU, float16), measured by hf2triton.bench (in-process
+yardstick + served cells) and hf2triton.tune (instances x queue delay), reported by hf2triton.benchreport.
+Snakemake is not installed there, so the rule functions are called directly.
+
+    benchmarks/gpu/setup.sh .gpu-assets && /tmp/v/bin/python benchmarks/gpu/serve_bench.py .gpu-assets $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from hf2triton import host  # noqa: E402
+from hf2triton.bench import bench_model  # noqa: E402
+from hf2triton.benchreport import write_bench_report  # noqa: E402
+from hf2triton.logs import setup_logging  # noqa: E402
+from hf2triton.render import render_model  # noqa: E402
+from hf2triton.server import make_settings, stop_server  # noqa: E402
+from hf2triton.tune import tune_models  # noqa: E402
+
+
+class _SkipBench(Exception):
+    pass
+
+
+WORK = Path("/tmp/hf2triton-gpu-work")  # noqa: S108 - scratch space on the GPU machine
+
+
+def build(assets: Path, name: str, causal: bool) -> str:
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    target = WORK / "models" / name / "pretrained"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(assets / name, target)
+    torch.manual_seed(0)
+    model = (AutoModelForCausalLM if causal else AutoModel).from_config(AutoConfig.from_pretrained(target))
+    model.save_pretrained(target)
+    return str(target)
+
+
+def model_entry(name: str, task: str, max_batch_size: int, instances: int, delay_us: int, gpu: bool = True) -> dict:
+    entry = {
+        "name": name, "task": task, "backend": "python", "device": "gpu" if gpu else "cpu",
+        "dtype": "float16" if gpu else "float32", "max_input_bytes": 65536,
+        "max_batch_size": max_batch_size, "instances": instances, "dynamic_batching": {"max_queue_delay_us": delay_us},
+    }  # fmt: skip
+    if task == "text-generation":
+        entry["generation"] = {"max_new_tokens": 64, "temperature": 0, "chat_template": True}
+    return entry
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("assets", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--minilm-instances", type=int, default=2)
+    parser.add_argument("--skip-tune", action="store_true")
+    parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="smoke-test the script on a CPU machine (tiny settings)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    setup_logging(str(args.out / "serve_bench.log"))
+    started = time.perf_counter()
+    pretrained = {"minilm": build(args.assets, "minilm", False), "smollm2": build(args.assets, "smollm2", True)}
+    models = [
+        model_entry("minilm", "feature-extraction", 256, args.minilm_instances, 1000, gpu=not args.cpu),
+        model_entry("smollm2", "text-generation", 32, 1, 2000, gpu=not args.cpu),
+    ]
+    repository = WORK / "model_repository"
+    for m in models:
+        render_model(
+            output=str(repository / m["name"]), name=m["name"], task=m["task"], pretrained=pretrained[m["name"]],
+            max_batch_size=m["max_batch_size"], instances=m["instances"], kind="KIND_CPU" if args.cpu else "KIND_GPU", dtype=m["dtype"],
+            num_threads=max(1, host.cpu_count() // m["instances"]), max_queue_delay_us=m["dynamic_batching"]["max_queue_delay_us"],
+            max_input_bytes=m["max_input_bytes"], generation=m.get("generation"),
+        )  # fmt: skip
+    ports = sorted({host.free_port() for _ in range(3)})
+    server = {"host": "127.0.0.1", "http_port": ports[0], "grpc_port": ports[1], "metrics_port": ports[2],
+              "startup_timeout_s": 600, "log_verbose": 0, "shm_default_byte_size": 64 * 1024 * 1024}  # fmt: skip
+    names = [m["name"] for m in models]
+    levels = [1, 2] if args.cpu else [1, 4, 16, 64]
+    bench = {"concurrency": levels, "protocols": ["grpc"], "seconds": args.seconds, "warmup_s": 1.0,
+             "max_requests": 1_000_000, "max_new_tokens": 32, "tool": "auto", "inprocess_backends": False}  # fmt: skip
+    results = []
+    try:
+        if args.skip_bench:
+            raise _SkipBench
+        for name, tool in (("minilm", "auto"), ("minilm", "tritonclient"), ("smollm2", "auto")):
+            stem = name if tool == "auto" else f"{name}-{tool}"
+            output = args.out / f"{stem}.json"
+            bench_model(name, server, names, str(WORK), str(repository), {**bench, "tool": tool}, str(output))
+            results.append(str(output))
+            print(f"{stem} done after {time.perf_counter() - started:.0f} s", flush=True)
+    except _SkipBench:
+        pass
+    finally:
+        stop_server(make_settings(server, names, str(WORK), str(repository)))
+    if results:
+        write_bench_report(results, str(args.out / "report.md"), str(args.out / "ratios.json"), str(args.out / "plots"))
+    if not args.skip_tune:
+        tune = {"models": ["minilm"], "max_batch_size": [256], "instances": [1, 2] if args.cpu else [1, 2, 4],
+                "max_queue_delay_us": [0, 1000],
+                "backends": [], "concurrency": 16, "request_texts": 1, "latency_budget_ms": 50, "seconds": args.seconds,
+                "max_requests": 1_000_000}  # fmt: skip
+        tune_models(
+            [models[0]], {"minilm": {"pretrained": pretrained["minilm"]}}, server, tune,
+            str(args.out / "tune" / "overlay.yaml"), str(args.out / "tune" / "results.json"), str(args.out / "tune" / "report.md"),
+            str(args.out / "tune" / "plots"),
+        )  # fmt: skip
+    (args.out / "environment.json").write_text(json.dumps(environment(), indent=2) + "\n")
+    print(f"all done after {time.perf_counter() - started:.0f} s", flush=True)
+    return 0
+
+
+def environment() -> dict:
+    import numpy
+    import torch
+    import transformers
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    weights = "random, built from the real MiniLM / SmolLM2 configs"
+    return {"gpu": gpu, "torch": torch.__version__, "transformers": transformers.__version__, "numpy": numpy.__version__,
+            "cpus": host.cpu_count(), "weights": weights}  # fmt: skip
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
