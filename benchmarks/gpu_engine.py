@@ -86,6 +86,44 @@ def measure_embeddings(engine: EmbeddingEngine, texts: list[str], batch: int) ->
     return figures
 
 
+def stage_profile(engine: EmbeddingEngine, texts: list[str], batch: int, seconds: float = 3.0) -> dict[str, float]:
+    """Where one engine.run goes, per text (µs), after every shape was seen once (steady state):
+    Rust tokenisation, numpy padding, host->device copy, model forward, pooling + device->host copy."""
+    chunks = [texts[i : i + batch] for i in range(0, len(texts) - batch + 1, batch)][:64]
+    for chunk in chunks:  # warm every shape
+        engine.run(chunk)
+    torch.cuda.synchronize()
+    totals = dict.fromkeys(("tokenize", "pad", "to_device", "forward", "pool_and_copy"), 0.0)
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for chunk in chunks:
+            t0 = time.perf_counter()
+            encodings = engine.fast_tokenizer.encode_batch(chunk)
+            t1 = time.perf_counter()
+            arrays = engine.pad_arrays(encodings)
+            t2 = time.perf_counter()
+            batch_on_device = {k: torch.from_numpy(v).to(engine.device) for k, v in arrays.items()}
+            torch.cuda.synchronize()
+            t3 = time.perf_counter()
+            with torch.inference_mode():
+                engine.model(**batch_on_device)
+            torch.cuda.synchronize()
+            t4 = time.perf_counter()
+            engine.forward(batch_on_device)
+            t5 = time.perf_counter()
+            for key, value in zip(totals, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, (t5 - t4) - (t4 - t3))):
+                totals[key] += value
+            count += len(chunk)
+    out = {f"{k}_us_per_text": round(v / count * 1e6, 1) for k, v in totals.items()}
+    warm_started, warm_count = time.perf_counter(), 0
+    while time.perf_counter() - warm_started < seconds:
+        for chunk in chunks:
+            engine.run(chunk)
+            warm_count += len(chunk)
+    out["engine_warm_sentences_per_s"] = round(warm_count / (time.perf_counter() - warm_started))
+    return out
+
+
 def measure_generation(generator: GenerationEngine, prompts: list[str], batch: int) -> dict[str, float]:
     def generate() -> int:
         result = generator.run(prompts[:batch], max_new_tokens=64)["text_output"]
@@ -102,6 +140,7 @@ def main() -> None:
     engine = EmbeddingEngine(build(assets, "minilm", False), device="cuda:0", dtype="float16", num_threads=8)
     for batch in (1, 32, 256):
         results[f"minilm_batch{batch}"] = measure_embeddings(engine, texts, batch)
+        results[f"minilm_batch{batch}"]["stages"] = stage_profile(engine, texts, batch)
         print("minilm", batch, results[f"minilm_batch{batch}"], flush=True)
     generator = GenerationEngine(build(assets, "smollm2", True), device="cuda:0", dtype="float16", num_threads=8)
     prompts = corpus(64, 5, 20, seed=1)

@@ -97,6 +97,9 @@ def test_bucketed_batch_keeps_request_order(tiny_models):
     assert len(list(engine.batches(texts))) > 1, "several buckets were used"
     for text, row in zip(texts, batched):
         assert np.allclose(engine.run([text])["embedding"][0], row, atol=1e-5), text
+    wide = EmbeddingEngine(str(tiny_models["feature-extraction"]), num_threads=1, pad_multiple=8)
+    assert wide.encode(texts)["input_ids"].shape[1] % 8 == 0
+    assert np.allclose(wide.run(texts)["embedding"], batched, atol=1e-5), "padding to a multiple of 8 changes nothing"
     classes = ClassificationEngine(str(tiny_models["text-classification"]), num_threads=1, min_bucket=2)
     together = classes.run(texts)
     for i, text in enumerate(texts):

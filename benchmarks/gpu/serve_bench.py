@@ -64,7 +64,8 @@ def main() -> int:
     parser.add_argument("assets", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--minilm-instances", type=int, default=2)
+    parser.add_argument("--minilm-instances", type=int, default=4)
+    parser.add_argument("--both-tools", action="store_true", help="measure MiniLM with perf_analyzer and with tritonclient")
     parser.add_argument("--skip-tune", action="store_true")
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--cpu", action="store_true", help="smoke-test the script on a CPU machine (tiny settings)")
@@ -96,10 +97,13 @@ def main() -> int:
     try:
         if args.skip_bench:
             raise _SkipBench
-        for name, tool in (("minilm", "auto"), ("minilm", "tritonclient"), ("smollm2", "auto")):
+        runs = [("minilm", "auto", levels), ("smollm2", "auto", levels[:3])]
+        if args.both_tools:
+            runs.insert(1, ("minilm", "tritonclient", levels))
+        for name, tool, concurrency in runs:
             stem = name if tool == "auto" else f"{name}-{tool}"
             output = args.out / f"{stem}.json"
-            bench_model(name, server, names, str(WORK), str(repository), {**bench, "tool": tool}, str(output))
+            bench_model(name, server, names, str(WORK), str(repository), {**bench, "tool": tool, "concurrency": concurrency}, str(output))
             results.append(str(output))
             print(f"{stem} done after {time.perf_counter() - started:.0f} s", flush=True)
     except _SkipBench:

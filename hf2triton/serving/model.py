@@ -192,6 +192,7 @@ class Engine:
         self.fast_tokenizer = self._fast_tokenizer()
         # Smallest length bucket: GPUs want big batches, CPUs gain little beyond a few texts per pass.
         self.min_bucket = int(options.get("min_bucket") or (64 if self.device.startswith("cuda") else 8))
+        self.pad_multiple = int(options.get("pad_multiple") or (8 if self.device.startswith("cuda") else 1))
 
     def setup(self, model_dir: str) -> None:
         """Task-specific preparation before the model loads."""
@@ -216,8 +217,16 @@ class Engine:
 
     def pad(self, encodings: list) -> dict[str, Any]:
         """Right-padded id / mask (/ token type) tensors on the device from Rust `Encoding`s."""
+        return {k: self.torch.from_numpy(v).to(self.device) for k, v in self.pad_arrays(encodings).items()}
+
+    def pad_arrays(self, encodings: list) -> dict[str, np.ndarray]:
+        """Host arrays, padded to the longest text rounded up to `pad_multiple` tokens (on GPUs 8: fewer
+        distinct shapes for the kernels to meet, tensor-core friendly widths; masked, so results are equal)."""
         lengths = [len(e.ids) for e in encodings]
-        ids = np.full((len(encodings), max(lengths)), self.pad_id, dtype=np.int64)
+        width = max(lengths)
+        if self.pad_multiple > 1:
+            width = min(-(-width // self.pad_multiple) * self.pad_multiple, max(self.max_length, width))
+        ids = np.full((len(encodings), width), self.pad_id, dtype=np.int64)
         mask = np.zeros_like(ids)
         types = np.zeros_like(ids)
         for row, (encoding, length) in enumerate(zip(encodings, lengths)):
@@ -227,8 +236,7 @@ class Engine:
         arrays = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self.tokenizer.model_input_names:
             arrays["token_type_ids"] = types
-        pin = self.device.startswith("cuda")
-        return {k: _to_device(self.torch.from_numpy(v), self.device, pin) for k, v in arrays.items()}
+        return arrays
 
     def batches(self, texts: list[str]):
         """Yield (positions, device batch) covering `texts`.
@@ -515,13 +523,6 @@ def length_buckets(lengths: list[int], min_size: int, slack: float = 1.2) -> lis
     if current:
         buckets.append(current)
     return buckets
-
-
-def _to_device(tensor, device: str, pin: bool):
-    """Host -> device copy; from pinned memory (and asynchronous) when the device is a GPU."""
-    if device == "cpu":
-        return tensor
-    return tensor.pin_memory().to(device, non_blocking=True) if pin else tensor.to(device)
 
 
 def _rows(values: np.ndarray) -> np.ndarray:
