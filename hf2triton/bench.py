@@ -22,6 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from hf2triton import host, loadgen
 from hf2triton.corpus import bench_texts
+from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.render import read_model_config
 from hf2triton.server import ensure_server, make_settings
@@ -98,8 +99,6 @@ def choose_tool(requested: str, task: str) -> tuple[str, str | None, str]:
     the generated texts to count tokens, so it always uses the tritonclient generator."""
     binary = loadgen.perf_analyzer_binary() if requested in ("auto", "perf_analyzer") else None
     if requested == "perf_analyzer" and binary is None:
-        from hf2triton.errors import UserError
-
         raise UserError("bench.tool = 'perf_analyzer': no runnable perf_analyzer here (needs glibc >= 2.38)", "use bench.tool: auto")
     if task == GENERATION:
         return "tritonclient", None, "generation: tokens are counted from the returned texts"
@@ -120,9 +119,13 @@ def measure_served(
         for size in sizes:
             for concurrency in bench["concurrency"]:
                 load = loadgen.Load(protocol, urls, name, texts, size, concurrency, bench["seconds"], bench["max_requests"], extra)
+                cell = None
                 if binary:
-                    cell = loadgen.measure_perf_analyzer(load, binary)
-                else:
+                    try:
+                        cell = loadgen.measure_perf_analyzer(load, binary)
+                    except UserError as err:  # e.g. no stable window: measure this cell the other way
+                        log.warning("perf_analyzer: %s; measuring this cell with tritonclient", err.message)
+                if cell is None:
                     cell = loadgen.measure_tritonclient(load, bench["warmup_s"], counter)
                 log.info(
                     "%s %s x%d texts, concurrency %d: %.1f items/s, p50 %.1f ms, p99 %.1f ms, errors %d",

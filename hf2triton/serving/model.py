@@ -15,6 +15,7 @@ in-process as the reference the served outputs must match.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import os
@@ -171,6 +172,8 @@ class Engine:
 
         if device == "cpu" and num_threads > 0:
             torch.set_num_threads(num_threads)
+        if num_threads > 0:  # the Rust tokenizer's thread pool: this instance's share of the cores, not all of them
+            os.environ.setdefault("RAYON_NUM_THREADS", str(num_threads))
         self.torch = torch
         self.device = device
         self.options = options
@@ -226,13 +229,15 @@ class Engine:
         width = max(lengths)
         if self.pad_multiple > 1:
             width = min(-(-width // self.pad_multiple) * self.pad_multiple, max(self.max_length, width))
+        # Vectorised: one flat array of all ids scattered through the mask (a per-row Python loop cost
+        # as much as the Rust tokenisation at batch 256 on the H200).
+        valid = np.arange(width)[None, :] < np.asarray(lengths)[:, None]
         ids = np.full((len(encodings), width), self.pad_id, dtype=np.int64)
-        mask = np.zeros_like(ids)
+        ids[valid] = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=sum(lengths))
+        mask = valid.astype(np.int64)
         types = np.zeros_like(ids)
-        for row, (encoding, length) in enumerate(zip(encodings, lengths)):
-            ids[row, :length] = encoding.ids
-            mask[row, :length] = 1
-            types[row, :length] = encoding.type_ids
+        if "token_type_ids" in self.tokenizer.model_input_names:
+            types[valid] = np.fromiter(itertools.chain.from_iterable(e.type_ids for e in encodings), dtype=np.int64, count=sum(lengths))
         arrays = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self.tokenizer.model_input_names:
             arrays["token_type_ids"] = types
