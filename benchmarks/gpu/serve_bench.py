@@ -65,6 +65,7 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--minilm-instances", type=int, default=4)
+    parser.add_argument("--runs", nargs="*", help="model:tool pairs to measure (default minilm:auto smollm2:auto)")
     parser.add_argument("--both-tools", action="store_true", help="measure MiniLM with perf_analyzer and with tritonclient")
     parser.add_argument("--skip-tune", action="store_true")
     parser.add_argument("--skip-bench", action="store_true")
@@ -100,6 +101,8 @@ def main() -> int:
         runs = [("minilm", "auto", levels), ("smollm2", "auto", levels[:3])]
         if args.both_tools:
             runs.insert(1, ("minilm", "tritonclient", levels))
+        if args.runs:
+            runs = [(s.split(":")[0], s.split(":")[1], levels) for s in args.runs]
         for name, tool, concurrency in runs:
             stem = name if tool == "auto" else f"{name}-{tool}"
             output = args.out / f"{stem}.json"
