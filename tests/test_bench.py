@@ -60,6 +60,9 @@ def test_bench_writes_json_plots_report_and_ratios(measured):
     assert "single-text x2 / in-process batch 4" in result.stdout + result.stderr, "ratios printed at the end"
     again = measured.run("bench")
     assert measured.jobs_run(again) == [], "measurements are files: a second bench reruns nothing"
+    measured.config["bench"] = {**TINY_BENCH, "seconds": 0.6}
+    dry = measured.jobs_run(measured.run("-n", "bench"))
+    assert sorted(dry) == ["bench", "bench_model", "bench_model", "bench_model"], "bench settings reach the rule as params"
 
 
 def test_tune_writes_an_overlay_the_config_accepts(measured):
