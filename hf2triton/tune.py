@@ -9,6 +9,7 @@ extra copy of the model.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -26,6 +27,7 @@ from hf2triton.server import Settings, start_server, stop_server
 
 log = logging.getLogger("hf2triton")
 
+SOLO_SECONDS = 2.0
 TUNED_KEYS = ("backend", "max_batch_size", "instances", "max_queue_delay_us")
 
 
@@ -120,13 +122,17 @@ def measure_variant(
             "grpc", urls, name, texts, tune["request_texts"], tune["concurrency"], tune["seconds"], tune["max_requests"], extra
         )
         cell = loadgen.measure_tritonclient(load, warmup_s=1.0, count_tokens=counter)
+        # The same variant under no load: what a queue delay or a big batch costs a lone request.
+        solo = loadgen.measure_tritonclient(
+            dataclasses.replace(load, concurrency=1, seconds=min(tune["seconds"], SOLO_SECONDS)), warmup_s=0.2, count_tokens=counter
+        )
     finally:
         stop_server(settings)
     log.info(
         "%s %s: %.1f items/s, p99 %.1f ms, %d errors (ready after %.1f s)",
         name, variant_id(variant), cell.items_per_s, cell.latency_ms["p99"], cell.errors, load_s,
     )  # fmt: skip
-    return {"variant": variant, "id": variant_id(variant), "ready_after_s": load_s, "cell": cell.to_dict()}
+    return {"variant": variant, "id": variant_id(variant), "ready_after_s": load_s, "cell": cell.to_dict(), "solo": solo.to_dict()}
 
 
 def overlay_for(variant: dict[str, Any]) -> dict[str, Any]:
@@ -184,9 +190,11 @@ def tune_models(
     atomic_write_json(output_json, results)
     write_tune_report(results, output_md, Path(plot_dir))
     for name, entry in results["models"].items():
-        print(
-            f"hf2triton tune {name}: best {entry['best']} ({entry['why']}), x{entry.get('gain_vs_current')} vs current {entry['baseline']}"
-        )
+        gain = entry.get("gain_vs_current")
+        print(f"hf2triton tune {name}: best {entry['best']} ({entry['why']}), x{gain} vs current {entry['baseline']}")
+        alone = {row["id"]: row["solo"]["latency_ms"]["p50"] for row in entry["rows"]}
+        if entry["best"]:
+            print(f"  a lone request: p50 {alone[entry['best']]} ms chosen vs {alone[entry['baseline']]} ms current")
     print(f"overlay: {output_overlay}")
     return results
 
@@ -215,15 +223,20 @@ def write_tune_report(results: dict[str, Any], output_md: str, plot_dir: Path) -
             "",
             f"![grid]({plot.relative_to(Path(output_md).parent)})",
             "",
-            "| variant | items/s | p50 ms | p99 ms | errors | server queue µs | infer µs | texts/execution | ready after s |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "The last two columns are the same variant under no load (one request at a time): what its queue delay",
+            "and batch size cost a lone request.",
+            "",
+            "| variant | items/s | p50 ms | p99 ms | errors | server queue µs | infer µs | texts/execution | ready after s "
+            "| alone: items/s | alone: p50 ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in sorted(entry["rows"], key=lambda r: -r["cell"]["items_per_s"]):
-            c, mark = row["cell"], " (current)" if row["id"] == entry["baseline"] else ""
+            c, solo, mark = row["cell"], row["solo"], " (current)" if row["id"] == entry["baseline"] else ""
             lines.append(
                 f"| {row['id']}{mark} | {c['items_per_s']:,.1f} | {c['latency_ms']['p50']:,.1f} | {c['latency_ms']['p99']:,.1f} | "
                 f"{c['errors']} | {c['server'].get('queue_us', 0):,.0f} | {c['server'].get('compute_infer_us', 0):,.0f} | "
-                f"{c['server'].get('avg_batch_texts', 0)} | {row['ready_after_s']} |"
+                f"{c['server'].get('avg_batch_texts', 0)} | {row['ready_after_s']} | {solo['items_per_s']:,.1f} | "
+                f"{solo['latency_ms']['p50']:,.1f} |"
             )
         lines.append("")
     atomic_write_text(output_md, "\n".join(lines) + "\n")

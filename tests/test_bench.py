@@ -76,6 +76,7 @@ def test_tune_writes_an_overlay_the_config_accepts(measured):
     assert entry["baseline"] == "python-b4-i1-d20000" and entry["best"] in ids and entry["gain_vs_current"] > 0
     for row in entry["rows"]:
         assert row["cell"]["errors"] == 0 and row["cell"]["items_per_s"] > 0 and row["ready_after_s"] > 0
+        assert row["solo"]["concurrency"] == 1 and row["solo"]["requests"] > 0, "each variant is also measured alone"
     overlay = yaml.safe_load((out / "overlay.yaml").read_text())
     best = next(row["variant"] for row in entry["rows"] if row["id"] == entry["best"])
     assert overlay["overrides"]["embed"] == {
