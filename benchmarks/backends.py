@@ -38,7 +38,7 @@ def corpus(count: int, seed: int = 0) -> list[bytes]:
 
 
 def bench_config(work: Path) -> dict:
-    ports = sorted({host.free_port() for _ in range(3)})
+    ports = host.free_ports(3)
     encoder = {"source": MINILM, "task": "feature-extraction", "max_batch_size": 32, "dynamic_batching": {"max_queue_delay_us": 2000}}
     decoder = {"source": SMOLLM, "task": "text-generation", "max_batch_size": 1, "generation": {"max_new_tokens": 48}}
     return {

@@ -58,6 +58,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def free_ports(count: int = 3, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free ports, ascending (e.g. HTTP, gRPC, metrics of a scratch server)."""
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(free_port(host))
+    return sorted(ports)
+
+
 def available_memory_bytes() -> int:
     """MemAvailable from /proc/meminfo (what new processes can use without swapping)."""
     try:

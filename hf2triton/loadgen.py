@@ -184,12 +184,12 @@ async def _closed_loop(client, model: str, requests: list, concurrency: int, sec
     return latencies, errors, outputs, time.perf_counter() - started
 
 
-async def _run_async(protocol: str, url: str, model: str, requests: list, concurrency: int, phases: list[tuple[float, int]], output):
+async def _run_async(protocol: str, url: str, model: str, requests: list, concurrency: int, seconds: float, max_requests: int, output):
     _, aio_module = _client_modules(protocol)
     kwargs = {"conn_limit": max(concurrency, 1)} if protocol == "http" else {}
     client = aio_module.InferenceServerClient(url, **kwargs)
     try:
-        return [await _closed_loop(client, model, requests, concurrency, s, n, output) for s, n in phases]
+        return await _closed_loop(client, model, requests, concurrency, seconds, max_requests, output)
     finally:
         await client.close()
 
@@ -223,10 +223,10 @@ def measure_tritonclient(load: Load, warmup_s: float = 1.0, count_tokens=None) -
     requests = build_requests(protocol, load.texts, request_texts, load.extra)
     output = "text_output" if count_tokens else None
     if warmup_s > 0:
-        asyncio.run(_run_async(protocol, url, model, requests, concurrency, [(warmup_s, max_requests)], None))
+        asyncio.run(_run_async(protocol, url, model, requests, concurrency, warmup_s, max_requests, None))
     before = model_statistics(urls["http"], model)
-    ((latencies, errors, outputs, elapsed),) = asyncio.run(
-        _run_async(protocol, url, model, requests, concurrency, [(seconds, max_requests)], output)
+    latencies, errors, outputs, elapsed = asyncio.run(
+        _run_async(protocol, url, model, requests, concurrency, seconds, max_requests, output)
     )
     breakdown = server_breakdown(before, model_statistics(urls["http"], model))
     done = len(latencies)

@@ -69,14 +69,6 @@ def pick(rows: list[dict[str, Any]], budget_ms: float) -> tuple[dict[str, Any] |
     return None, "no variant served the load without errors"
 
 
-def _free_ports() -> dict[str, int]:
-    ports: set[int] = set()
-    while len(ports) < 3:
-        ports.add(host.free_port())
-    http, grpc, metrics = sorted(ports)
-    return {"http_port": http, "grpc_port": grpc, "metrics_port": metrics}
-
-
 def measure_variant(
     model: dict[str, Any],
     variant: dict[str, Any],
@@ -108,9 +100,11 @@ def measure_variant(
         onnx_dir=paths.get("onnx", ""),
         trt_engine=paths.get("trt_engine", ""),
     )
+    http_port, grpc_port, metrics_port = host.free_ports(3)
     settings = Settings(
         repository=str(repository), work=str(root / "server"), models=[name], host="127.0.0.1",
-        startup_timeout_s=server["startup_timeout_s"], shm_default_byte_size=server["shm_default_byte_size"], **_free_ports(),
+        http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+        startup_timeout_s=server["startup_timeout_s"], shm_default_byte_size=server["shm_default_byte_size"],
     )  # fmt: skip
     started = time.perf_counter()
     try:

@@ -182,10 +182,7 @@ class Workflow:
 
 
 def server_block() -> dict:
-    ports = set()
-    while len(ports) < 3:
-        ports.add(host.free_port())
-    http, grpc, metrics = sorted(ports)
+    http, grpc, metrics = host.free_ports(3)
     return {"host": "127.0.0.1", "http_port": http, "grpc_port": grpc, "metrics_port": metrics, "startup_timeout_s": 240}
 
 

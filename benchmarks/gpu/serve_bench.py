@@ -87,7 +87,7 @@ def main() -> int:
             num_threads=max(1, host.cpu_count() // m["instances"]), max_queue_delay_us=m["dynamic_batching"]["max_queue_delay_us"],
             max_input_bytes=m["max_input_bytes"], generation=m.get("generation"),
         )  # fmt: skip
-    ports = sorted({host.free_port() for _ in range(3)})
+    ports = host.free_ports(3)
     server = {"host": "127.0.0.1", "http_port": ports[0], "grpc_port": ports[1], "metrics_port": ports[2],
               "startup_timeout_s": 600, "log_verbose": 0, "shm_default_byte_size": 64 * 1024 * 1024}  # fmt: skip
     names = [m["name"] for m in models]
