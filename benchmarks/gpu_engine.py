@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hf2triton.corpus import bench_texts  # noqa: E402
+from hf2triton.perf.corpus import bench_texts  # noqa: E402
 from hf2triton.serving.model import EmbeddingEngine, GenerationEngine  # noqa: E402
 
 

@@ -20,8 +20,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from pathlib import Path
 
-    from hf2triton.lint import Finding, lint_repository
-    from hf2triton.server import locate_tritonserver
+    from hf2triton.triton.install import locate_tritonserver
+    from hf2triton.triton.lint import Finding, lint_repository
 
     if not Path(args.repository).is_dir():
         raise UserError(f"{args.repository} is not a directory", "pass the model repository directory")

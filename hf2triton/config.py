@@ -15,7 +15,7 @@ import jsonschema
 import yaml
 
 from hf2triton.errors import UserError
-from hf2triton.sources import parse_source
+from hf2triton.pipeline.sources import parse_source
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 MAX_CONFIG_BYTES = 1_000_000

@@ -26,6 +26,19 @@ def has_gpu() -> bool:
     return result.returncode == 0 and "GPU" in result.stdout
 
 
+def gpu_name() -> str:
+    """The first GPU's name from nvidia-smi (no torch import), or "none"."""
+    smi = shutil.which("nvidia-smi")
+    if not smi or not has_gpu():
+        return "none"
+    try:
+        result = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    names = result.stdout.strip().splitlines()
+    return names[0].strip() if result.returncode == 0 and names else "unknown"
+
+
 def boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()

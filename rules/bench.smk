@@ -3,17 +3,17 @@
 rule bench_model:
     input:
         validated=rules.validate.output.json,
-        repository=f"{REPOSITORY}/{{model}}",
+        repository=repository_dir(),
     output:
-        "results/bench/{model}.json",
+        results("bench/{model}.json"),
     params:
-        server=CFG["server"],
+        server=SERVER,
         models=MODELS,
         work=WORK,
         repository=lambda wildcards, input: str(Path(input.repository).parent),
-        bench=CFG["bench"],
+        bench=to_param(PROJECT.bench),
     log:
-        "results/logs/bench/{model}.log",
+        logs("bench"),
     localrule: True
     conda:
         "../envs/hf2triton.yaml"
@@ -25,11 +25,11 @@ rule bench:
     input:
         expand(rules.bench_model.output[0], model=MODELS),
     output:
-        markdown="results/bench/report.md",
-        summary="results/bench/summary/ratios.json",
-        plots=expand("results/bench/plots/{model}-{kind}.png", model=MODELS, kind=["throughput", "latency"]),
+        markdown=results("bench/report.md"),
+        summary=results("bench/summary/ratios.json"),
+        plots=expand(results("bench/plots/{model}-{kind}.png"), model=MODELS, kind=["throughput", "latency"]),
     log:
-        "results/logs/bench/report.log",
+        logs("bench_report", per_model=False),
     localrule: True
     conda:
         "../envs/hf2triton.yaml"
@@ -41,15 +41,17 @@ rule tune:
     input:
         unpack(tune_inputs),
     output:
-        overlay="results/tune/overlay.yaml",
-        json="results/tune/results.json",
-        markdown="results/tune/report.md",
+        overlay=results("tune/overlay.yaml"),
+        json=results("tune/results.json"),
+        markdown=results("tune/report.md"),
+        plots=expand(results("tune/plots/{model}-grid.png"), model=[m.name for m in PROJECT.tuned_models()]),
     params:
-        models=tuned_models,
-        server=CFG["server"],
-        tune=CFG["tune"],
+        models=[to_param(model) for model in PROJECT.tuned_models()],
+        server=SERVER,
+        tune=to_param(PROJECT.tune),
+        gpu=GPU_AVAILABLE,
     log:
-        "results/logs/tune.log",
+        logs("tune", per_model=False),
     localrule: True
     conda:
         "../envs/hf2triton.yaml"

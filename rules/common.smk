@@ -1,46 +1,93 @@
-# Helpers shared by the rule files -- the validated config, paths of artifacts, per-model params.
-# Config is validated here, at parse time, so any mistake stops the run before any work.
+# Helpers shared by the rule files -- the config as typed specs (read once), one path function per artifact,
+# per-model params. Config is validated here, at parse time, so any mistake stops the run before any work.
+# Specs reach rules as plain dicts (to_param): Snakemake detects changed params only for builtin types.
 import os
 import re
 import sys
 from pathlib import Path
 
-from hf2triton import host, render
-from hf2triton.config import load_config, model_by_name
+from hf2triton import host
 from hf2triton.errors import UserError
-from hf2triton.export import EXPORT_VERSION
 from hf2triton.locks import clear_stale_locks
-from hf2triton.sources import package_version, resolve_model_sources
-from hf2triton.tensorrt import require_tensorrt
+from hf2triton.pipeline.export import EXPORT_VERSION
+from hf2triton.pipeline.render import SERVING_FILES
+from hf2triton.pipeline.sources import package_version, resolve_model_sources
+from hf2triton.pipeline.tensorrt import require_tensorrt, tensorrt_version
+from hf2triton.specs import load_project, serving_values, to_param
 
 # config.yaml next to the Snakefile, or the file $HF2TRITON_CONFIG names (read by hf2triton's bounded
 # YAML loader); --config/--configfile values merge over it.
 CONFIG_FILE = os.environ.get("HF2TRITON_CONFIG") or str(Path(workflow.basedir) / "config.yaml")
+GPU_AVAILABLE = host.has_gpu()  # probed once per run
 
 try:
-    CFG = load_config(CONFIG_FILE, overrides=config)
-    SOURCES, LOCAL_SOURCES = resolve_model_sources(CFG["models"])
-    require_tensorrt(CFG["models"], host.has_gpu())
+    PROJECT = load_project(CONFIG_FILE, overrides=config)
+    SOURCES, LOCAL_SOURCES = resolve_model_sources(PROJECT.models)
+    require_tensorrt(PROJECT.models, GPU_AVAILABLE)
 except UserError as err:
     sys.exit(f"hf2triton: error: {err.render()}")
 
 if clear_stale_locks(Path.cwd()):
     print("hf2triton: removed the locks of an earlier run that was killed; resuming", file=sys.stderr)
 
-WORK = CFG["paths"]["work"]
-MODELS = [m["name"] for m in CFG["models"]]
-GPU_AVAILABLE = host.has_gpu()
+WORK = PROJECT.work
+MODELS = PROJECT.names
 REPOSITORY = "model_repository"
-SERVING_CODE = str(Path(workflow.basedir) / "hf2triton" / "serving" / "model.py")  # copied as 1/model.py
+SERVER = to_param(PROJECT.server)
+SERVING_CODE = [str(path) for path in SERVING_FILES]  # copied into each model: code changes re-render
+
+
+# ---------------------------------------------------------------- paths (one per artifact)
+
+
+def model_work(name="{model}"):
+    return f"{WORK}/models/{name}"
+
+
+def fetch_record(name="{model}"):
+    return f"{model_work(name)}/fetch.json"
+
+
+def pretrained_dir(name="{model}"):
+    return f"{model_work(name)}/pretrained"
+
+
+def onnx_dir(name="{model}"):
+    return f"{model_work(name)}/onnx"
+
+
+def trt_engine(name="{model}"):
+    return f"{model_work(name)}/tensorrt/engine.plan"
+
+
+def repository_dir(name="{model}"):
+    return f"{REPOSITORY}/{name}"
+
+
+def results(path):
+    return f"results/{path}"
+
+
+def logs(rule, per_model=True):
+    """results/logs/<rule>/<model>.log, or results/logs/<rule>.log for rules that are not per model."""
+    return results(f"logs/{rule}/{{model}}.log" if per_model else f"logs/{rule}.log")
+
+
+# ---------------------------------------------------------------- per-model params and inputs
 
 
 def model_value(key):
-    """Input function: one config value of the wildcard's model (so params are exact per model)."""
-    return lambda wildcards: model_by_name(CFG, wildcards.model)[key]
+    """Input function: one spec value of the wildcard's model (so params are exact per model)."""
+    return lambda wildcards: getattr(PROJECT.model(wildcards.model), key)
 
 
-def pretrained_dir(name):
-    return f"{WORK}/models/{name}/pretrained"
+def onnx_value(key):
+    return lambda wildcards: getattr(PROJECT.model(wildcards.model).onnx, key)
+
+
+def serving(wildcards):
+    """The model's derived serving values (hf2triton.specs.serving_values): what the repository renders."""
+    return to_param(serving_values(PROJECT.model(wildcards.model), GPU_AVAILABLE, host.cpu_count()))
 
 
 def local_source(wildcards):
@@ -54,69 +101,36 @@ def source_version(wildcards):
     return package_version(SOURCES[wildcards.model])
 
 
-def instance_kind(wildcards):
-    return render.instance_kind(model_by_name(CFG, wildcards.model)["device"], GPU_AVAILABLE)
-
-
-def threads_per_instance(wildcards):
-    return render.threads_per_instance(model_by_name(CFG, wildcards.model)["instances"], host.cpu_count())
-
-
-def generation_options(wildcards):
-    model = model_by_name(CFG, wildcards.model)
-    return model.get("generation") if model["task"] == "text-generation" else None
-
-
-def queue_delay_us(wildcards):
-    return model_by_name(CFG, wildcards.model)["dynamic_batching"]["max_queue_delay_us"]
-
-
 def repository_of(wildcards, input):
     """The repository root, derived from the rendered model directories that are inputs."""
     return str(Path(input.repository[0]).parent)
 
 
-def repository_inputs(wildcards):
-    """What a model's repository is rendered from: the saved model, plus its ONNX export / TensorRT
-    engine when the backend needs them, plus the serving code (so code changes re-render)."""
-    backend = model_by_name(CFG, wildcards.model)["backend"]
-    inputs = {"pretrained": pretrained_dir(wildcards.model), "serving_code": SERVING_CODE}
-    if backend in ("onnx", "tensorrt"):
-        inputs["onnx"] = onnx_dir(wildcards.model)
-    if backend == "tensorrt":
-        inputs["trt_engine"] = f"{WORK}/models/{wildcards.model}/tensorrt/engine.plan"
+def artifacts(name, backends):
+    """What a model is served from: the saved model, plus its ONNX export / TensorRT engine when a backend
+    needs them."""
+    inputs = {"pretrained": pretrained_dir(name)}
+    if set(backends) & {"onnx", "tensorrt"}:
+        inputs["onnx"] = onnx_dir(name)
+    if "tensorrt" in backends:
+        inputs["trt_engine"] = trt_engine(name)
     return inputs
 
 
-def onnx_dir(name):
-    return f"{WORK}/models/{name}/onnx"
-
-
-def onnx_value(key):
-    return lambda wildcards: model_by_name(CFG, wildcards.model)["onnx"][key]
-
+def repository_inputs(wildcards):
+    """Artifacts of the model's backend plus the serving code (so code changes re-render)."""
+    return {**artifacts(wildcards.model, [PROJECT.model(wildcards.model).backend]), "serving_code": SERVING_CODE}
 
 
 def preflight_models():
-    """Only the model keys preflight uses, so e.g. a max_batch_size change does not rerun it."""
-    keys = ("name", "source", "task", "device", "dtype", "instances", "backend")
-    return [{key: model[key] for key in keys} for model in CFG["models"]]
-
-
-def tuned_models(wildcards=None):
-    """The models `tune` sweeps: config tune.models, or every model except text-generation ones."""
-    names = CFG["tune"]["models"] or [m["name"] for m in CFG["models"] if m["task"] != "text-generation"]
-    return [model_by_name(CFG, name) for name in names]
+    """Only what preflight uses of each model, so e.g. a max_batch_size change does not rerun it."""
+    return [to_param(model.footprint()) for model in PROJECT.models]
 
 
 def tune_inputs(wildcards):
     """Artifacts the sweep renders variants from; an ONNX export is built on demand when a tried backend needs it."""
     inputs = {"serving_code": SERVING_CODE}
-    for model in tuned_models():
-        name, backends = model["name"], set(CFG["tune"]["backends"] or [model["backend"]])
-        inputs[f"{name}__pretrained"] = pretrained_dir(name)
-        if backends & {"onnx", "tensorrt"}:
-            inputs[f"{name}__onnx"] = onnx_dir(name)
-        if "tensorrt" in backends:
-            inputs[f"{name}__trt_engine"] = f"{WORK}/models/{name}/tensorrt/engine.plan"
+    for model in PROJECT.tuned_models():
+        for key, path in artifacts(model.name, PROJECT.tune.backends or [model.backend]).items():
+            inputs[f"{model.name}__{key}"] = path
     return inputs

@@ -4,7 +4,7 @@ rule export_onnx:
     input:
         pretrained=rules.pretrained.output[0],
     output:
-        directory(f"{WORK}/models/{{model}}/onnx"),
+        directory(onnx_dir()),
     params:
         task=model_value("task"),
         opset=onnx_value("opset"),
@@ -12,23 +12,26 @@ rule export_onnx:
         quantize=onnx_value("quantize"),
         exporter=EXPORT_VERSION,
     log:
-        "results/logs/export_onnx/{model}.log",
+        logs("export_onnx"),
     conda:
         "../envs/hf2triton.yaml"
     script:
         "../scripts/export_onnx.py"
 
 
+# An engine is valid for one TensorRT version and one GPU: both are params, so a change rebuilds it.
 rule tensorrt_engine:
     input:
         onnx=rules.export_onnx.output[0],
     output:
-        f"{WORK}/models/{{model}}/tensorrt/engine.plan",
+        trt_engine(),
     params:
         max_batch_size=model_value("max_batch_size"),
         gpu=GPU_AVAILABLE,
+        tensorrt=tensorrt_version(),
+        gpu_name=host.gpu_name(),
     log:
-        "results/logs/tensorrt_engine/{model}.log",
+        logs("tensorrt_engine"),
     resources:
         gpu=1,
     conda:

@@ -3,7 +3,7 @@ rule fetch:
     input:
         local_source,
     output:
-        record=f"{WORK}/models/{{model}}/fetch.json",
+        record=fetch_record(),
     params:
         source=model_value("source"),
         source_version=source_version,
@@ -11,7 +11,7 @@ rule fetch:
         gguf_file=model_value("gguf_file"),
         cache_dir=f"{WORK}/hub",
     log:
-        "results/logs/fetch/{model}.log",
+        logs("fetch"),
     retries: 1
     conda:
         "../envs/hf2triton.yaml"

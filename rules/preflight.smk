@@ -3,15 +3,15 @@
 # changed port never triggers refetching.
 rule preflight:
     output:
-        "results/preflight.json",
+        results("preflight.json"),
     params:
         models=preflight_models(),
-        server=CFG["server"],
+        server=SERVER,
         work=WORK,
         pretrained={name: pretrained_dir(name) for name in MODELS},
         gpu=GPU_AVAILABLE,
     log:
-        "results/logs/preflight.log",
+        logs("preflight", per_model=False),
     priority: 100
     localrule: True
     conda:

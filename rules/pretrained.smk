@@ -3,11 +3,11 @@ rule pretrained:
     input:
         record=rules.fetch.output.record,
     output:
-        directory(f"{WORK}/models/{{model}}/pretrained"),
+        directory(pretrained_dir()),
     params:
         task=model_value("task"),
     log:
-        "results/logs/pretrained/{model}.log",
+        logs("pretrained"),
     conda:
         "../envs/hf2triton.yaml"
     script:

@@ -1,22 +1,13 @@
-# Saved model -> model_repository/<model>/{config.pbtxt,1/model.py}, then a static lint of it.
+# Saved model -> model_repository/<model>/{config.pbtxt,1/model.py,1/interface.py}, then a static lint of it.
 rule repository:
     input:
         unpack(repository_inputs),
     output:
-        directory(f"{REPOSITORY}/{{model}}"),
+        directory(repository_dir()),
     params:
-        task=model_value("task"),
-        max_batch_size=model_value("max_batch_size"),
-        instances=model_value("instances"),
-        kind=instance_kind,
-        dtype=model_value("dtype"),
-        num_threads=threads_per_instance,
-        max_queue_delay_us=queue_delay_us,
-        max_input_bytes=model_value("max_input_bytes"),
-        generation=generation_options,
-        backend=model_value("backend"),
+        serving=serving,
     log:
-        "results/logs/repository/{model}.log",
+        logs("repository"),
     conda:
         "../envs/hf2triton.yaml"
     script:
@@ -27,11 +18,11 @@ rule lint:
     input:
         rules.repository.output[0],
     output:
-        "results/lint/{model}.json",
+        results("lint/{model}.json"),
     params:
         gpu=GPU_AVAILABLE,
     log:
-        "results/logs/lint/{model}.log",
+        logs("lint"),
     conda:
         "../envs/hf2triton.yaml"
     script:

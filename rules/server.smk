@@ -1,12 +1,12 @@
 # Server targets without outputs run every time: each checks the real server, not a stale file.
 rule status:
     params:
-        server=CFG["server"],
+        server=SERVER,
         models=MODELS,
         work=WORK,
         repository=REPOSITORY,
     log:
-        "results/logs/status.log",
+        logs("status", per_model=False),
     localrule: True
     conda:
         "../envs/hf2triton.yaml"
@@ -16,12 +16,12 @@ rule status:
 
 rule stop:
     params:
-        server=CFG["server"],
+        server=SERVER,
         models=MODELS,
         work=WORK,
         repository=REPOSITORY,
     log:
-        "results/logs/stop.log",
+        logs("stop", per_model=False),
     localrule: True
     conda:
         "../envs/hf2triton.yaml"

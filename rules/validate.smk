@@ -5,16 +5,16 @@ rule validate:
         lint=expand(rules.lint.output[0], model=MODELS),
         repository=expand(rules.repository.output[0], model=MODELS),
     output:
-        json="results/validation/report.json",
-        markdown="results/validation/report.md",
+        json=results("validation/report.json"),
+        markdown=results("validation/report.md"),
     params:
-        server=CFG["server"],
+        server=SERVER,
         models=MODELS,
         work=WORK,
         repository=repository_of,
-        parity_floors={m["name"]: m["onnx"]["parity_floor"] for m in CFG["models"]},
+        parity_floors={model.name: model.onnx.parity_floor for model in PROJECT.models},
     log:
-        "results/logs/validate.log",
+        logs("validate", per_model=False),
     localrule: True
     conda:
         "../envs/hf2triton.yaml"

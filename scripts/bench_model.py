@@ -1,12 +1,12 @@
-"""Snakemake adapter for rule bench_model (logic: hf2triton.bench.bench_model)."""
+"""Snakemake adapter for rule bench_model (logic: hf2triton.perf.bench.bench_model_step)."""
 
-from hf2triton.bench import bench_model
-from hf2triton.steps import run_step
+from hf2triton.perf.bench import bench_model_step
+from hf2triton.pipeline.steps import run_step
 
 params = snakemake.params
 run_step(
     snakemake,
-    bench_model,
+    bench_model_step,
     name=snakemake.wildcards.model,
     server=params.server,
     models=params.models,

@@ -1,13 +1,13 @@
-"""Snakemake adapter for rule bench (logic: hf2triton.benchreport.write_bench_report)."""
+"""Snakemake adapter for rule bench (logic: hf2triton.perf.report.bench_step)."""
 
 from pathlib import Path
 
-from hf2triton.benchreport import write_bench_report
-from hf2triton.steps import run_step
+from hf2triton.perf.report import bench_step
+from hf2triton.pipeline.steps import run_step
 
 run_step(
     snakemake,
-    write_bench_report,
+    bench_step,
     results=list(snakemake.input),
     output_md=snakemake.output.markdown,
     output_summary=snakemake.output.summary,

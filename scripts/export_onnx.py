@@ -1,12 +1,12 @@
-"""Snakemake adapter for rule export_onnx (logic: hf2triton.export.export_onnx)."""
+"""Snakemake adapter for rule export_onnx (logic: hf2triton.pipeline.export.export_onnx_step)."""
 
-from hf2triton.export import export_onnx
-from hf2triton.steps import run_step
+from hf2triton.pipeline.export import export_onnx_step
+from hf2triton.pipeline.steps import run_step
 
 params = snakemake.params
 run_step(
     snakemake,
-    export_onnx,
+    export_onnx_step,
     pretrained=snakemake.input.pretrained,
     task=params.task,
     opset=params.opset,

@@ -1,12 +1,12 @@
-"""Snakemake adapter for rule fetch (logic: hf2triton.fetch.fetch_source)."""
+"""Snakemake adapter for rule fetch (logic: hf2triton.pipeline.fetch.fetch_step)."""
 
-from hf2triton.fetch import fetch_source
-from hf2triton.steps import run_step
+from hf2triton.pipeline.fetch import fetch_step
+from hf2triton.pipeline.steps import run_step
 
 params = snakemake.params
 run_step(
     snakemake,
-    fetch_source,
+    fetch_step,
     source=params.source,
     revision=params.revision,
     gguf_file=params.gguf_file,

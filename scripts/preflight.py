@@ -1,13 +1,15 @@
-"""Snakemake adapter for rule preflight (logic: hf2triton.preflight.run_preflight)."""
+"""Snakemake adapter for rule preflight (logic: hf2triton.pipeline.preflight.preflight_step)."""
 
-from hf2triton.preflight import run_preflight
-from hf2triton.steps import run_step
+from hf2triton.pipeline.preflight import preflight_step
+from hf2triton.pipeline.steps import run_step
 
 params = snakemake.params
 run_step(
     snakemake,
-    run_preflight,
-    cfg={"models": params.models, "server": params.server, "paths": {"work": params.work}},
+    preflight_step,
+    models=params.models,
+    server=params.server,
+    work=params.work,
     pretrained_dirs=params.pretrained,
     gpu_available=params.gpu,
     output=snakemake.output[0],

@@ -1,6 +1,6 @@
-"""Snakemake adapter for rule pretrained (logic: hf2triton.pretrained.save_pretrained_model)."""
+"""Snakemake adapter for rule pretrained (logic: hf2triton.pipeline.pretrained.pretrained_step)."""
 
-from hf2triton.pretrained import save_pretrained_model
-from hf2triton.steps import run_step
+from hf2triton.pipeline.pretrained import pretrained_step
+from hf2triton.pipeline.steps import run_step
 
-run_step(snakemake, save_pretrained_model, record=snakemake.input.record, task=snakemake.params.task, output=snakemake.output[0])
+run_step(snakemake, pretrained_step, record=snakemake.input.record, task=snakemake.params.task, output=snakemake.output[0])

@@ -1,7 +1,7 @@
-"""Snakemake adapter for target serve (logic: hf2triton.server.serve_step)."""
+"""Snakemake adapter for target serve (logic: hf2triton.pipeline.serve.serve_step)."""
 
-from hf2triton.server import serve_step
-from hf2triton.steps import run_step
+from hf2triton.pipeline.serve import serve_step
+from hf2triton.pipeline.steps import run_step
 
 params = snakemake.params
 run_step(snakemake, serve_step, server=params.server, models=params.models, work=params.work, repository=params.repository)

@@ -1,7 +1,7 @@
-"""Snakemake adapter for target status (logic: hf2triton.server.status_step)."""
+"""Snakemake adapter for target status (logic: hf2triton.pipeline.serve.status_step)."""
 
-from hf2triton.server import status_step
-from hf2triton.steps import run_step
+from hf2triton.pipeline.serve import status_step
+from hf2triton.pipeline.steps import run_step
 
 params = snakemake.params
 run_step(snakemake, status_step, server=params.server, models=params.models, work=params.work, repository=params.repository)

@@ -1,24 +1,22 @@
-"""Snakemake adapter for rule tune (logic: hf2triton.tune.tune_models)."""
+"""Snakemake adapter for rule tune (logic: hf2triton.perf.tune.tune_step)."""
 
 from pathlib import Path
 
-from hf2triton.steps import run_step
-from hf2triton.tune import tune_models
+from hf2triton.perf.tune import tune_step
+from hf2triton.pipeline.steps import run_step
 
-artifacts = {}
-for key, path in snakemake.input.items():
-    if "__" in key:
-        name, kind = key.rsplit("__", 1)
-        artifacts.setdefault(name, {})[kind] = path
 run_step(
     snakemake,
-    tune_models,
+    tune_step,
     models=snakemake.params.models,
-    artifacts=artifacts,
+    inputs=dict(snakemake.input.items()),
     server=snakemake.params.server,
     tune=snakemake.params.tune,
+    gpu_available=snakemake.params.gpu,
     output_overlay=snakemake.output.overlay,
     output_json=snakemake.output.json,
     output_md=snakemake.output.markdown,
-    plot_dir=str(Path(snakemake.output.markdown).parent / "plots"),
+    plot_dir=str(Path(snakemake.output.plots[0]).parent)
+    if snakemake.output.plots
+    else str(Path(snakemake.output.markdown).parent / "plots"),
 )

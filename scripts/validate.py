@@ -1,7 +1,7 @@
-"""Snakemake adapter for rule validate (logic: hf2triton.validate.validate_step)."""
+"""Snakemake adapter for rule validate (logic: hf2triton.pipeline.validate.validate_step)."""
 
-from hf2triton.steps import run_step
-from hf2triton.validate import validate_step
+from hf2triton.pipeline.steps import run_step
+from hf2triton.pipeline.validate import validate_step
 
 params = snakemake.params
 run_step(

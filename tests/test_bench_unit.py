@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from hf2triton import loadgen
-from hf2triton.bench import ratios
 from hf2triton.config import load_config
-from hf2triton.corpus import bench_texts
 from hf2triton.errors import UserError
-from hf2triton.tune import current_variant, grid, pick, variant_id
+from hf2triton.perf import loadgen
+from hf2triton.perf.bench import ratios
+from hf2triton.perf.corpus import bench_texts
+from hf2triton.perf.report import ratio_lines
+from hf2triton.perf.tune import current_variant, grid, pick, tune_models, variant_id
+from hf2triton.specs import ModelSpec, ServerSpec, TuneSpec
 
 # The CSV layout perf_analyzer 2.60 writes with -f (values in microseconds).
 PERF_ANALYZER_CSV = (
@@ -42,6 +44,7 @@ def test_perf_analyzer_csv_parsed_to_the_same_record():
     parsed = loadgen.parse_perf_analyzer_csv(PERF_ANALYZER_CSV)
     assert parsed["items_per_s"] == 6012.5
     assert parsed["latency_ms"]["p99"] == 6.4 and parsed["latency_ms"]["p50"] == 4.8
+    assert parsed["latency_ms"]["max"] is None, "perf_analyzer reports no maximum: not p99 under another name"
     assert parsed["server"]["queue_us"] == 2100 and parsed["server"]["compute_infer_us"] == 1800
 
 
@@ -65,13 +68,12 @@ def test_percentiles():
 
 
 def _model(**extra):
-    model = {"name": "m", "backend": "python", "max_batch_size": 8, "instances": 1, "dynamic_batching": {"max_queue_delay_us": 100}}
-    model.update(extra)
-    return model
+    values = {"name": "m", "source": "org/m", "task": "feature-extraction", "max_batch_size": 8, "max_queue_delay_us": 100, **extra}
+    return ModelSpec(**values)
 
 
 def test_grid_includes_current_settings_and_drops_impossible_variants():
-    tune = {"backends": [], "max_batch_size": [1, 4], "instances": [1, 2], "max_queue_delay_us": [0], "request_texts": 2}
+    tune = TuneSpec(backends=(), max_batch_size=(1, 4), instances=(1, 2), max_queue_delay_us=(0,), request_texts=2)
     variants = grid(_model(), tune)
     assert current_variant(_model()) in variants
     assert all(v["max_batch_size"] >= 2 for v in variants), "a 2-text request cannot go to max_batch_size 1"
@@ -109,6 +111,76 @@ def test_ratios_side_by_side():
     assert out["grpc"]["served_batch32_c1_vs_raw"] == 0.95 and out["grpc"]["served_batch32_best_vs_raw"] == 1.1
     assert out["grpc"]["single_text_c16_vs_raw_batch32"] == 0.92
     assert out["inprocess_speedup_vs_python"] == {"onnx": 2.0, "python": 1.0}
+
+
+def test_grid_keeps_an_unbatched_current_model():
+    """Regression: max_batch_size 0 (no batching) takes requests of any size; the sweep kept it out and then
+    lost every measurement with StopIteration looking for the current variant."""
+    model = _model(max_batch_size=0)
+    variants = grid(model, TuneSpec(max_batch_size=(8,), instances=(1,), max_queue_delay_us=(0,), request_texts=4))
+    assert current_variant(model) in variants
+
+
+def test_tune_without_a_measurable_current_variant_keeps_the_sweep(tmp_path, monkeypatch):
+    """Regression: a current max_batch_size below tune.request_texts must not lose the sweep (StopIteration)."""
+    from hf2triton.perf import tune as tune_module
+
+    def fake_measure(model, variant, *args, **kwargs):
+        cell = {"items_per_s": float(variant["max_batch_size"]), "errors": 0, "latency_ms": {"p50": 1.0, "p99": 2.0}, "server": {}}
+        return {"variant": variant, "id": variant_id(variant), "ready_after_s": 0.1, "cell": cell, "solo": cell}
+
+    monkeypatch.setattr(tune_module, "measure_variant", fake_measure)
+    monkeypatch.setattr(tune_module, "write_tune_report", lambda *args: None)
+    tune = TuneSpec(max_batch_size=(8, 16), instances=(1,), max_queue_delay_us=(0,), request_texts=4)
+    out = tmp_path / "tune"
+    results = tune_models(
+        [_model(max_batch_size=2)], {"m": {"pretrained": "-"}}, ServerSpec(), tune, False,
+        str(out / "overlay.yaml"), str(out / "results.json"), str(out / "report.md"), str(out / "plots"),
+    )  # fmt: skip
+    entry = results["models"]["m"]
+    assert entry["best"] == "python-b16-i1-d0" and entry["baseline"] is None
+    assert "current settings cannot serve 4-text requests" in entry["why"]
+    assert "max_batch_size: 16" in (out / "overlay.yaml").read_text()
+
+
+def _ratio_result(inprocess_batch, served):
+    return {
+        "model": "m",
+        "backend": "python",
+        "max_batch_size": 4,
+        "bench": {"concurrency": [1, 4], "protocols": ["grpc"]},
+        "raw": {"device": "cpu", "python": {"1": {"items_per_s": 5}, "4": {"items_per_s": inprocess_batch}}},
+        "served": [{"protocol": "grpc", "request_texts": size, "concurrency": c, "items_per_s": v} for (size, c), v in served.items()],
+    }
+
+
+def test_ratio_lines_do_not_repeat_the_best_cell_and_flag_implausible_ratios():
+    """Regression: the best batch cell at concurrency 1 was printed twice; a served figure twice the engine it
+    runs (a yardstick of three slow calls) was printed as a met goal."""
+    result = _ratio_result(10.0, {(4, 1): 9.5, (4, 4): 9.0, (1, 4): 8.0})
+    result["ratios"] = ratios(result)
+    line = ratio_lines(result)[0]
+    assert "0.95 at concurrency 1 (also the best)" in line and line.count("at concurrency 1") == 1
+    assert not result["ratios"]["implausible"]
+    result = _ratio_result(10.0, {(4, 1): 21.0, (4, 4): 22.8, (1, 4): 8.0})
+    result["ratios"] = ratios(result)
+    assert result["ratios"]["implausible"] == ["grpc served_batch4_c1_vs_raw = 2.1", "grpc served_batch4_best_vs_raw = 2.28"]
+    assert any("IMPLAUSIBLE" in line and "proves no goal" in line for line in ratio_lines(result))
+
+
+def test_inprocess_yardstick_is_long_enough():
+    """Regression: an in-process cell of three calls decided a ratio; now >= 10 calls and >= 3 s."""
+    from hf2triton.perf.bench import RAW_MIN_CALLS, RAW_MIN_SECONDS, raw_throughput
+
+    class Engine:
+        calls = 0
+
+        def run(self, texts, **_):
+            Engine.calls += 1
+            return {}
+
+    out = raw_throughput(Engine(), ["a"] * 8, 4, 0.01, {})
+    assert out["calls"] >= RAW_MIN_CALLS and RAW_MIN_SECONDS >= 3
 
 
 def test_overlay_overrides_merge_by_model_name(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.conftest import Workflow, minilm_dir, server_block
+from tests.helpers import Workflow, minilm_dir, server_block
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from hf2triton.fsutil import sha256_file
-from tests.conftest import BIN, ROOT, SNAKEFILE, make_workflow, minilm_dir
+from tests.helpers import BIN, ROOT, SNAKEFILE, make_workflow, minilm_dir
 from tests.mini_hub import MiniHub, wait_for
 
 pytestmark = pytest.mark.integration

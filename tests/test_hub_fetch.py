@@ -1,4 +1,4 @@
-"""The real hub download path (huggingface_hub snapshot_download through hf2triton.fetch) against a
+"""The real hub download path (huggingface_hub snapshot_download through hf2triton.pipeline.fetch) against a
 hub-compatible server on 127.0.0.1: by repo id, pinned revision, missing repo, and a whole workflow run."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from hf2triton.errors import UserError
-from hf2triton.fetch import fetch_source
 from hf2triton.fsutil import sha256_file
-from tests.conftest import make_workflow
+from hf2triton.pipeline.fetch import fetch_step
+from tests.helpers import make_workflow
 from tests.hub_server import HubServer, olah_binary
 
 pytestmark = [
@@ -38,7 +38,7 @@ def hub(tmp_path_factory, tiny_models):
 
 def test_fetch_by_repo_id_records_commit_and_hashes(hub, tiny_models, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-    record = fetch_source(REPO, "main", None, str(tmp_path / "cache"), str(tmp_path / "fetch.json"))
+    record = fetch_step(REPO, "main", None, str(tmp_path / "cache"), str(tmp_path / "fetch.json"))
     assert record["kind"] == "hub" and record["resolved_revision"] == hub.second_commit
     assert {"config.json", "model.safetensors", "tokenizer.json", "1_Pooling/config.json"} <= set(record["files"])
     weights = record["files"]["model.safetensors"]["sha256"]
@@ -48,8 +48,8 @@ def test_fetch_by_repo_id_records_commit_and_hashes(hub, tiny_models, tmp_path, 
 
 def test_pinned_revision(hub, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-    old = fetch_source(REPO, hub.first_commit, None, str(tmp_path / "cache"), str(tmp_path / "old.json"))
-    new = fetch_source(REPO, "main", None, str(tmp_path / "cache"), str(tmp_path / "new.json"))
+    old = fetch_step(REPO, hub.first_commit, None, str(tmp_path / "cache"), str(tmp_path / "old.json"))
+    new = fetch_step(REPO, "main", None, str(tmp_path / "cache"), str(tmp_path / "new.json"))
     assert old["resolved_revision"] == hub.first_commit
     assert "hf2triton_revision_marker" not in json.loads(open(f"{old['path']}/config.json").read())
     assert json.loads(open(f"{new['path']}/config.json").read())["hf2triton_revision_marker"] == 2
@@ -59,7 +59,7 @@ def test_missing_repo_is_explained_and_writes_nothing(hub, tmp_path, monkeypatch
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
     monkeypatch.setenv("HF2TRITON_FETCH_RETRIES", "1")
     with pytest.raises(UserError) as info:
-        fetch_source("testorg/does-not-exist", "main", None, str(tmp_path / "cache"), str(tmp_path / "fetch.json"))
+        fetch_step("testorg/does-not-exist", "main", None, str(tmp_path / "cache"), str(tmp_path / "fetch.json"))
     assert "not found" in info.value.render() and "HF_TOKEN" in info.value.render()
     assert not (tmp_path / "fetch.json").exists()
 
@@ -71,7 +71,7 @@ def test_unreachable_hub_retries_then_explains(tmp_path, monkeypatch):
     monkeypatch.setenv("HF2TRITON_FETCH_RETRIES", "3")
     monkeypatch.setenv("HF2TRITON_FETCH_BACKOFF_S", "0.1")
     with pytest.raises(UserError) as info:
-        fetch_source(REPO, "main", None, str(tmp_path / "cache"), str(tmp_path / "fetch.json"))
+        fetch_step(REPO, "main", None, str(tmp_path / "cache"), str(tmp_path / "fetch.json"))
     assert "hub unreachable" in info.value.render() and "HF_ENDPOINT" in info.value.render()
 
 

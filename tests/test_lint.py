@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hf2triton.lint import lint_model_dir, lint_repository
-from hf2triton.render import build_model_config, config_text
+from hf2triton.triton.lint import lint_model_dir, lint_repository
+from hf2triton.triton.modelconfig import build_model_config, config_text
 
 GOOD_MODEL_PY = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
 

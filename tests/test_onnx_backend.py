@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import make_workflow, tiny_model_entries
+from tests.helpers import make_workflow, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import make_workflow, minilm_dir
+from tests.helpers import make_workflow, minilm_dir
 
 pytestmark = pytest.mark.integration
 

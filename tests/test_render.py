@@ -8,7 +8,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from hf2triton.render import SERVING_MODULE, build_model_config, config_text, render_model
+from hf2triton.pipeline.render import SERVING_FILES, SERVING_MODULE, render_model
+from hf2triton.specs import GenerationSpec, ModelSpec, serving_values
+from hf2triton.triton.modelconfig import build_model_config, config_text
 
 
 def parse(text: str) -> mc.ModelConfig:
@@ -52,32 +54,27 @@ def test_render_model_writes_directory(tmp_path):
     saved = tmp_path / "saved"
     saved.mkdir()
     (saved / "config.json").write_text(json.dumps({"hidden_size": 24}))
-    out = render_model(str(tmp_path / "repo" / "emb"), "emb", "feature-extraction", str(saved), 4, 1, "KIND_CPU", "auto", 2, 100, 1000)
+    model = ModelSpec(
+        name="emb", source="org/emb", task="feature-extraction", max_batch_size=4, max_queue_delay_us=100, max_input_bytes=1000
+    )
+    out = render_model(str(tmp_path / "repo" / "emb"), serving_values(model, gpu_available=False, cpus=2), str(saved))
     config = parse((out / "config.pbtxt").read_text())
     assert list(config.output[0].dims) == [24]
     assert config.parameters["model_dir"].string_value == str(saved.resolve())
     assert config.parameters["num_threads"].string_value == "2"
     assert (out / "1" / "model.py").read_text() == SERVING_MODULE.read_text()
+    assert all((out / "1" / source.name).read_text() == source.read_text() for source in SERVING_FILES)
     assert not [p for p in (tmp_path / "repo").iterdir() if p.name.startswith(".")], "no temporary directory left behind"
 
 
 def test_render_generation_parameters(tmp_path):
     saved = tmp_path / "saved"
     saved.mkdir()
-    out = render_model(
-        str(tmp_path / "g"),
-        "g",
-        "text-generation",
-        str(saved),
-        2,
-        1,
-        "KIND_CPU",
-        "float32",
-        1,
-        0,
-        10,
-        {"max_new_tokens": 7, "temperature": 0.5, "chat_template": False},
+    generation = GenerationSpec(max_new_tokens=7, temperature=0.5, chat_template=False)
+    model = ModelSpec(
+        name="g", source="org/g", task="text-generation", max_batch_size=2, dtype="float32", max_input_bytes=10, generation=generation
     )
+    out = render_model(str(tmp_path / "g"), serving_values(model, gpu_available=False, cpus=1), str(saved))
     params = parse((out / "config.pbtxt").read_text()).parameters
     assert params["max_new_tokens"].string_value == "7"
     assert params["temperature"].string_value == "0.5"

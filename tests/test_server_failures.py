@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hf2triton.errors import UserError
-from hf2triton.render import build_model_config, config_text
-from hf2triton.server import Settings, start_server, stop_server
-from tests.conftest import server_block
+from hf2triton.triton.modelconfig import build_model_config, config_text
+from hf2triton.triton.process import Settings, start_server, stop_server
+from tests.helpers import server_block
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import pytest
 
 from hf2triton import host
 from hf2triton.errors import UserError
-from hf2triton.pitfalls import explain, relevant_log_lines
-from hf2triton.server import (
+from hf2triton.triton.pitfalls import explain, relevant_log_lines
+from hf2triton.triton.process import (
     Facts,
     Settings,
     decide,
@@ -141,7 +141,7 @@ def test_port_check(settings):
         sock.listen()
         port = sock.getsockname()[1]
         assert not host.port_is_free("127.0.0.1", port)
-        from hf2triton.server import _check_ports
+        from hf2triton.triton.process import _check_ports
 
         busy = Settings(
             repository=settings.repository,

@@ -16,7 +16,7 @@ from hf2triton.serving.model import (
     generation_options,
     length_buckets,
 )
-from tests.conftest import minilm_dir
+from tests.helpers import minilm_dir
 
 TEXTS = ["short", "a considerably longer sentence with many more tokens in it than the first", "naïve café — 東京"]
 

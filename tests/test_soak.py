@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf2triton.soak import render_markdown, run_soak
+from hf2triton.perf.soak import render_markdown, run_soak
 
 pytestmark = pytest.mark.integration
 

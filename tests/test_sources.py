@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hf2triton.errors import UserError
-from hf2triton.sources import parse_source, resolve_local_path
+from hf2triton.pipeline.sources import parse_source, resolve_local_path
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """Served GPU measurement on the H200 with hf2triton's own code: random-weight MiniLM / SmolLM2 models built
-from the real configs (no hub there; speed does not depend on weight values), rendered by hf2triton.render,
-served by the nvidia-pytriton tritonserver (KIND_GPU, float16), measured by hf2triton.bench (in-process
-yardstick + served cells) and hf2triton.tune (instances x queue delay), reported by hf2triton.benchreport.
+from the real configs (no hub there; speed does not depend on weight values), rendered by hf2triton.pipeline.render,
+served by the nvidia-pytriton tritonserver (KIND_GPU, float16), measured by hf2triton.perf.bench (in-process
+yardstick + served cells) and hf2triton.perf.tune (instances x queue delay), reported by hf2triton.perf.report.
 Snakemake is not installed there, so the rule functions are called directly.
 
     benchmarks/gpu/setup.sh .gpu-assets && /tmp/v/bin/python benchmarks/gpu/serve_bench.py .gpu-assets $OUT
@@ -20,12 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402
-from hf2triton.bench import bench_model  # noqa: E402
-from hf2triton.benchreport import write_bench_report  # noqa: E402
 from hf2triton.logs import setup_logging  # noqa: E402
-from hf2triton.render import render_model  # noqa: E402
-from hf2triton.server import make_settings, stop_server  # noqa: E402
-from hf2triton.tune import tune_models  # noqa: E402
+from hf2triton.perf.bench import bench_model_step  # noqa: E402
+from hf2triton.perf.report import bench_step  # noqa: E402
+from hf2triton.perf.tune import tune_step  # noqa: E402
+from hf2triton.pipeline.render import render_model  # noqa: E402
+from hf2triton.triton.process import make_settings, stop_server  # noqa: E402
 
 
 class _SkipBench(Exception):
@@ -106,7 +106,7 @@ def main() -> int:
         for name, tool, concurrency in runs:
             stem = name if tool == "auto" else f"{name}-{tool}"
             output = args.out / f"{stem}.json"
-            bench_model(name, server, names, str(WORK), str(repository), {**bench, "tool": tool, "concurrency": concurrency}, str(output))
+            bench_model_step(name, server, names, str(WORK), str(repository), {**bench, "tool": tool, "concurrency": concurrency}, str(output))
             results.append(str(output))
             print(f"{stem} done after {time.perf_counter() - started:.0f} s", flush=True)
     except _SkipBench:
@@ -114,13 +114,13 @@ def main() -> int:
     finally:
         stop_server(make_settings(server, names, str(WORK), str(repository)))
     if results:
-        write_bench_report(results, str(args.out / "report.md"), str(args.out / "ratios.json"), str(args.out / "plots"))
+        bench_step(results, str(args.out / "report.md"), str(args.out / "ratios.json"), str(args.out / "plots"))
     if not args.skip_tune:
         tune = {"models": ["minilm"], "max_batch_size": [256], "instances": [1, 2] if args.cpu else [1, 2, 4],
                 "max_queue_delay_us": [0, 1000],
                 "backends": [], "concurrency": 16, "request_texts": 1, "latency_budget_ms": 50, "seconds": args.seconds,
                 "max_requests": 1_000_000}  # fmt: skip
-        tune_models(
+        tune_step(
             [models[0]], {"minilm": {"pretrained": pretrained["minilm"]}}, server, tune,
             str(args.out / "tune" / "overlay.yaml"), str(args.out / "tune" / "results.json"), str(args.out / "tune" / "report.md"),
             str(args.out / "tune" / "plots"),

@@ -15,10 +15,12 @@ in-process as the reference the served outputs must match.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import itertools
 import json
 import math
 import os
+import sys
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -30,7 +32,25 @@ try:  # only present inside the Triton Python-backend stub
 except ImportError:  # pragma: no cover - imported by tests and by the in-process reference
     pb_utils = None
 
-TEXT_INPUT = "text"
+
+def _load_interface():
+    """The serving interface (tensor names, parameters, limits): the package's own module when imported as
+    hf2triton.serving.model, else the interface.py rendered next to this file (Triton loads it by path)."""
+    if __name__ == "hf2triton.serving.model":
+        from hf2triton.serving import interface as module
+
+        return module
+    spec = importlib.util.spec_from_file_location(
+        "hf2triton_interface", os.path.join(os.path.dirname(os.path.abspath(__file__)), "interface.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+interface = _load_interface()
+ModelParameters = interface.ModelParameters
 
 
 class RequestError(ValueError):
@@ -43,7 +63,7 @@ def decode_texts(values: np.ndarray, max_bytes: int) -> list[str]:
     for item in values.reshape(-1):
         raw = item.encode("utf-8") if isinstance(item, str) else item
         if not isinstance(raw, (bytes, np.bytes_)):
-            raise RequestError(f"input '{TEXT_INPUT}' must be BYTES (UTF-8 text), got {type(item).__name__}")
+            raise RequestError(f"input '{interface.TEXT}' must be BYTES (UTF-8 text), got {type(item).__name__}")
         if len(raw) > max_bytes:
             raise RequestError(f"text of {len(raw)} bytes exceeds max_input_bytes={max_bytes}")
         try:
@@ -66,8 +86,9 @@ def torch_dtype(name: str, device: str):
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
-def ort_session(path: str, num_threads: int):
-    """An ONNX Runtime session tuned for this instance: all graph optimisations, its share of the cores."""
+def ort_session_options(num_threads: int):
+    """ONNX Runtime options for one instance: all graph optimisations, its share of the cores, no
+    inter-op pool (the graphs run sequentially)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -75,8 +96,14 @@ def ort_session(path: str, num_threads: int):
     if num_threads > 0:
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
+    return options
+
+
+def ort_session(path: str, num_threads: int):
+    import onnxruntime as ort
+
     providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-    return ort.InferenceSession(path, options, providers=providers)
+    return ort.InferenceSession(path, ort_session_options(num_threads), providers=providers)
 
 
 class OrtEncoder:
@@ -101,7 +128,7 @@ class OrtEncoder:
 
 
 class TrtEncoder:
-    """A TensorRT engine (built by hf2triton.tensorrt from the ONNX export) run on torch CUDA buffers,
+    """A TensorRT engine (built by hf2triton.pipeline.tensorrt from the ONNX export) run on torch CUDA buffers,
     answering like a transformers model. Needs the `tensorrt` package and a CUDA GPU."""
 
     def __init__(self, engine_path: str, config_dir: str, output_name: str, device: str):
@@ -284,7 +311,7 @@ class Engine:
 class EmbeddingEngine(Engine):
     """feature-extraction: pooled (mean / cls / max, from the sentence-transformers config), L2-normalised FP32."""
 
-    outputs = ("embedding",)
+    outputs = (interface.EMBEDDING,)
     auto_class = "AutoModel"
     onnx_output = "last_hidden_state"
 
@@ -314,13 +341,13 @@ class EmbeddingEngine(Engine):
             else:
                 pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
             pooled = torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
-        return {"embedding": pooled.cpu().numpy().astype(np.float32)}
+        return {interface.EMBEDDING: pooled.cpu().numpy().astype(np.float32)}
 
 
 class ClassificationEngine(Engine):
     """text-classification: top label (from the model config's id2label) and its probability."""
 
-    outputs = ("label", "score")
+    outputs = (interface.LABEL, interface.SCORE)
     auto_class = "AutoModelForSequenceClassification"
     onnx_output = "logits"
 
@@ -328,7 +355,7 @@ class ClassificationEngine(Engine):
         scored = self.run_buckets(texts, self.forward)
         id2label = self.model.config.id2label
         labels = [str(id2label.get(int(i), int(i))).encode("utf-8") for i in scored["label_id"].tolist()]
-        return {"label": np.array(labels, dtype=np.object_), "score": scored["score"]}
+        return {interface.LABEL: np.array(labels, dtype=np.object_), interface.SCORE: scored["score"]}
 
     def forward(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
         torch = self.torch
@@ -342,10 +369,14 @@ class ClassificationEngine(Engine):
         return {"label_id": ids.cpu().numpy(), "score": scores.cpu().numpy().astype(np.float32)}
 
 
+PARTIAL_CHARACTER = "\ufffd"
+MAX_TOKENS_PER_CHARACTER = 4  # a UTF-8 character is at most 4 bytes, so at most 4 byte-level tokens
+
+
 class GenerationEngine(Engine):
     """text-generation: chat template when the tokenizer has one, greedy unless temperature > 0."""
 
-    outputs = ("text_output",)
+    outputs = (interface.TEXT_OUTPUT,)
     auto_class = "AutoModelForCausalLM"
 
     def setup(self, model_dir: str) -> None:
@@ -355,14 +386,9 @@ class GenerationEngine(Engine):
 
     def load_onnx(self, onnx_dir: str, num_threads: int):
         """optimum's decoder with KV cache (text-generation-with-past export)."""
-        import onnxruntime as ort
         from optimum.onnxruntime import ORTModelForCausalLM
 
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if num_threads > 0:
-            options.intra_op_num_threads = num_threads
-        return ORTModelForCausalLM.from_pretrained(onnx_dir, session_options=options, use_cache=True)
+        return ORTModelForCausalLM.from_pretrained(onnx_dir, session_options=ort_session_options(num_threads), use_cache=True)
 
     def prompt(self, text: str) -> str:
         if self.options.get("chat_template", True) and getattr(self.tokenizer, "chat_template", None):
@@ -377,7 +403,13 @@ class GenerationEngine(Engine):
                     f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} exceeds the context of {self.max_length} tokens"
                 )
 
-    def run(self, texts: list[str], max_new_tokens: int = 64, temperature: float = 0.0, **_: Any) -> dict[str, np.ndarray]:
+    def run(
+        self,
+        texts: list[str],
+        max_new_tokens: int = interface.DEFAULTS.max_new_tokens,
+        temperature: float = interface.DEFAULTS.temperature,
+        **_: Any,
+    ) -> dict[str, np.ndarray]:
         torch = self.torch
         batch = self.tokenizer([self.prompt(t) for t in texts], padding=True, add_special_tokens=False, return_tensors="pt")
         batch = {k: v.to(self.device) for k, v in batch.items()}
@@ -386,47 +418,58 @@ class GenerationEngine(Engine):
             out = self.model.generate(
                 **batch, max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id, top_p=None, top_k=None, **sampling
             )
-        new_tokens = out[:, batch["input_ids"].shape[1] :]
-        texts_out = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
-        return {"text_output": np.array([t.strip().encode("utf-8") for t in texts_out], dtype=np.object_)}
+        new_tokens = out[:, batch["input_ids"].shape[1] :].tolist()
+        texts_out = [self.complete_text(ids) for ids in new_tokens]
+        return {interface.TEXT_OUTPUT: np.array([t.strip().encode("utf-8") for t in texts_out], dtype=np.object_)}
+
+    def complete_text(self, ids: list[int]) -> str:
+        """Decoded text without a trailing partial character: byte-level tokens can split a multi-byte
+        character, which decodes to U+FFFD when max_new_tokens cuts it; such a tail is dropped."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        cut = 0
+        while text.endswith(PARTIAL_CHARACTER) and cut < MAX_TOKENS_PER_CHARACTER and cut < len(ids):
+            cut += 1
+            text = self.tokenizer.decode(ids[: len(ids) - cut], skip_special_tokens=True)
+        return text if not text.endswith(PARTIAL_CHARACTER) else text.rstrip(PARTIAL_CHARACTER)
 
 
 ENGINES = {"feature-extraction": EmbeddingEngine, "text-classification": ClassificationEngine, "text-generation": GenerationEngine}
 
 
-def engine_from_parameters(params: dict[str, str], device: str = "cpu") -> Engine:
+def engine_from_parameters(params: ModelParameters, device: str = "cpu") -> Engine:
     """Build the engine a config.pbtxt `parameters` block describes."""
-    return ENGINES[params["task"]](
-        params["model_dir"],
+    return ENGINES[params.task](
+        params.model_dir,
         device=device,
-        dtype=params.get("dtype", "auto"),
-        num_threads=int(params.get("num_threads", "0")),
-        backend=params.get("backend", "python"),
-        onnx_dir=params.get("onnx_dir", ""),
-        trt_engine=params.get("trt_engine", ""),
-        chat_template=params.get("chat_template", "true") == "true",
+        dtype=params.dtype,
+        num_threads=params.num_threads,
+        backend=params.backend,
+        onnx_dir=params.onnx_dir,
+        trt_engine=params.trt_engine,
+        chat_template=params.chat_template,
     )
+
+
+def _one_value(raw: Any, name: str, kind: type, bounds: tuple) -> Any:
+    values = {kind(v) for v in np.asarray(raw).reshape(-1)}
+    if len(values) != 1:
+        raise RequestError(f"{name} must hold one value per request")
+    value = values.pop()
+    low, high = bounds
+    if not (math.isfinite(value) and low <= value <= high):
+        raise RequestError(f"{name}={value} must be a finite number between {low} and {high}")
+    return value
 
 
 def generation_options(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     """Per-request max_new_tokens / temperature, checked; missing values take the configured defaults."""
     options = dict(defaults)
-    if raw.get("max_new_tokens") is not None:
-        values = {int(v) for v in np.asarray(raw["max_new_tokens"]).reshape(-1)}
-        if len(values) != 1:
-            raise RequestError("max_new_tokens must hold one value per request")
-        value = values.pop()
-        if not 1 <= value <= 8192:
-            raise RequestError(f"max_new_tokens={value} must be between 1 and 8192")
-        options["max_new_tokens"] = value
-    if raw.get("temperature") is not None:
-        values = {float(v) for v in np.asarray(raw["temperature"]).reshape(-1)}
-        if len(values) != 1:
-            raise RequestError("temperature must hold one value per request")
-        value = values.pop()
-        if not math.isfinite(value) or not 0.0 <= value <= 100.0:
-            raise RequestError(f"temperature={value} must be a finite number between 0 and 100")
-        options["temperature"] = value
+    if raw.get(interface.MAX_NEW_TOKENS) is not None:
+        options[interface.MAX_NEW_TOKENS] = _one_value(
+            raw[interface.MAX_NEW_TOKENS], interface.MAX_NEW_TOKENS, int, interface.MAX_NEW_TOKENS_RANGE
+        )
+    if raw.get(interface.TEMPERATURE) is not None:
+        options[interface.TEMPERATURE] = _one_value(raw[interface.TEMPERATURE], interface.TEMPERATURE, float, interface.TEMPERATURE_RANGE)
     return options
 
 
@@ -442,18 +485,15 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        self.params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.params = ModelParameters.from_strings({k: v["string_value"] for k, v in config.get("parameters", {}).items()})
         gpu = args.get("model_instance_kind") == "GPU"
         device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"
         started = time.monotonic()
         self.engine = engine_from_parameters(self.params, device)
-        self.task = self.params["task"]
-        self.max_bytes = int(self.params.get("max_input_bytes", "65536"))
-        self.defaults = {
-            "max_new_tokens": int(self.params.get("max_new_tokens", "64")),
-            "temperature": float(self.params.get("temperature", "0")),
-        }
-        self._log(f"hf2triton: loaded {self.task} model from {self.params['model_dir']} on {device} in {time.monotonic() - started:.1f} s")
+        self.task = self.params.task
+        self.max_bytes = self.params.max_input_bytes
+        self.defaults = {interface.MAX_NEW_TOKENS: self.params.max_new_tokens, interface.TEMPERATURE: self.params.temperature}
+        self._log(f"hf2triton: loaded {self.task} model from {self.params.model_dir} on {device} in {time.monotonic() - started:.1f} s")
 
     @staticmethod
     def _log(message: str) -> None:
@@ -464,18 +504,18 @@ class TritonPythonModel:
             print(message, flush=True)
 
     def _parse(self, request) -> tuple[list[str], dict[str, Any]]:
-        tensor = pb_utils.get_input_tensor_by_name(request, TEXT_INPUT)
+        tensor = pb_utils.get_input_tensor_by_name(request, interface.TEXT)
         if tensor is None:
-            raise RequestError(f"input '{TEXT_INPUT}' is missing")
+            raise RequestError(f"input '{interface.TEXT}' is missing")
         texts = decode_texts(tensor.as_numpy(), self.max_bytes)
         options: dict[str, Any] = {}
-        if self.task == "text-generation":
+        if self.task == interface.GENERATION:
             raw = {}
-            for name in ("max_new_tokens", "temperature"):
+            for name in (interface.MAX_NEW_TOKENS, interface.TEMPERATURE):
                 optional = pb_utils.get_input_tensor_by_name(request, name)
                 raw[name] = optional.as_numpy() if optional is not None else None
             options = generation_options(raw, self.defaults)
-            self.engine.check_lengths(texts, options["max_new_tokens"])
+            self.engine.check_lengths(texts, options[interface.MAX_NEW_TOKENS])
         return texts, options
 
     def execute(self, requests: list) -> list:

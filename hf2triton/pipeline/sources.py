@@ -8,8 +8,14 @@ import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hf2triton.errors import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from hf2triton.specs import ModelSpec
 
 HUB_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 PACKAGE = re.compile(r"^pkg:([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)(?:/(.*))?$")
@@ -96,12 +102,12 @@ def package_version(source: Source) -> str | None:
     return None
 
 
-def resolve_model_sources(models: list[dict]) -> tuple[dict[str, Source], dict[str, str]]:
+def resolve_model_sources(models: Sequence[ModelSpec]) -> tuple[dict[str, Source], dict[str, str]]:
     """Parse every model's source and resolve the local/package ones now (errors name the config key)."""
     sources, local_paths = {}, {}
     for index, model in enumerate(models):
         where = f"config.models[{index}].source"
-        sources[model["name"]] = parse_source(model["source"], where)
-        if not sources[model["name"]].is_hub:
-            local_paths[model["name"]] = str(resolve_local_path(sources[model["name"]], where))
+        sources[model.name] = parse_source(model.source, where)
+        if not sources[model.name].is_hub:
+            local_paths[model.name] = str(resolve_local_path(sources[model.name], where))
     return sources, local_paths

@@ -203,7 +203,7 @@ def lint_step(model_dir: str, gpu_available: bool, output: str) -> dict[str, Any
     """Rule `lint`: lint one rendered model against the server that will load it; errors stop the run."""
     from hf2triton.errors import UserError
     from hf2triton.fsutil import atomic_write_json
-    from hf2triton.server import locate_tritonserver
+    from hf2triton.triton.install import locate_tritonserver
 
     report = lint_report(model_dir, locate_tritonserver().backends, gpu_available)
     for finding in report["findings"]:

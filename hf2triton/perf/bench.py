@@ -4,7 +4,7 @@ Per model (results/bench/<model>.json):
 - raw: the project's own in-process engine (the code model.py runs) on the served device, at batch 1 and
   max_batch_size, for every backend the model has artifacts for -> the yardstick and per-backend speedups;
 - served: throughput and latency percentiles over HTTP and gRPC for requests of 1 text and of
-  max_batch_size texts at each configured concurrency (hf2triton.loadgen), with Triton's server-side
+  max_batch_size texts at each configured concurrency (hf2triton.perf.loadgen), with Triton's server-side
   breakdown per cell and the metrics endpoint's counters over the whole run;
 - ratios: served / raw at max_batch_size, single-text requests at the highest concurrency / raw at
   max_batch_size, backend speedups.
@@ -12,6 +12,7 @@ Per model (results/bench/<model>.json):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import platform
 import time
@@ -20,33 +21,35 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from hf2triton import host, loadgen
-from hf2triton.corpus import bench_texts
+from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
-from hf2triton.render import read_model_config
-from hf2triton.server import ensure_server, make_settings
+from hf2triton.perf import loadgen
+from hf2triton.perf.corpus import bench_texts
+from hf2triton.pipeline.serve import settings_from_params
+from hf2triton.serving import interface
+from hf2triton.serving.interface import GENERATION, ModelParameters
+from hf2triton.specs import BenchSpec, from_param
+from hf2triton.triton import client
+from hf2triton.triton.modelconfig import model_parameters, read_model_config
+from hf2triton.triton.process import ensure_server
 
-log = logging.getLogger("hf2triton")
+log = logging.getLogger(__name__)
 
-GENERATION = "text-generation"
-RAW_MIN_CALLS = 3
-
-
-def model_parameters(config) -> dict[str, str]:
-    return {k: v.string_value for k, v in config.parameters.items()}
+RAW_MIN_SECONDS = 3.0  # an in-process cell runs at least this long ...
+RAW_MIN_CALLS = 10  # ... and at least this many calls, so one slow call on a shared machine decides nothing
+PLAUSIBLE_SERVED_RATIO = 1.15  # served faster than the engine it runs by more than this: a measurement fault
 
 
-def available_backends(params: dict[str, str], all_backends: bool) -> list[str]:
+def available_backends(params: ModelParameters, all_backends: bool) -> list[str]:
     """The served backend first, then the others whose artifacts exist (for per-backend speedups)."""
-    served = params.get("backend", "python")
+    served = params.backend
     if not all_backends:
         return [served]
     found = ["python"]
-    onnx_dir = params.get("onnx_dir")
-    if onnx_dir and any(Path(onnx_dir).glob("*.onnx")):
+    if params.onnx_dir and any(Path(params.onnx_dir).glob("*.onnx")):
         found.append("onnx")
-    if params.get("trt_engine") and Path(params["trt_engine"]).is_file():
+    if params.trt_engine and Path(params.trt_engine).is_file():
         found.append("tensorrt")
     return [served, *[b for b in found if b != served]]
 
@@ -63,29 +66,31 @@ def raw_throughput(engine, texts: list[str], batch: int, seconds: float, options
     chunks = [texts[i : i + batch] for i in range(0, len(texts) - batch + 1, batch)] or [texts[:batch]]
     engine.run(chunks[0], **options)  # warm-up (lazy init, allocator)
     calls, items, started, latencies = 0, 0, time.perf_counter(), []
-    while calls < RAW_MIN_CALLS or time.perf_counter() - started < seconds:
+    while calls < RAW_MIN_CALLS or time.perf_counter() - started < max(seconds, RAW_MIN_SECONDS):
         chunk = chunks[calls % len(chunks)]
         call_started = time.perf_counter()
         out = engine.run(chunk, **options)
         latencies.append(time.perf_counter() - call_started)
-        items += count_tokens(list(out["text_output"])) if count_tokens else len(chunk)
+        items += count_tokens(list(out[interface.TEXT_OUTPUT])) if count_tokens else len(chunk)
         calls += 1
     elapsed = time.perf_counter() - started
     return {"batch": batch, "calls": calls, "items_per_s": round(items / elapsed, 2), "latency_ms": loadgen.percentiles(latencies)}
 
 
 def measure_raw(config, texts: list[str], sizes: list[int], seconds: float, backends: list[str], max_new_tokens: int) -> dict:
+    import dataclasses
+
+    from hf2triton.pipeline.validate import reference_device
     from hf2triton.serving.model import engine_from_parameters
-    from hf2triton.validate import reference_device
 
     params = model_parameters(config)
     device = reference_device(config)
-    options = {"max_new_tokens": max_new_tokens} if params["task"] == GENERATION else {}
+    options = {interface.MAX_NEW_TOKENS: max_new_tokens} if params.task == GENERATION else {}
     raw: dict[str, Any] = {"device": device}
     for backend in backends:
         started = time.perf_counter()
-        engine = engine_from_parameters({**params, "backend": backend}, device)
-        counter = token_counter(engine.tokenizer) if params["task"] == GENERATION else None
+        engine = engine_from_parameters(dataclasses.replace(params, backend=backend), device)
+        counter = token_counter(engine.tokenizer) if params.task == GENERATION else None
         log.info("in-process %s engine loaded in %.1f s on %s", backend, time.perf_counter() - started, device)
         raw[backend] = {str(b): raw_throughput(engine, texts, b, seconds, options, counter) for b in sizes}
         for b in sizes:
@@ -110,15 +115,15 @@ def choose_tool(requested: str, task: str) -> tuple[str, str | None, str]:
 
 
 def measure_served(
-    urls: dict[str, str], name: str, task: str, texts: list[bytes], sizes: list[int], bench: dict, counter
+    urls: dict[str, str], name: str, task: str, texts: list[bytes], sizes: list[int], bench: BenchSpec, counter
 ) -> tuple[list, str]:
-    tool, binary, why = choose_tool(bench["tool"], task)
-    extra = {"max_new_tokens": bench["max_new_tokens"]} if task == GENERATION else None
+    tool, binary, why = choose_tool(bench.tool, task)
+    extra = {interface.MAX_NEW_TOKENS: bench.max_new_tokens} if task == GENERATION else None
     cells = []
-    for protocol in bench["protocols"]:
+    for protocol in bench.protocols:
         for size in sizes:
-            for concurrency in bench["concurrency"]:
-                load = loadgen.Load(protocol, urls, name, texts, size, concurrency, bench["seconds"], bench["max_requests"], extra)
+            for concurrency in bench.concurrency:
+                load = loadgen.Load(protocol, urls, name, texts, size, concurrency, bench.seconds, bench.max_requests, extra)
                 cell = None
                 if binary:
                     try:
@@ -126,7 +131,7 @@ def measure_served(
                     except UserError as err:  # e.g. no stable window: measure this cell the other way
                         log.warning("perf_analyzer: %s; measuring this cell with tritonclient", err.message)
                 if cell is None:
-                    cell = loadgen.measure_tritonclient(load, bench["warmup_s"], counter)
+                    cell = loadgen.measure_tritonclient(load, bench.warmup_s, counter)
                 log.info(
                     "%s %s x%d texts, concurrency %d: %.1f items/s, p50 %.1f ms, p99 %.1f ms, errors %d",
                     name, protocol, size, concurrency, cell.items_per_s, cell.latency_ms["p50"], cell.latency_ms["p99"], cell.errors,
@@ -155,41 +160,49 @@ def ratios(result: dict) -> dict[str, Any]:
             "best_at_concurrency": best["concurrency"],
             f"single_text_c{top}_vs_raw_batch{big}": round(singles["items_per_s"] / yardstick, 3) if singles else None,
         }
+    # A served figure well above the engine it runs means the yardstick was not measured stably.
+    out["implausible"] = [
+        f"{protocol} {key} = {value}"
+        for protocol in result["bench"]["protocols"]
+        for key, value in out[protocol].items()
+        if key.endswith(("_vs_raw", f"_vs_raw_batch{big}")) and value is not None and value > PLAUSIBLE_SERVED_RATIO
+    ]
     python = raw.get("python", {}).get(str(big), {}).get("items_per_s")
     if python:
         out["inprocess_speedup_vs_python"] = {b: round(raw[b][str(big)]["items_per_s"] / python, 3) for b in raw if b not in ("device",)}
     return out
 
 
-def bench_model(
+def bench_model_step(
     name: str, server: dict[str, Any], models: list[str], work: str, repository: str, bench: dict[str, Any], output_json: str
 ) -> dict[str, Any]:
     """Rule bench_model: make sure the server is up and current (as `serve` does), then measure `name`."""
-    settings = make_settings(server, models, work, repository)
+    settings = settings_from_params(server, models, work, repository)
     state = ensure_server(settings)
     log.info("server %s (%s)", state["action"], state["reason"])
+    return bench_served_model(name, settings.urls, repository, from_param(BenchSpec, bench), output_json)
+
+
+def bench_served_model(name: str, urls: dict[str, str], repository: str, bench: BenchSpec, output_json: str) -> dict[str, Any]:
+    """Measure `name` as served at `urls` (http/grpc/metrics host:port) next to its in-process engine."""
     config = read_model_config(Path(repository) / name / "config.pbtxt")
     params = model_parameters(config)
-    task, big = params["task"], max(config.max_batch_size, 1)
+    task, big = params.task, max(config.max_batch_size, 1)
     sizes = sorted({1, big})
     texts = bench_texts(512 if task != GENERATION else 64, max_words=90 if task != GENERATION else 40)
-    raw = measure_raw(
-        config, texts, sizes, bench["seconds"], available_backends(params, bench["inprocess_backends"]), bench["max_new_tokens"]
-    )
+    raw = measure_raw(config, texts, sizes, bench.seconds, available_backends(params, bench.inprocess_backends), bench.max_new_tokens)
     counter = None
     if task == GENERATION:
         from transformers import AutoTokenizer
 
-        counter = token_counter(AutoTokenizer.from_pretrained(params["model_dir"]))
-    urls = {"http": settings.url(), "grpc": settings.url("grpc_port")}
-    metrics_url = settings.url("metrics_port")
-    metrics_before = loadgen.metrics_snapshot(metrics_url, name)
+        counter = token_counter(AutoTokenizer.from_pretrained(params.model_dir))
+    metrics_before = client.model_metrics(urls["metrics"], name)
     served, tool = measure_served(urls, name, task, [t.encode() for t in texts], sizes, bench, counter)
-    metrics_after = loadgen.metrics_snapshot(metrics_url, name)
+    metrics_after = client.model_metrics(urls["metrics"], name)
     result = {
         "model": name,
         "task": task,
-        "backend": params.get("backend", "python"),
+        "backend": params.backend,
         "items": "generated tokens" if task == GENERATION else "texts",
         "max_batch_size": big,
         "instances": sum(g.count for g in config.instance_group),
@@ -197,7 +210,7 @@ def bench_model(
         "max_queue_delay_us": config.dynamic_batching.max_queue_delay_microseconds,
         "host": {"name": platform.node(), "cpus": host.cpu_count(), "gpu": host.has_gpu(), "python": platform.python_version()},
         "corpus": {"texts": len(texts), "words_min": min(len(t.split()) for t in texts), "words_max": max(len(t.split()) for t in texts)},
-        "bench": bench,
+        "bench": dataclasses.asdict(bench),
         "tool": tool,
         "raw": raw,
         "served": served,

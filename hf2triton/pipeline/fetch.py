@@ -17,9 +17,9 @@ from typing import Any
 
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, free_bytes, human_bytes, sha256_file
-from hf2triton.sources import Source, parse_source, resolve_local_path
+from hf2triton.pipeline.sources import Source, parse_source, resolve_local_path
 
-log = logging.getLogger("hf2triton.fetch")
+log = logging.getLogger("hf2triton.pipeline.fetch")
 
 CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "1_Pooling/*", "tokenizer*"]
 WEIGHT_PATTERNS = {
@@ -156,7 +156,7 @@ def describe_files(root: Path, gguf_file: str | None) -> dict[str, dict[str, Any
     return {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
 
 
-def fetch_source(source: str, revision: str, gguf_file: str | None, cache_dir: str, output: str) -> dict[str, Any]:
+def fetch_step(source: str, revision: str, gguf_file: str | None, cache_dir: str, output: str) -> dict[str, Any]:
     """Fetch/resolve `source` and write the record to `output`."""
     where = "source"
     parsed = parse_source(source, where)

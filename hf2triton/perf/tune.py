@@ -18,14 +18,17 @@ from typing import Any
 
 import yaml
 
-from hf2triton import host, loadgen
-from hf2triton.bench import GENERATION, token_counter
-from hf2triton.corpus import bench_texts
+from hf2triton import host
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
-from hf2triton.render import instance_kind, render_model, threads_per_instance
-from hf2triton.server import Settings, start_server, stop_server
+from hf2triton.perf import loadgen
+from hf2triton.perf.bench import token_counter
+from hf2triton.perf.corpus import bench_texts
+from hf2triton.pipeline.render import render_model
+from hf2triton.serving import interface
+from hf2triton.specs import ModelSpec, ServerSpec, TuneSpec, from_param, serving_values, with_variant
+from hf2triton.triton.process import Settings, start_server, stop_server
 
-log = logging.getLogger("hf2triton")
+log = logging.getLogger(__name__)
 
 SOLO_SECONDS = 2.0
 TUNED_KEYS = ("backend", "max_batch_size", "instances", "max_queue_delay_us")
@@ -35,27 +38,28 @@ def variant_id(variant: dict[str, Any]) -> str:
     return f"{variant['backend']}-b{variant['max_batch_size']}-i{variant['instances']}-d{variant['max_queue_delay_us']}"
 
 
-def current_variant(model: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "backend": model["backend"],
-        "max_batch_size": model["max_batch_size"],
-        "instances": model["instances"],
-        "max_queue_delay_us": model["dynamic_batching"]["max_queue_delay_us"],
-    }
+def current_variant(model: ModelSpec) -> dict[str, Any]:
+    return {key: getattr(model, key) for key in TUNED_KEYS}
 
 
-def grid(model: dict[str, Any], tune: dict[str, Any]) -> list[dict[str, Any]]:
+def can_serve(variant: dict[str, Any], request_texts: int) -> bool:
+    """A batching model takes at most max_batch_size texts per request; max_batch_size 0 (no batching)
+    takes any number."""
+    return variant["max_batch_size"] == 0 or variant["max_batch_size"] >= request_texts
+
+
+def grid(model: ModelSpec, tune: TuneSpec) -> list[dict[str, Any]]:
     """Every combination (the model's current settings included), minus the ones that cannot serve the
     tuning load (a request of more texts than max_batch_size)."""
-    backends = tune["backends"] or [model["backend"]]
+    backends = tune.backends or (model.backend,)
     combos = [
         dict(zip(TUNED_KEYS, values))
-        for values in itertools.product(backends, tune["max_batch_size"], tune["instances"], tune["max_queue_delay_us"])
+        for values in itertools.product(backends, tune.max_batch_size, tune.instances, tune.max_queue_delay_us)
     ]
     current = current_variant(model)
     if current not in combos:
         combos.insert(0, current)
-    return [c for c in combos if c["max_batch_size"] >= tune["request_texts"]]
+    return [c for c in combos if can_serve(c, tune.request_texts)]
 
 
 def pick(rows: list[dict[str, Any]], budget_ms: float) -> tuple[dict[str, Any] | None, str]:
@@ -70,55 +74,36 @@ def pick(rows: list[dict[str, Any]], budget_ms: float) -> tuple[dict[str, Any] |
 
 
 def measure_variant(
-    model: dict[str, Any],
+    model: ModelSpec,
     variant: dict[str, Any],
     paths: dict[str, str],
     root: Path,
-    server: dict[str, Any],
-    tune: dict[str, Any],
+    server: ServerSpec,
+    tune: TuneSpec,
     texts: list[bytes],
     counter,
+    gpu_available: bool,
 ) -> dict[str, Any]:
     """Render the variant into its own repository, serve it alone on a scratch server, load-test it."""
-    name = model["name"]
+    name = model.name
     repository = root / "variants" / variant_id(variant)
-    kind = instance_kind(model["device"], host.has_gpu())
-    render_model(
-        output=str(repository / name),
-        name=name,
-        task=model["task"],
-        pretrained=paths["pretrained"],
-        max_batch_size=variant["max_batch_size"],
-        instances=variant["instances"],
-        kind=kind,
-        dtype=model["dtype"],
-        num_threads=threads_per_instance(variant["instances"], host.cpu_count()),
-        max_queue_delay_us=variant["max_queue_delay_us"],
-        max_input_bytes=model["max_input_bytes"],
-        generation=model.get("generation") if model["task"] == GENERATION else None,
-        backend=variant["backend"],
-        onnx_dir=paths.get("onnx", ""),
-        trt_engine=paths.get("trt_engine", ""),
-    )
+    serving = serving_values(with_variant(model, **variant), gpu_available, host.cpu_count())
+    render_model(str(repository / name), serving, paths["pretrained"], paths.get("onnx", ""), paths.get("trt_engine", ""))
     http_port, grpc_port, metrics_port = host.free_ports(3)
-    settings = Settings(
-        repository=str(repository), work=str(root / "server"), models=[name], host="127.0.0.1",
-        http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-        startup_timeout_s=server["startup_timeout_s"], shm_default_byte_size=server["shm_default_byte_size"],
-    )  # fmt: skip
+    scratch = dataclasses.replace(server, host="127.0.0.1", http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
+    settings = Settings.of(scratch, [name], str(root / "server"), str(repository))
     started = time.perf_counter()
     try:
         start_server(settings)
         load_s = round(time.perf_counter() - started, 1)
-        extra = {"max_new_tokens": model["generation"]["max_new_tokens"]} if model["task"] == GENERATION else None
-        urls = {"http": settings.url(), "grpc": settings.url("grpc_port")}
+        extra = {interface.MAX_NEW_TOKENS: model.generation.max_new_tokens} if model.generation else None
         load = loadgen.Load(
-            "grpc", urls, name, texts, tune["request_texts"], tune["concurrency"], tune["seconds"], tune["max_requests"], extra
+            "grpc", settings.urls, name, texts, tune.request_texts, tune.concurrency, tune.seconds, tune.max_requests, extra
         )
         cell = loadgen.measure_tritonclient(load, warmup_s=1.0, count_tokens=counter)
         # The same variant under no load: what a queue delay or a big batch costs a lone request.
         solo = loadgen.measure_tritonclient(
-            dataclasses.replace(load, concurrency=1, seconds=min(tune["seconds"], SOLO_SECONDS)), warmup_s=0.2, count_tokens=counter
+            dataclasses.replace(load, concurrency=1, seconds=min(tune.seconds, SOLO_SECONDS)), warmup_s=0.2, count_tokens=counter
         )
     finally:
         stop_server(settings)
@@ -138,43 +123,83 @@ def overlay_for(variant: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def tune_models(
+def artifacts_by_model(inputs: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """The rule's named inputs `<model>__<kind>` -> {model: {kind: path}}."""
+    artifacts: dict[str, dict[str, str]] = {}
+    for key, path in inputs.items():
+        if "__" in key:
+            name, kind = key.rsplit("__", 1)
+            artifacts.setdefault(name, {})[kind] = str(path)
+    return artifacts
+
+
+def tune_step(
     models: list[dict[str, Any]],
-    artifacts: dict[str, dict[str, str]],
+    inputs: dict[str, Any],
     server: dict[str, Any],
     tune: dict[str, Any],
+    gpu_available: bool,
     output_overlay: str,
     output_json: str,
     output_md: str,
     plot_dir: str,
 ) -> dict[str, Any]:
-    """Rule tune: the sweep for every tuned model, the overlay, the report."""
+    """Rule tune (specs arrive as params dicts)."""
+    return tune_models(
+        [from_param(ModelSpec, m) for m in models],
+        artifacts_by_model(inputs),
+        from_param(ServerSpec, server),
+        from_param(TuneSpec, tune),
+        gpu_available,
+        output_overlay,
+        output_json,
+        output_md,
+        plot_dir,
+    )
+
+
+def tune_models(
+    models: list[ModelSpec],
+    artifacts: dict[str, dict[str, str]],
+    server: ServerSpec,
+    tune: TuneSpec,
+    gpu_available: bool,
+    output_overlay: str,
+    output_json: str,
+    output_md: str,
+    plot_dir: str,
+) -> dict[str, Any]:
+    """The sweep for every tuned model, the overlay, the report."""
     root = Path(output_json).parent
     texts = [t.encode() for t in bench_texts(512)]
-    results: dict[str, Any] = {"tune": tune, "host": {"cpus": host.cpu_count(), "gpu": host.has_gpu()}, "models": {}}
+    results: dict[str, Any] = {"tune": dataclasses.asdict(tune), "host": {"cpus": host.cpu_count(), "gpu": gpu_available}, "models": {}}
     overrides: dict[str, Any] = {}
     for model in models:
         counter = None
-        if model["task"] == GENERATION:
+        if model.is_generation:
             from transformers import AutoTokenizer
 
-            counter = token_counter(AutoTokenizer.from_pretrained(artifacts[model["name"]]["pretrained"]))
+            counter = token_counter(AutoTokenizer.from_pretrained(artifacts[model.name]["pretrained"]))
         variants = grid(model, tune)
         log.info(
-            "tuning %s: %d variants, %d-text requests at concurrency %d",
-            model["name"],
-            len(variants),
-            tune["request_texts"],
-            tune["concurrency"],
+            "tuning %s: %d variants, %d-text requests at concurrency %d", model.name, len(variants), tune.request_texts, tune.concurrency
         )
-        rows = [measure_variant(model, v, artifacts[model["name"]], root / model["name"], server, tune, texts, counter) for v in variants]
-        best, why = pick(rows, tune["latency_budget_ms"])
-        baseline = next(r for r in rows if r["variant"] == current_variant(model))
-        entry = {"rows": rows, "baseline": baseline["id"], "best": best["id"] if best else None, "why": why}
+        rows = [
+            measure_variant(model, v, artifacts[model.name], root / model.name, server, tune, texts, counter, gpu_available)
+            for v in variants
+        ]
+        best, why = pick(rows, tune.latency_budget_ms)
+        baseline = next((r for r in rows if r["variant"] == current_variant(model)), None)
+        entry = {"rows": rows, "baseline": baseline["id"] if baseline else None, "best": best["id"] if best else None, "why": why}
+        if baseline is None:
+            entry["why"] += (
+                f"; the current settings cannot serve {tune.request_texts}-text requests (max_batch_size {model.max_batch_size})"
+            )
         if best:
-            entry["gain_vs_current"] = round(best["cell"]["items_per_s"] / max(baseline["cell"]["items_per_s"], 1e-9), 3)
-            overrides[model["name"]] = overlay_for(best["variant"])
-        results["models"][model["name"]] = entry
+            if baseline:
+                entry["gain_vs_current"] = round(best["cell"]["items_per_s"] / max(baseline["cell"]["items_per_s"], 1e-9), 3)
+            overrides[model.name] = overlay_for(best["variant"])
+        results["models"][model.name] = entry
     header = (
         "# hf2triton tuning overlay (written by `snakemake --cores 1 tune`; see results/tune/report.md).\n"
         "# Adopt it: `make serve OVERLAY=results/tune/overlay.yaml`, or\n"
@@ -187,14 +212,14 @@ def tune_models(
         gain = entry.get("gain_vs_current")
         print(f"hf2triton tune {name}: best {entry['best']} ({entry['why']}), x{gain} vs current {entry['baseline']}")
         alone = {row["id"]: row["solo"]["latency_ms"]["p50"] for row in entry["rows"]}
-        if entry["best"]:
+        if entry["best"] and entry["baseline"]:
             print(f"  a lone request: p50 {alone[entry['best']]} ms chosen vs {alone[entry['baseline']]} ms current")
     print(f"overlay: {output_overlay}")
     return results
 
 
 def write_tune_report(results: dict[str, Any], output_md: str, plot_dir: Path) -> None:
-    from hf2triton.benchreport import plot_tune_grid
+    from hf2triton.perf.report import plot_tune_grid
 
     tune = results["tune"]
     lines = [

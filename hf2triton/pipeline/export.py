@@ -19,7 +19,7 @@ from typing import Any
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory, human_bytes, tree_size
 
-log = logging.getLogger("hf2triton.export")
+log = logging.getLogger("hf2triton.pipeline.export")
 
 # Bumped whenever the export logic changes what it produces: it is a param of the rule, so an upgrade of
 # hf2triton re-exports (Snakemake does not rerun jobs for changes in imported modules).
@@ -78,12 +78,12 @@ def _quantize(onnx_path: Path) -> list[str]:
     return keep_fp32
 
 
-def export_onnx(pretrained: str, task: str, opset: int, optimize: str, quantize: str, output: str) -> dict[str, Any]:
+def export_onnx_step(pretrained: str, task: str, opset: int, optimize: str, quantize: str, output: str) -> dict[str, Any]:
     """Export `pretrained` for `task` into `output` (directory), then fuse/quantise as configured."""
     from optimum.exporters.onnx import onnx_export_from_model
     from transformers import AutoTokenizer
 
-    from hf2triton.pretrained import auto_model_class
+    from hf2triton.pipeline.pretrained import auto_model_class
 
     config = json.loads((Path(pretrained) / "config.json").read_text())
     encoder = task != "text-generation"

@@ -1,8 +1,8 @@
-"""Locate, launch, watch and stop a standalone tritonserver (no Docker).
+"""Launch, watch, reload and stop a standalone tritonserver (no Docker); its state file and the restart decision.
 
 The server outlives Snakemake. Its state file (pid, boot id, command line, ports, repository digest) is
-deliberately not a rule output: every `serve` checks the real process against it and keeps, starts or
-restarts the server.
+deliberately not a rule output: every `serve` checks the real process against it and keeps, starts,
+reloads or restarts the server.
 """
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,26 +23,18 @@ from typing import Any
 from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
-from hf2triton.logs import SECRET_ENV
-from hf2triton.pitfalls import explain, relevant_log_lines
+from hf2triton.specs import ServerSpec
+from hf2triton.triton import client
+from hf2triton.triton.install import Installation, locate_tritonserver, prepare_backend_dir, server_environment
+from hf2triton.triton.modelconfig import instance_count, read_model_config_or_none
+from hf2triton.triton.pitfalls import explain, relevant_log_lines
 
-log = logging.getLogger("hf2triton.server")
+log = logging.getLogger(__name__)
 
 # APIs that change server state stay closed unless the caller has the key from the (0600) state file.
 RESTRICTED_HTTP_APIS = "model-repository,shared-memory,trace,logging"
 RESTRICTED_KEY_HEADER = "hf2triton-admin"
 STOP_TIMEOUT_S = 30
-
-
-@dataclass(frozen=True)
-class Installation:
-    """A tritonserver binary and what it needs to run."""
-
-    binary: str
-    origin: str  # "PATH" or "nvidia-pytriton wheel"
-    backends: str  # directory holding <backend>/ subdirectories as shipped
-    lib_dirs: tuple[str, ...] = ()
-    stub: str | None = None  # Python-backend stub for the running Python (wheel only)
 
 
 @dataclass
@@ -89,72 +77,15 @@ class Settings:
         address = f"[{self.client_host.strip('[]')}]" if ":" in self.client_host else self.client_host
         return f"{address}:{self.ports[port_key]}"
 
+    @property
+    def urls(self) -> dict[str, str]:
+        """host:port per protocol, for clients on this machine."""
+        return {"http": self.url(), "grpc": self.url("grpc_port"), "metrics": self.url("metrics_port")}
 
-def python_stub_dir() -> str:
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
-def locate_tritonserver() -> Installation:
-    """A `tritonserver` on PATH wins (a user's full install); otherwise the nvidia-pytriton wheel's."""
-    on_path = shutil.which("tritonserver")
-    if on_path:
-        root = Path(on_path).resolve().parent.parent
-        backends = next((str(p) for p in (root / "backends", Path("/opt/tritonserver/backends")) if p.is_dir()), str(root / "backends"))
-        return Installation(binary=on_path, origin="PATH", backends=backends)
-    try:
-        import pytriton
-    except ImportError:
-        raise UserError(
-            "no tritonserver found: not on PATH and nvidia-pytriton is not installed",
-            "run `make serve` (installs nvidia-pytriton==0.7.0 into .venv) or put tritonserver on PATH",
-        ) from None
-    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
-    stub = root / "python_backend_stubs" / python_stub_dir() / "triton_python_backend_stub"
-    if not stub.is_file():
-        available = sorted(p.name for p in (root / "python_backend_stubs").iterdir()) if (root / "python_backend_stubs").is_dir() else []
-        raise UserError(
-            f"the Triton wheel has no Python-backend stub for Python {python_stub_dir()} (it has {', '.join(available) or 'none'})",
-            "create .venv with one of those Python versions",
-        )
-    wheel_libs = root.parent.parent / "nvidia_pytriton.libs"
-    return Installation(
-        binary=str(root / "bin" / "tritonserver"),
-        origin="nvidia-pytriton wheel",
-        backends=str(root / "backends"),
-        lib_dirs=(str(wheel_libs),),
-        stub=str(stub),
-    )
-
-
-def prepare_backend_dir(install: Installation, server_dir: Path) -> str:
-    """The --backend-directory to use. For the wheel: a copy of its python backend plus the stub that
-    matches the running Python (the wheel ships one per Python version elsewhere)."""
-    if install.stub is None:
-        return install.backends
-    target = server_dir / "backends" / "python"
-    target.mkdir(parents=True, exist_ok=True)
-    source = Path(install.backends) / "python"
-    for path in [source / "libtriton_python.so", source / "triton_python_backend_utils.py", Path(install.stub)]:
-        dest = target / path.name
-        if not dest.exists() or dest.stat().st_size != path.stat().st_size or dest.stat().st_mtime < path.stat().st_mtime:
-            shutil.copy2(path, dest)
-    return str(target.parent)
-
-
-def server_environment(install: Installation) -> dict[str, str]:
-    """Environment for tritonserver: wheel libs + this interpreter's LIBDIR first on LD_LIBRARY_PATH (else the
-    stub may load the system libpython against another stdlib), and this venv's bin first on PATH (the stub
-    imports numpy etc. from the python3 found there)."""
-    env = dict(os.environ)
-    libdir = sysconfig.get_config_var("LIBDIR")
-    parts = [*install.lib_dirs, *([libdir] if libdir else []), *filter(None, env.get("LD_LIBRARY_PATH", "").split(":"))]
-    env["LD_LIBRARY_PATH"] = ":".join(dict.fromkeys(parts))
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.setdefault("OMP_NUM_THREADS", "1")  # per-model threads are set in model.py
-    env.pop("PYTHONPATH", None)
-    for secret in SECRET_ENV:  # the server never needs hub credentials
-        env.pop(secret, None)
-    return env
+    @classmethod
+    def of(cls, server: ServerSpec, models: list[str], work: str, repository: str = "model_repository") -> Settings:
+        """The one way to build settings: the config's server spec, the served models, the work directory."""
+        return cls(repository=repository, work=work, models=list(models), **vars(server))
 
 
 def server_command(install: Installation, settings: Settings, backend_dir: str, admin_key: str) -> list[str]:
@@ -208,21 +139,8 @@ def model_digests(settings: Settings) -> dict[str, str]:
     return {name: model_digest(settings, name) for name in sorted(settings.models)}
 
 
-def _rendered_config(config_path: Path):
-    """The parsed config.pbtxt, or None where it is missing or unreadable (the lint reports why)."""
-    from google.protobuf import text_format
-
-    from hf2triton.render import read_model_config
-
-    try:
-        return read_model_config(config_path)
-    except (OSError, UnicodeDecodeError, text_format.ParseError):
-        return None
-
-
 def expected_instances(settings: Settings, name: str) -> int:
-    config = _rendered_config(Path(settings.repository) / name / "config.pbtxt")
-    return (sum(group.count or 1 for group in config.instance_group) or 1) if config else 1
+    return instance_count(read_model_config_or_none(Path(settings.repository) / name / "config.pbtxt"))
 
 
 def dead_stub_models(settings: Settings, server_pid: int) -> list[str]:
@@ -239,7 +157,7 @@ def dead_stub_models(settings: Settings, server_pid: int) -> list[str]:
 
 
 def _model_dir_of(config_path: Path) -> Path:
-    config = _rendered_config(config_path)
+    config = read_model_config_or_none(config_path)
     return Path((config.parameters["model_dir"].string_value if config else "") or "/nonexistent")
 
 
@@ -257,18 +175,8 @@ def write_state(settings: Settings, state: dict[str, Any]) -> None:
     atomic_write_json(settings.state_file, state, mode=0o600)
 
 
-def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http on our own host/port
-            return response.status, response.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as err:
-        return err.code, ""
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return 0, ""
-
-
 def is_ready(settings: Settings) -> bool:
-    return http_get(f"http://{settings.url()}/v2/health/ready")[0] == 200
+    return client.is_ready(settings.url())
 
 
 @dataclass
@@ -463,23 +371,14 @@ def reload_models(settings: Settings, state: dict[str, Any], models: tuple[str, 
     base = f"http://{settings.url()}/v2"
     for name in models:
         started = time.monotonic()
-        _post(f"{base}/repository/models/{name}/unload", headers)
+        client.http_post(f"{base}/repository/models/{name}/unload", headers)
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        while http_get(f"{base}/models/{name}/ready")[0] == 200 and time.monotonic() < deadline:
+        while client.model_ready(settings.url(), name) and time.monotonic() < deadline:
             time.sleep(0.2)
-        status, body = _post(f"{base}/repository/models/{name}/load", headers, timeout=settings.startup_timeout_s)
+        status, body = client.http_post(f"{base}/repository/models/{name}/load", headers, timeout=settings.startup_timeout_s)
         if status != 200:
             raise _failure(settings, f"reloading model {name} failed ({status}: {body[:300]})")
         log.info("reloaded %s in %.1f s", name, time.monotonic() - started)
-
-
-def _post(url: str, headers: dict[str, str], timeout: float = 60) -> tuple[int, str]:
-    request = urllib.request.Request(url, data=b"{}", headers={"Content-Type": "application/json", **headers}, method="POST")  # noqa: S310
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - our own server
-            return response.status, response.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode("utf-8", "replace")
 
 
 def ensure_server(settings: Settings) -> dict[str, Any]:
@@ -518,7 +417,7 @@ def server_status(settings: Settings) -> dict[str, Any]:
     }
     if state and facts.cmdline_matches:
         status.update(pid=state["pid"], uptime_s=round(time.time() - state["started_at"]), origin=state.get("origin"))
-        status["models"] = {name: http_get(f"http://{settings.url()}/v2/models/{name}/ready")[0] == 200 for name in state.get("models", [])}
+        status["models"] = {name: client.model_ready(settings.url(), name) for name in state.get("models", [])}
     return status
 
 
@@ -528,43 +427,3 @@ def public_state(state: dict[str, Any]) -> dict[str, Any]:
     if "cmdline" in out:
         out["cmdline"] = redacted_command(out["cmdline"])
     return out
-
-
-SERVER_KEYS = ("host", "http_port", "grpc_port", "metrics_port", "startup_timeout_s", "log_verbose", "shm_default_byte_size")
-
-
-def make_settings(server: dict[str, Any], models: list[str], work: str, repository: str = "model_repository") -> Settings:
-    """Settings from the `server:` block of the config (as rules pass it in params)."""
-    return Settings(repository=repository, work=work, models=list(models), **{k: server[k] for k in SERVER_KEYS if k in server})
-
-
-def settings_from_config(cfg: dict[str, Any], repository: str = "model_repository") -> Settings:
-    return make_settings(cfg["server"], [m["name"] for m in cfg["models"]], cfg["paths"]["work"], repository)
-
-
-def serve_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> dict[str, Any]:
-    """Target `serve`: ensure the server is up and current, then say where and what it serves."""
-    settings = make_settings(server, models, work, repository)
-    state = ensure_server(settings)
-    status = server_status(settings)
-    not_ready = [name for name, ok in status.get("models", {}).items() if not ok]
-    if not_ready:
-        raise UserError(f"models not ready: {', '.join(not_ready)}", f"read {settings.log_file}; run `make status`")
-    print(
-        f"hf2triton: serving {', '.join(models)} at {status['http']} (HTTP), {status['grpc']} (gRPC), "
-        f"{status['metrics']}; server {state['action']} ({state['reason']}); stop with `make stop`",
-        file=sys.stderr,
-    )
-    return status
-
-
-def status_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> dict[str, Any]:
-    status = server_status(make_settings(server, models, work, repository))
-    print(json.dumps(status, indent=2))
-    return status
-
-
-def stop_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> str:
-    message = stop_server(make_settings(server, models, work, repository))
-    print(f"hf2triton: {message}", file=sys.stderr)
-    return message

@@ -18,12 +18,16 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, sha256_file
+from hf2triton.specs import ModelSpec
 
-log = logging.getLogger("hf2triton.tensorrt")
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
 
 UNAVAILABLE_FIX = "use backend: onnx or python for this model, or run on a machine with TensorRT and a CUDA GPU"
 
@@ -68,9 +72,9 @@ def tensorrt_version() -> str | None:
     return "unknown"
 
 
-def require_tensorrt(models: list[dict[str, Any]], gpu_available: bool) -> None:
+def require_tensorrt(models: Sequence[ModelSpec], gpu_available: bool) -> None:
     """Stop before any work if a model asks for backend tensorrt where it cannot run."""
-    wanted = [m["name"] for m in models if m.get("backend") == "tensorrt"]
+    wanted = [m.name for m in models if m.backend == "tensorrt"]
     if not wanted:
         return
     missing = []
@@ -80,7 +84,7 @@ def require_tensorrt(models: list[dict[str, Any]], gpu_available: bool) -> None:
         missing.append("no CUDA GPU")
     if missing:
         raise UserError(f"backend tensorrt for {', '.join(wanted)}: {' / '.join(missing)}", UNAVAILABLE_FIX)
-    if any(m.get("device") == "cpu" for m in models if m["name"] in wanted):
+    if any(m.device == "cpu" for m in models if m.name in wanted):
         raise UserError("backend tensorrt needs device: gpu or auto", "set device: auto for the model")
 
 
@@ -88,6 +92,20 @@ def gpu_name() -> str:
     import torch
 
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+
+
+def engine_staleness(engine_path: Path | str, installed_tensorrt: str | None, gpu: str) -> str | None:
+    """Why a built engine cannot run here (another TensorRT or GPU than its engine.json records), or None.
+    An engine is not portable; the rule's params rebuild it when either changes, lint catches a copied one."""
+    record_path = Path(engine_path).with_suffix(".json")
+    if not record_path.is_file():
+        return f"{record_path} is missing (the engine's TensorRT version and GPU are unknown)"
+    record = json.loads(record_path.read_text())
+    if installed_tensorrt and record.get("tensorrt") != installed_tensorrt:
+        return f"built with TensorRT {record.get('tensorrt')}, installed is {installed_tensorrt}"
+    if gpu and gpu != "none" and record.get("gpu") != gpu:
+        return f"built for GPU {record.get('gpu')!r}, this host has {gpu!r}"
+    return None
 
 
 def build_engine(onnx_dir: str, max_batch_size: int, max_length: int, output: str, workspace_gib: int = 4) -> dict[str, Any]:
@@ -138,9 +156,10 @@ def build_engine(onnx_dir: str, max_batch_size: int, max_length: int, output: st
     return record
 
 
-def build_step(onnx_dir: str, max_batch_size: int, gpu_available: bool, output: str) -> dict[str, Any]:
+def tensorrt_engine_step(onnx_dir: str, max_batch_size: int, gpu_available: bool, output: str, **_versions: Any) -> dict[str, Any]:
     """Rule `tensorrt_engine`: refuse clearly where TensorRT cannot run, else build (sequence limit from the
-    exported model's config)."""
-    require_tensorrt([{"name": Path(output).parent.parent.name, "backend": "tensorrt"}], gpu_available)
+    exported model's config). The TensorRT version and GPU name are params only so a change rebuilds."""
+    if tensorrt_version() is None or not gpu_available:
+        require_tensorrt([ModelSpec(name=Path(output).parent.parent.name, source="-", task="-", backend="tensorrt")], gpu_available)
     config = json.loads((Path(onnx_dir) / "config.json").read_text())
     return build_engine(onnx_dir, max(1, max_batch_size), int(config.get("max_position_embeddings", 512)), output)

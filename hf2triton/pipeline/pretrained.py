@@ -14,7 +14,7 @@ from typing import Any
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory, free_bytes, human_bytes, tree_size
 
-log = logging.getLogger("hf2triton.pretrained")
+log = logging.getLogger("hf2triton.pipeline.pretrained")
 
 # Files sentence-transformers keeps next to the HF model; save_pretrained does not copy them.
 SENTENCE_TRANSFORMERS_FILES = ["modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"]
@@ -61,7 +61,7 @@ def estimate_saved_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def save_pretrained_model(record: str, task: str, output: str) -> dict[str, Any]:
+def pretrained_step(record: str, task: str, output: str) -> dict[str, Any]:
     """Load the source described by the fetch `record` and save it to `output` atomically."""
     fetched = json.loads(Path(record).read_text())
     source_dir = Path(fetched["path"])

@@ -25,17 +25,18 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hf2triton.errors import UserError
+from hf2triton.serving import interface
+from hf2triton.triton import client
+from hf2triton.triton.client import model_statistics
 
-log = logging.getLogger("hf2triton")
+log = logging.getLogger(__name__)
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 PERF_ANALYZER_TIMEOUT_S = 600
 
 
@@ -72,25 +73,11 @@ def percentiles(latencies_s: list[float]) -> dict[str, float]:
 def check_loopback(url: str) -> None:
     """Load tests only ever target this machine."""
     hostname = url.rsplit(":", 1)[0]
-    if hostname not in LOOPBACK:
+    if not client.is_loopback(hostname):
         raise UserError(f"load test target {url} is not on 127.0.0.1", "benchmarks only run against a server on this machine")
 
 
 # --- Triton's statistics API -------------------------------------------------------------------------
-
-
-def model_statistics(http_url: str, model: str) -> dict[str, int]:
-    """Cumulative counters of one model: successes, executions, inferences and the ns spent per phase."""
-    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=10) as response:  # noqa: S310 - loopback
-        stats = json.load(response)["model_stats"]
-    totals: dict[str, int] = {"execution_count": 0, "inference_count": 0}
-    for entry in stats:
-        totals["execution_count"] += int(entry.get("execution_count", 0))
-        totals["inference_count"] += int(entry.get("inference_count", 0))
-        for phase, value in entry.get("inference_stats", {}).items():
-            totals[f"{phase}_count"] = totals.get(f"{phase}_count", 0) + int(value.get("count", 0))
-            totals[f"{phase}_ns"] = totals.get(f"{phase}_ns", 0) + int(value.get("ns", 0))
-    return totals
 
 
 def server_breakdown(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
@@ -102,24 +89,6 @@ def server_breakdown(before: dict[str, int], after: dict[str, int]) -> dict[str,
     out["requests"] = delta.get("success_count", 0)
     out["executions"] = delta.get("execution_count", 0)
     out["avg_batch_texts"] = round(delta.get("inference_count", 0) / max(delta.get("execution_count", 0), 1), 2)
-    return out
-
-
-def metrics_snapshot(metrics_url: str, model: str) -> dict[str, float]:
-    """The metrics endpoint's counters and gauges for `model` (plus GPU gauges where the server has a GPU)."""
-    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as response:  # noqa: S310 - loopback
-        text = response.read().decode("utf-8", "replace")
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name, _, value = line.rpartition(" ")
-        metric = name.split("{", 1)[0]
-        if f'model="{model}"' in name or metric.startswith("nv_gpu_"):
-            try:
-                out[metric] = out.get(metric, 0.0) + float(value)
-            except ValueError:
-                continue
     return out
 
 
@@ -136,22 +105,14 @@ def _client_modules(protocol: str):
     return sync_module, aio_module
 
 
-def build_requests(protocol: str, texts: list[bytes], request_texts: int, extra: dict[str, int] | None = None, count: int = 64) -> list:
+def build_requests(protocol: str, texts: list[bytes], request_texts: int, options: dict[str, Any] | None = None, count: int = 64) -> list:
     """`count` distinct input lists of `request_texts` texts each, built once (client-side serialisation
     is not what we measure)."""
     sync_module, _ = _client_modules(protocol)
     requests = []
     for index in range(count):
         start = (index * request_texts) % max(len(texts) - request_texts, 1)
-        chunk = texts[start : start + request_texts]
-        tensor = sync_module.InferInput("text", [len(chunk), 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[t] for t in chunk], dtype=np.object_))
-        inputs = [tensor]
-        for name, value in (extra or {}).items():
-            optional = sync_module.InferInput(name, [len(chunk), 1], "INT32")
-            optional.set_data_from_numpy(np.full((len(chunk), 1), value, dtype=np.int32))
-            inputs.append(optional)
-        requests.append(inputs)
+        requests.append(client.build_inputs(sync_module, texts[start : start + request_texts], options))
     return requests
 
 
@@ -197,7 +158,7 @@ async def _run_async(protocol: str, url: str, model: str, requests: list, concur
 @dataclass
 class Load:
     """What one cell sends: `request_texts` corpus texts per request, `concurrency` in flight, over
-    `protocol`, for `seconds` or `max_requests` (whichever ends first); `extra` = INT32 inputs."""
+    `protocol`, for `seconds` or `max_requests` (whichever ends first); `extra` = generation options."""
 
     protocol: str
     urls: dict[str, str]  # "http" / "grpc" -> host:port
@@ -207,7 +168,7 @@ class Load:
     concurrency: int
     seconds: float
     max_requests: int
-    extra: dict[str, int] | None = None
+    extra: dict[str, Any] | None = None
 
     @property
     def url(self) -> str:
@@ -221,7 +182,7 @@ def measure_tritonclient(load: Load, warmup_s: float = 1.0, count_tokens=None) -
     protocol, url, model, urls = load.protocol, load.url, load.model, load.urls
     concurrency, seconds, max_requests, request_texts = load.concurrency, load.seconds, load.max_requests, load.request_texts
     requests = build_requests(protocol, load.texts, request_texts, load.extra)
-    output = "text_output" if count_tokens else None
+    output = interface.TEXT_OUTPUT if count_tokens else None
     if warmup_s > 0:
         asyncio.run(_run_async(protocol, url, model, requests, concurrency, warmup_s, max_requests, None))
     before = model_statistics(urls["http"], model)
@@ -269,7 +230,7 @@ def perf_analyzer_input(texts: list[bytes], extra: dict[str, int] | None = None,
     """perf_analyzer's --input-data JSON: one text per entry (it batches entries itself with -b)."""
     data = []
     for text in texts[:count]:
-        entry: dict[str, Any] = {"text": {"content": [text.decode("utf-8")], "shape": [1]}}
+        entry: dict[str, Any] = {interface.TEXT: {"content": [text.decode("utf-8")], "shape": [1]}}
         for name, value in (extra or {}).items():
             entry[name] = {"content": [value], "shape": [1]}
         data.append(entry)
@@ -290,7 +251,8 @@ def parse_perf_analyzer_csv(text: str) -> dict[str, Any]:
             "p90": us("p90 latency") / 1000,
             "p99": us("p99 latency") / 1000,
             "mean": us("Avg latency") / 1000,
-            "max": us("p99 latency") / 1000,
+            # perf_analyzer reports no maximum: None, not p99 relabelled
+            "max": us("Max latency") / 1000 if row.get("Max latency") else None,
         },  # fmt: skip
         "server": {
             "queue_us": us("Server Queue"),
@@ -338,6 +300,6 @@ def measure_perf_analyzer(load: Load, binary: str) -> Cell:
         seconds=round(elapsed, 3),
         requests_per_s=round(rps, 2),
         items_per_s=round(parsed["items_per_s"], 2),
-        latency_ms={k: round(v, 3) for k, v in parsed["latency_ms"].items()},
+        latency_ms={k: (round(v, 3) if v is not None else None) for k, v in parsed["latency_ms"].items()},
         server=breakdown,
     )

@@ -2,7 +2,7 @@
 concurrency against a server on this machine, recording per interval the errors, p50/p99 latency and the
 resident memory of tritonserver and its Python-backend stubs.
 
-    python -m hf2triton.soak --duration 300 --concurrency 32        # `make soak`
+    python -m hf2triton.perf.soak --duration 300 --concurrency 32        # `make soak`
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from typing import Any
 import numpy as np
 
 from hf2triton import host
-from hf2triton.config import load_config
 from hf2triton.errors import UserError, exit_on_user_error
 from hf2triton.fsutil import atomic_write_json, atomic_write_text, human_bytes
-from hf2triton.server import read_state, settings_from_config
+from hf2triton.serving import interface
+from hf2triton.specs import load_project
+from hf2triton.triton import client
+from hf2triton.triton.process import Settings, read_state
 
 WORDS = "the model serves text quickly while many clients send requests of different length and kind".split()
 BAD_KINDS = ("invalid-utf8", "empty", "oversized", "bad-max-new-tokens")
@@ -48,11 +50,11 @@ def _request(rng: random.Random, models: dict[str, str], bad_share: float):
         kind = rng.choice(BAD_KINDS if "text-generation" in models else BAD_KINDS[:3])
         text = {"invalid-utf8": b"\xff\xfe bad", "empty": b"  ", "oversized": b"x" * 70_000}.get(kind, b"Hello")
         model = models["text-generation"] if kind == "bad-max-new-tokens" else next(iter(models.values()))
-        extra = {"max_new_tokens": -1} if kind == "bad-max-new-tokens" else {}
+        extra = {interface.MAX_NEW_TOKENS: -1} if kind == "bad-max-new-tokens" else {}
         return kind, model, [text], extra, False
     task = rng.choice(sorted(models))
     if task == "text-generation":
-        return "generate", models[task], _texts(rng, 1), {"max_new_tokens": 8}, True
+        return "generate", models[task], _texts(rng, 1), {interface.MAX_NEW_TOKENS: 8}, True
     return "embed" if task == "feature-extraction" else "classify", models[task], _texts(rng, rng.randint(1, 4)), {}, True
 
 
@@ -61,27 +63,21 @@ def _worker(
 ) -> None:
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(url)
+    triton = grpcclient.InferenceServerClient(url)
     rng = random.Random(seed)  # noqa: S311 - load generation, not cryptography
     while time.monotonic() < deadline:
         kind, model, texts, extra, expected_ok = _request(rng, models, bad_share)
-        tensor = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[t] for t in texts], dtype=np.object_))
-        inputs = [tensor]
-        for name, value in extra.items():
-            optional = grpcclient.InferInput(name, [len(texts), 1], "INT32")
-            optional.set_data_from_numpy(np.full((len(texts), 1), value, dtype=np.int32))
-            inputs.append(optional)
+        inputs = client.build_inputs(grpcclient, texts, extra)
         started = time.monotonic()
         try:
-            client.infer(model, inputs, client_timeout=120)
+            triton.infer(model, inputs, client_timeout=120)
             ok, error = True, ""
         except Exception as err:  # noqa: BLE001 - every outcome is recorded
             ok, error = False, str(err)[:200]
         sample = Sample(started, kind, expected_ok, ok, (time.monotonic() - started) * 1000, error)
         with lock:
             out.append(sample)
-    client.close()
+    triton.close()
 
 
 def _memory(server_pid: int) -> dict[str, int]:
@@ -200,16 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.duration <= 3600 or not 1 <= args.concurrency <= 256:
         raise UserError("--duration must be 1..3600 s and --concurrency 1..256")
-    cfg = load_config(args.config)
-    settings = settings_from_config(cfg)
+    project = load_project(args.config)
+    settings = Settings.of(project.server, project.names, project.work)
     state = read_state(settings)
     if not state or host.process_cmdline(int(state["pid"])) != state.get("cmdline"):
         raise UserError("no hf2triton server is running for this config", "start it with `make serve`")
-    if settings.client_host not in ("127.0.0.1", "::1", "localhost"):
+    if not client.is_loopback(settings.client_host):
         raise UserError(f"the soak test only targets this machine's loopback, not {settings.host}")
     models: dict[str, str] = {}
-    for model in cfg["models"]:
-        models.setdefault(model["task"], model["name"])
+    for model in project.models:
+        models.setdefault(model.task, model.name)
     result = run_soak(settings.url("grpc_port"), models, int(state["pid"]), args.duration, args.concurrency, args.interval, args.bad_share)
     atomic_write_json(args.output, result)
     atomic_write_text(Path(args.output).with_suffix(".md"), render_markdown(result))

@@ -8,7 +8,6 @@ latency of each call; the metrics endpoint counting the requests. Writes report.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,15 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
-from hf2triton.pitfalls import explain
-from hf2triton.render import read_model_config
-from hf2triton.server import Settings, ensure_server, http_get, make_settings, public_state
+from hf2triton.pipeline.serve import settings_from_params
+from hf2triton.serving import interface
+from hf2triton.serving.interface import GENERATION, ModelParameters
+from hf2triton.triton import client
+from hf2triton.triton.modelconfig import model_parameters, read_model_config, uses_gpu
+from hf2triton.triton.pitfalls import explain
+from hf2triton.triton.process import Settings, ensure_server, public_state
 
-log = logging.getLogger("hf2triton.validate")
+log = logging.getLogger(__name__)
 
 PROBES = {
     "feature-extraction": [
@@ -36,6 +39,7 @@ PROBES = {
 }
 VALIDATION_MAX_NEW_TOKENS = 24
 COSINE_FLOOR = 0.999
+SUCCESS_METRIC = "nv_inference_request_success"
 _SUBJECTS = ["the weather", "a new phone", "this restaurant", "la réunion", "das Konzert", "el viaje", "東京の夜", "the quarterly report"]
 _VERBS = ["was surprisingly good", "disappointed everyone", "changed my mind", "ist ausgezeichnet", "fue increíble", "は静かだった"]
 # Parity probes: 40 texts of varied length (3 to ~60 words), several scripts and languages.
@@ -77,46 +81,49 @@ def _as_dict(config: mc.ModelConfig) -> dict[str, Any]:
     return json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
-def inputs_for(task: str, texts: list[str], client_module) -> list:
-    data = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
-    tensor = client_module.InferInput("text", list(data.shape), "BYTES")
-    tensor.set_data_from_numpy(data)
-    inputs = [tensor]
-    if task == "text-generation":
-        tokens = client_module.InferInput("max_new_tokens", [len(texts), 1], "INT32")
-        tokens.set_data_from_numpy(np.full((len(texts), 1), VALIDATION_MAX_NEW_TOKENS, dtype=np.int32))
-        inputs.append(tokens)
-    return inputs
-
-
-def infer(client, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...]) -> tuple[dict[str, np.ndarray], float]:
+def infer(triton, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...]) -> tuple[dict[str, np.ndarray], float]:
+    options = {interface.MAX_NEW_TOKENS: VALIDATION_MAX_NEW_TOKENS} if task == GENERATION else None
     started = time.perf_counter()
-    result = client.infer(name, inputs_for(task, texts, client_module))
+    result = triton.infer(name, client.build_inputs(client_module, texts, options))
     elapsed_ms = (time.perf_counter() - started) * 1000
     return {o: result.as_numpy(o) for o in outputs}, elapsed_ms
 
 
-def metric_value(metrics_text: str, metric: str, model: str) -> float:
-    pattern = re.compile(rf'^{metric}\{{[^}}]*model="{re.escape(model)}"[^}}]*\}} ([0-9.e+]+)$', re.M)
-    return sum(float(m.group(1)) for m in pattern.finditer(metrics_text))
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def _texts(values: np.ndarray) -> list[str]:
+    return [x.decode() for x in values.reshape(-1)]
+
+
+def compare(task: str, served: dict[str, np.ndarray], reference: dict[str, np.ndarray], floor: float = 0.999) -> dict[str, Any]:
+    """Served vs a reference: embeddings by cosine (>= floor), labels exactly with close scores, generated
+    text exactly. {"ok": ..., figures...}"""
+    if task == "feature-extraction":
+        cos = cosines(served[interface.EMBEDDING], reference[interface.EMBEDDING])
+        figures = {"texts": len(cos), "cosine_min": round(float(cos.min()), 6), "cosine_mean": round(float(cos.mean()), 6), "floor": floor}
+        return {"ok": bool(cos.min() >= floor), **figures}
+    if task == "text-classification":
+        labels_s, labels_r = _texts(served[interface.LABEL]), _texts(reference[interface.LABEL])
+        diff = float(np.abs(served[interface.SCORE].reshape(-1) - reference[interface.SCORE].reshape(-1)).max())
+        same = sum(x == y for x, y in zip(labels_s, labels_r))
+        figures = {"texts": len(labels_r), "labels_identical": same, "max_score_diff": round(diff, 6)}
+        return {"ok": same == len(labels_r) and diff < 1e-3, **figures, "served": labels_s, "reference": labels_r}
+    text_s, text_r = _texts(served[interface.TEXT_OUTPUT]), _texts(reference[interface.TEXT_OUTPUT])
+    same = sum(x == y for x, y in zip(text_s, text_r))
+    return {"ok": same == len(text_r), "prompts": len(text_r), "greedy_identical": same, "served": text_s, "reference": text_r}
 
 
 def compare_outputs(task: str, served: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> tuple[bool, str]:
-    """Served vs in-process: embeddings by cosine, labels exactly (scores close), generated text exactly."""
+    """Served vs in-process, with a one-line detail for the report."""
+    result = compare(task, served, reference, COSINE_FLOOR)
     if task == "feature-extraction":
-        a, b = served["embedding"].astype(np.float64), reference["embedding"].astype(np.float64)
-        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-        return bool(cos.min() >= COSINE_FLOOR), f"min cosine {cos.min():.6f} (floor {COSINE_FLOOR})"
+        return result["ok"], f"min cosine {result['cosine_min']:.6f} (floor {COSINE_FLOOR})"
     if task == "text-classification":
-        labels_s, labels_r = served["label"].reshape(-1).tolist(), reference["label"].reshape(-1).tolist()
-        diff = float(np.abs(served["score"].reshape(-1) - reference["score"].reshape(-1)).max())
-        return (
-            labels_s == labels_r and diff < 1e-3,
-            f"labels {[x.decode() for x in labels_s]} vs {[x.decode() for x in labels_r]}; max score diff {diff:.2e}",
-        )
-    text_s = [x.decode() for x in served["text_output"].reshape(-1)]
-    text_r = [x.decode() for x in reference["text_output"].reshape(-1)]
-    return text_s == text_r, f"served {text_s!r} vs in-process {text_r!r}"
+        return result["ok"], f"labels {result['served']} vs {result['reference']}; max score diff {result['max_score_diff']:.2e}"
+    return result["ok"], f"served {result['served']!r} vs in-process {result['reference']!r}"
 
 
 def outputs_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[bool, str]:
@@ -134,8 +141,7 @@ def outputs_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[b
 def reference_device(config: mc.ModelConfig) -> str:
     """The device the served model uses: GPU instances are compared with a GPU reference in the same dtype
     (a float32 CPU reference may pick another greedy token than float16 on a GPU)."""
-    gpu = any(group.kind == mc.ModelInstanceGroup.KIND_GPU for group in config.instance_group)
-    if gpu:
+    if uses_gpu(config):
         import torch
 
         if torch.cuda.is_available():
@@ -146,20 +152,22 @@ def reference_device(config: mc.ModelConfig) -> str:
 def reference_outputs(config: mc.ModelConfig, texts: list[str], backend: str | None = None) -> dict[str, np.ndarray]:
     """The saved model run in-process with the same engine model.py uses (no Triton involved);
     `backend="python"` gives the torch reference for the parity gate."""
+    import dataclasses
+
     from hf2triton.serving.model import engine_from_parameters
 
-    params = {k: v.string_value for k, v in config.parameters.items()}
+    params: ModelParameters = model_parameters(config)
     if backend:
-        params["backend"] = backend
+        params = dataclasses.replace(params, backend=backend)
     engine = engine_from_parameters(params, reference_device(config))
-    options = {"max_new_tokens": VALIDATION_MAX_NEW_TOKENS} if params["task"] == "text-generation" else {}
+    options = {interface.MAX_NEW_TOKENS: VALIDATION_MAX_NEW_TOKENS} if params.task == GENERATION else {}
     return engine.run(texts, **options)
 
 
 def infer_in_chunks(
-    client, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...], size: int
+    triton, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...], size: int
 ) -> dict[str, np.ndarray]:
-    parts = [infer(client, client_module, name, task, texts[i : i + size], outputs)[0] for i in range(0, len(texts), size)]
+    parts = [infer(triton, client_module, name, task, texts[i : i + size], outputs)[0] for i in range(0, len(texts), size)]
     return {o: np.concatenate([p[o] for p in parts]) for o in outputs}
 
 
@@ -167,29 +175,13 @@ def parity_check(rendered: mc.ModelConfig, name: str, http_client, floor: float)
     """Served non-torch backend vs the torch reference on the fixed probe set, with the figures."""
     import tritonclient.http as httpclient
 
-    params = {k: v.string_value for k, v in rendered.parameters.items()}
-    task, quantized = params["task"], params.get("quantize", "none") != "none"
-    texts = PARITY_GENERATION_PROMPTS if task == "text-generation" else PARITY_PROBES
+    params = model_parameters(rendered)
+    texts = PARITY_GENERATION_PROMPTS if params.task == GENERATION else PARITY_PROBES
     outputs = tuple(o.name for o in rendered.output)
-    served = infer_in_chunks(http_client, httpclient, name, task, texts, outputs, rendered.max_batch_size or len(texts))
+    served = infer_in_chunks(http_client, httpclient, name, params.task, texts, outputs, rendered.max_batch_size or len(texts))
     torch_ref = reference_outputs(rendered, texts, backend="python")
-    if task == "feature-extraction":
-        a, b = served["embedding"].astype(np.float64), torch_ref["embedding"].astype(np.float64)
-        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-        needed = floor if quantized else COSINE_FLOOR
-        figures = {
-            "texts": len(texts),
-            "cosine_min": round(float(cos.min()), 6),
-            "cosine_mean": round(float(cos.mean()), 6),
-            "floor": needed,
-        }
-        return {"ok": bool(cos.min() >= needed), **figures}
-    if task == "text-classification":
-        same = int(sum(x == y for x, y in zip(served["label"].reshape(-1).tolist(), torch_ref["label"].reshape(-1).tolist())))
-        diff = float(np.abs(served["score"].reshape(-1) - torch_ref["score"].reshape(-1)).max())
-        return {"ok": same == len(texts), "texts": len(texts), "labels_identical": same, "max_score_diff": round(diff, 6)}
-    same = int(sum(x == y for x, y in zip(served["text_output"].reshape(-1).tolist(), torch_ref["text_output"].reshape(-1).tolist())))
-    return {"ok": same == len(texts), "prompts": len(texts), "greedy_identical": same}
+    result = compare(params.task, served, torch_ref, floor if params.quantize != "none" else COSINE_FLOOR)
+    return {k: v for k, v in result.items() if k not in ("served", "reference")}
 
 
 def validate_model(settings: Settings, name: str, http_client, grpc_client, parity_floor: float = 0.98) -> dict[str, Any]:
@@ -207,11 +199,11 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     checks.append(
         check("served config equals rendered", not diffs, "identical in every rendered field" if not diffs else "; ".join(diffs[:5]))
     )
-    task = rendered.parameters["task"].string_value
+    params = model_parameters(rendered)
+    task = params.task
     texts = PROBES[task][: rendered.max_batch_size or None]  # one request must fit max_batch_size
     outputs = tuple(o.name for o in rendered.output)
-    metrics_url = f"http://{settings.url('metrics_port')}/metrics"
-    before = metric_value(http_get(metrics_url)[1], "nv_inference_request_success", name)
+    before = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
     try:
         http_out, http_ms = infer(http_client, httpclient, name, task, texts, outputs)
         grpc_out, grpc_ms = infer(grpc_client, grpcclient, name, task, texts, outputs)
@@ -229,14 +221,14 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     checks.append(
         check("served equals in-process", ok, f"{detail}; in-process run {1000 * (time.perf_counter() - started):.0f} ms incl. load")
     )
-    backend = rendered.parameters["backend"].string_value or "python"
+    backend = params.backend
     parity = None
     if backend != "python":
         parity = parity_check(rendered, name, http_client, parity_floor)
         detail = ", ".join(f"{k} {v}" for k, v in parity.items() if k != "ok")
         checks.append(check(f"parity {backend} vs torch", parity["ok"], detail))
     time.sleep(0.2)
-    after = metric_value(http_get(metrics_url)[1], "nv_inference_request_success", name)
+    after = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
     checks.append(check("metrics count requests", after >= before + 2, f"nv_inference_request_success {before:.0f} -> {after:.0f}"))
     sample = http_out[outputs[0]][0]
     return {
@@ -328,6 +320,6 @@ def validate_step(
     parity_floors: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Rule `validate`: make sure the server runs the current repository, then validate it."""
-    settings = make_settings(server, models, work, repository)
+    settings = settings_from_params(server, models, work, repository)
     state = ensure_server(settings)
     return validate_server(settings, state, output_json, output_md, parity_floors)

@@ -1,0 +1,86 @@
+"""Step `repository`: render model_repository/<name>/config.pbtxt and 1/{model.py,interface.py} for one model.
+
+config.pbtxt is built as a real `inference.ModelConfig` protobuf (hf2triton.triton.modelconfig) from the
+model's derived serving values; the serving code is the package's own, copied verbatim.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from hf2triton.fsutil import atomic_directory
+from hf2triton.serving.interface import ModelParameters
+from hf2triton.specs import ServingValues, from_param
+from hf2triton.triton.modelconfig import build_model_config, config_text
+
+log = logging.getLogger(__name__)
+
+SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
+SERVING_MODULE = SERVING_DIR / "model.py"
+# Copied into <model>/1/: model.py loads interface.py from its own directory.
+SERVING_FILES = (SERVING_MODULE, SERVING_DIR / "interface.py")
+VERSION = "1"
+
+
+def embedding_dim_of(model_dir: Path) -> int | None:
+    """hidden_size of the saved model (the pooled embedding width)."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return cfg.get("hidden_size") or cfg.get("d_model") or cfg.get("dim")
+
+
+def model_parameters_for(serving: ServingValues, pretrained: str, onnx_dir: str = "", trt_engine: str = "") -> ModelParameters:
+    quantize = "none"
+    export = Path(onnx_dir) / "export.json" if onnx_dir else None
+    if export is not None and export.is_file():
+        quantize = json.loads(export.read_text()).get("quantize", "none")
+    generation = serving.generation
+    extra = (
+        {"max_new_tokens": generation.max_new_tokens, "temperature": generation.temperature, "chat_template": generation.chat_template}
+        if generation
+        else {}
+    )
+    return ModelParameters(
+        task=serving.task,
+        backend=serving.backend,
+        model_dir=str(Path(pretrained).resolve()),
+        dtype=serving.dtype,
+        num_threads=serving.num_threads,
+        max_input_bytes=serving.max_input_bytes,
+        onnx_dir=str(Path(onnx_dir).resolve()) if onnx_dir else "",
+        quantize=quantize,
+        trt_engine=str(Path(trt_engine).resolve()) if trt_engine else "",
+        **extra,
+    )
+
+
+def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir: str = "", trt_engine: str = "") -> Path:
+    """Write the model's repository directory `output` (config.pbtxt + 1/model.py + 1/interface.py) atomically."""
+    parameters = model_parameters_for(serving, pretrained, onnx_dir, trt_engine)
+    dim = embedding_dim_of(Path(pretrained)) if serving.task == "feature-extraction" else None
+    config = build_model_config(
+        serving.name,
+        serving.task,
+        serving.max_batch_size,
+        serving.instances,
+        serving.kind,
+        serving.max_queue_delay_us,
+        parameters.to_strings(),
+        dim,
+    )
+    with atomic_directory(output) as tmp:
+        (tmp / "config.pbtxt").write_text(config_text(config))
+        (tmp / VERSION).mkdir()
+        for source in SERVING_FILES:
+            shutil.copyfile(source, tmp / VERSION / source.name)
+        os.chmod(tmp / VERSION, 0o755)  # noqa: S103 - readable by the server, writable only by us
+    log.info("rendered %s (%s, %s x%d, max_batch_size %d)", output, serving.task, serving.kind, serving.instances, serving.max_batch_size)
+    return Path(output)
+
+
+def repository_step(output: str, serving: dict, pretrained: str, onnx_dir: str = "", trt_engine: str = "") -> Path:
+    """Rule `repository`: the serving values arrive as a params dict (hf2triton.specs.to_param)."""
+    return render_model(output, from_param(ServingValues, serving), pretrained, onnx_dir, trt_engine)

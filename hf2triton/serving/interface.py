@@ -1,0 +1,126 @@
+"""The serving interface, defined once: the tensors each task exchanges with clients and the `parameters`
+that config.pbtxt hands to model.py (with their defaults).
+
+Used by render (config.pbtxt), model.py (which reads its parameters and inputs with it), validation, the
+load generators, soak and every client. Standard library only: it is copied next to model.py into each
+rendered model (`<repository>/<name>/1/interface.py`), so a rendered repository runs on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+# Tensor names.
+TEXT = "text"
+MAX_NEW_TOKENS = "max_new_tokens"
+TEMPERATURE = "temperature"
+EMBEDDING = "embedding"
+LABEL = "label"
+SCORE = "score"
+TEXT_OUTPUT = "text_output"
+
+TASKS = ("feature-extraction", "text-classification", "text-generation")
+GENERATION = "text-generation"
+
+# Limits every request option must respect (the config schema's bounds are the same).
+MAX_NEW_TOKENS_RANGE = (1, 8192)
+TEMPERATURE_RANGE = (0.0, 100.0)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One tensor of the interface. `datatype` is Triton's wire name (BYTES, FP32, INT32); every tensor has
+    one row per text, so clients send shape [texts, *dims]."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...] = (1,)
+    optional: bool = False
+
+
+TEXT_TENSOR = Tensor(TEXT, "BYTES")
+GENERATION_OPTIONS = (Tensor(MAX_NEW_TOKENS, "INT32", optional=True), Tensor(TEMPERATURE, "FP32", optional=True))
+
+
+def task_inputs(task: str) -> tuple[Tensor, ...]:
+    check_task(task)
+    return (TEXT_TENSOR, *GENERATION_OPTIONS) if task == GENERATION else (TEXT_TENSOR,)
+
+
+def task_outputs(task: str, embedding_dim: int | None = None) -> tuple[Tensor, ...]:
+    check_task(task)
+    if task == "feature-extraction":
+        return (Tensor(EMBEDDING, "FP32", (embedding_dim or -1,)),)
+    if task == "text-classification":
+        return (Tensor(LABEL, "BYTES"), Tensor(SCORE, "FP32"))
+    return (Tensor(TEXT_OUTPUT, "BYTES"),)
+
+
+def output_names(task: str) -> tuple[str, ...]:
+    return tuple(t.name for t in task_outputs(task))
+
+
+def check_task(task: str) -> None:
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r} (one of {', '.join(TASKS)})")
+
+
+@dataclass(frozen=True)
+class ModelParameters:
+    """What config.pbtxt `parameters` tell model.py; the defaults apply to keys a hand-written config leaves
+    out. `to_strings` writes only the keys that matter for the task and backend."""
+
+    task: str
+    model_dir: str
+    backend: str = "python"
+    dtype: str = "auto"
+    num_threads: int = 0
+    max_input_bytes: int = 65536
+    onnx_dir: str = ""
+    quantize: str = "none"
+    trt_engine: str = ""
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    chat_template: bool = True
+
+    def relevant(self) -> tuple[str, ...]:
+        keys = ["task", "backend", "model_dir", "dtype", "num_threads", "max_input_bytes"]
+        if self.backend in ("onnx", "tensorrt"):
+            keys += ["onnx_dir", "quantize"]
+        if self.backend == "tensorrt":
+            keys.append("trt_engine")
+        if self.task == GENERATION:
+            keys += ["max_new_tokens", "temperature", "chat_template"]
+        return tuple(keys)
+
+    def to_strings(self) -> dict[str, str]:
+        return {key: _to_string(getattr(self, key)) for key in self.relevant()}
+
+    @classmethod
+    def from_strings(cls, values: dict[str, str]) -> ModelParameters:
+        """Parse config.pbtxt string parameters (unknown keys ignored, missing ones defaulted)."""
+        kwargs: dict[str, Any] = {}
+        for item in fields(cls):
+            if item.name in values and values[item.name] != "":
+                kwargs[item.name] = _from_string(values[item.name], cls.__dataclass_fields__[item.name].type)
+        return cls(**kwargs)
+
+
+def _to_string(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _from_string(text: str, annotation: str) -> Any:
+    if annotation == "bool":
+        return text.strip().lower() in ("true", "1", "yes")
+    if annotation == "int":
+        return int(text)
+    if annotation == "float":
+        return float(text)
+    return text
+
+
+DEFAULTS = ModelParameters(task=GENERATION, model_dir="")

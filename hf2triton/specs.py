@@ -1,0 +1,247 @@
+"""The configuration as typed, frozen specs, built once from the validated config (schema defaults filled
+in), and the one derivation of a model's serving values (used by the repository rule and by tune alike).
+
+Rules, scripts and the package read these, never the raw dict: adding a model option means the schema, the
+field here, and the code that uses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hf2triton.errors import UserError
+from hf2triton.serving.interface import GENERATION
+
+
+@dataclass(frozen=True)
+class OnnxSpec:
+    opset: int = 17
+    optimize: str = "O2"
+    quantize: str = "none"
+    parity_floor: float = 0.98
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    chat_template: bool = True
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    source: str
+    task: str
+    revision: str = "main"
+    gguf_file: str | None = None
+    backend: str = "python"
+    onnx: OnnxSpec = OnnxSpec()
+    max_batch_size: int = 8
+    instances: int = 1
+    device: str = "auto"
+    dtype: str = "auto"
+    max_input_bytes: int = 65536
+    max_queue_delay_us: int = 2000
+    generation: GenerationSpec | None = None  # text-generation models only
+
+    @property
+    def is_generation(self) -> bool:
+        return self.task == GENERATION
+
+    @property
+    def needs_onnx(self) -> bool:
+        return self.backend in ("onnx", "tensorrt")
+
+    def footprint(self) -> Footprint:
+        """What preflight needs of the model (so e.g. a max_batch_size change does not rerun it)."""
+        return Footprint(self.name, self.source, self.task, self.device, self.dtype, self.instances, self.backend)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    name: str
+    source: str
+    task: str
+    device: str
+    dtype: str
+    instances: int
+    backend: str
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    startup_timeout_s: int = 300
+    log_verbose: int = 0
+    shm_default_byte_size: int = 16 * 1024 * 1024
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port}
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    protocols: tuple[str, ...] = ("http", "grpc")
+    seconds: float = 5
+    warmup_s: float = 1
+    max_requests: int = 20000
+    max_new_tokens: int = 16
+    tool: str = "auto"
+    inprocess_backends: bool = True
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    models: tuple[str, ...] = ()
+    max_batch_size: tuple[int, ...] = (8, 32)
+    instances: tuple[int, ...] = (1, 2)
+    max_queue_delay_us: tuple[int, ...] = (0, 2000, 10000)
+    backends: tuple[str, ...] = ()
+    concurrency: int = 16
+    request_texts: int = 1
+    latency_budget_ms: float = 1000
+    seconds: float = 5
+    max_requests: int = 20000
+
+
+@dataclass(frozen=True)
+class ProjectSpec:
+    models: tuple[ModelSpec, ...]
+    server: ServerSpec = ServerSpec()
+    work: str = ".hf2triton"
+    bench: BenchSpec = BenchSpec()
+    tune: TuneSpec = TuneSpec()
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+    def model(self, name: str) -> ModelSpec:
+        for model in self.models:
+            if model.name == name:
+                return model
+        raise UserError(f"no model named {name!r} in config", "use one of " + ", ".join(self.names))
+
+    def tuned_models(self) -> list[ModelSpec]:
+        """The models `tune` sweeps: tune.models, or every model except text-generation ones."""
+        names = self.tune.models or tuple(m.name for m in self.models if not m.is_generation)
+        return [self.model(name) for name in names]
+
+
+def _tuples(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+
+
+def model_spec(entry: dict[str, Any]) -> ModelSpec:
+    values = {k: v for k, v in entry.items() if k not in ("onnx", "generation", "dynamic_batching")}
+    generation = GenerationSpec(**entry["generation"]) if entry["task"] == GENERATION else None
+    return ModelSpec(
+        **values,
+        onnx=OnnxSpec(**entry["onnx"]),
+        max_queue_delay_us=entry["dynamic_batching"]["max_queue_delay_us"],
+        generation=generation,
+    )
+
+
+def project_spec(cfg: dict[str, Any]) -> ProjectSpec:
+    """Specs from a config that `hf2triton.config.validate_config` completed (every default present)."""
+    return ProjectSpec(
+        models=tuple(model_spec(m) for m in cfg["models"]),
+        server=ServerSpec(**cfg["server"]),
+        work=cfg["paths"]["work"],
+        bench=BenchSpec(**_tuples(cfg["bench"])),
+        tune=TuneSpec(**_tuples(cfg["tune"])),
+    )
+
+
+def load_project(path: Path | str, overrides: dict | None = None) -> ProjectSpec:
+    """config.yaml (plus --config/--configfile overrides) -> validated specs."""
+    from hf2triton.config import load_config
+
+    return project_spec(load_config(path, overrides))
+
+
+# ---------------------------------------------------------------- derived serving values
+
+
+@dataclass(frozen=True)
+class ServingValues:
+    """Everything the repository rule renders for a model, derived in one place from its spec and the host."""
+
+    name: str
+    task: str
+    backend: str
+    max_batch_size: int
+    instances: int
+    kind: str  # KIND_CPU | KIND_GPU
+    dtype: str
+    num_threads: int
+    max_queue_delay_us: int
+    max_input_bytes: int
+    generation: GenerationSpec | None
+
+
+def instance_kind(device: str, gpu_available: bool) -> str:
+    """config `device` -> Triton instance kind (auto: the GPU when this machine has one)."""
+    return "KIND_GPU" if device == "gpu" or (device == "auto" and gpu_available) else "KIND_CPU"
+
+
+def threads_per_instance(instances: int, cpus: int) -> int:
+    """CPU instances share the machine's cores instead of each taking all of them."""
+    return max(1, cpus // instances)
+
+
+def serving_values(model: ModelSpec, gpu_available: bool, cpus: int) -> ServingValues:
+    return ServingValues(
+        name=model.name,
+        task=model.task,
+        backend=model.backend,
+        max_batch_size=model.max_batch_size,
+        instances=model.instances,
+        kind=instance_kind(model.device, gpu_available),
+        dtype=model.dtype,
+        num_threads=threads_per_instance(model.instances, cpus),
+        max_queue_delay_us=model.max_queue_delay_us,
+        max_input_bytes=model.max_input_bytes,
+        generation=model.generation,
+    )
+
+
+def with_variant(model: ModelSpec, **changes: Any) -> ModelSpec:
+    """The model with some settings changed (a tuning variant)."""
+    return dataclasses.replace(model, **changes)
+
+
+# ---------------------------------------------------------------- specs as Snakemake params
+
+
+def to_param(spec: Any) -> dict[str, Any]:
+    """A spec as a plain dict for a rule's `params`: Snakemake compares params by repr() of builtin types
+    only (a dataclass would be skipped silently and a change would not rerun the rule)."""
+    return dataclasses.asdict(spec)
+
+
+def from_param(cls: type, data: dict[str, Any]) -> Any:
+    """The spec `to_param` flattened (nested specs and tuples restored)."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for field in dataclasses.fields(cls):
+        value = data[field.name]
+        kinds = [t for t in typing.get_args(hints[field.name]) or [hints[field.name]] if dataclasses.is_dataclass(t)]
+        if kinds and isinstance(value, dict):
+            value = from_param(kinds[0], value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        values[field.name] = value
+    return cls(**values)

@@ -1,0 +1,118 @@
+"""The one client helper for a Triton server on this machine: plain HTTP GET/POST (health, repository
+control, statistics), the Prometheus metrics endpoint, and inference inputs built from the serving interface
+for tritonclient's HTTP and gRPC modules (sync or asyncio). validate, bench, loadgen, soak and tune use it.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+
+from hf2triton.serving import interface
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32}
+OPTION_TENSORS = {t.name: t for t in interface.GENERATION_OPTIONS}
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    """(status, body); status 0 when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http on our own host/port
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return 0, ""
+
+
+def http_post(url: str, headers: dict[str, str] | None = None, body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
+    data = json.dumps(body or {}).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})}, method="POST")  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - our own server
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode("utf-8", "replace")
+
+
+def is_ready(http_url: str) -> bool:
+    return http_get(f"http://{http_url}/v2/health/ready")[0] == 200
+
+
+def model_ready(http_url: str, model: str) -> bool:
+    return http_get(f"http://{http_url}/v2/models/{model}/ready")[0] == 200
+
+
+# --- statistics and metrics ------------------------------------------------------------------------------
+
+
+def model_statistics(http_url: str, model: str) -> dict[str, int]:
+    """Cumulative counters of one model: successes, executions, inferences and the ns spent per phase."""
+    status, body = http_get(f"http://{http_url}/v2/models/{model}/stats", timeout=10)
+    if status != 200:
+        raise OSError(f"statistics of {model} at {http_url}: HTTP {status}")
+    totals: dict[str, int] = {"execution_count": 0, "inference_count": 0}
+    for entry in json.loads(body)["model_stats"]:
+        totals["execution_count"] += int(entry.get("execution_count", 0))
+        totals["inference_count"] += int(entry.get("inference_count", 0))
+        for phase, value in entry.get("inference_stats", {}).items():
+            totals[f"{phase}_count"] = totals.get(f"{phase}_count", 0) + int(value.get("count", 0))
+            totals[f"{phase}_ns"] = totals.get(f"{phase}_ns", 0) + int(value.get("ns", 0))
+    return totals
+
+
+def parse_metrics(text: str, model: str, include_gpu: bool = True) -> dict[str, float]:
+    """Prometheus text -> {metric: value summed over series} for `model` (plus the nv_gpu_* gauges)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, value = line.rpartition(" ")
+        metric = name.split("{", 1)[0]
+        if f'model="{model}"' in name or (include_gpu and metric.startswith("nv_gpu_")):
+            try:
+                out[metric] = out.get(metric, 0.0) + float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def model_metrics(metrics_url: str, model: str) -> dict[str, float]:
+    """The metrics endpoint's counters and gauges for `model` now (empty when it does not answer)."""
+    status, text = http_get(f"http://{metrics_url}/metrics", timeout=10)
+    return parse_metrics(text, model) if status == 200 else {}
+
+
+# --- inference inputs ------------------------------------------------------------------------------------
+
+
+def input_arrays(texts: list[bytes] | list[str], options: dict[str, Any] | None = None) -> list[tuple[str, str, np.ndarray]]:
+    """(name, datatype, array) per input tensor: the texts as [n, 1] BYTES, each option (max_new_tokens,
+    temperature) repeated per row as the interface declares it."""
+    rows = [[t.encode("utf-8") if isinstance(t, str) else t] for t in texts]
+    arrays = [(interface.TEXT, interface.TEXT_TENSOR.datatype, np.array(rows, dtype=np.object_))]
+    for name, value in (options or {}).items():
+        if value is None:
+            continue
+        tensor = OPTION_TENSORS[name]
+        arrays.append((name, tensor.datatype, np.full((len(rows), 1), value, dtype=NUMPY_TYPES[tensor.datatype])))
+    return arrays
+
+
+def build_inputs(client_module: Any, texts: list[bytes] | list[str], options: dict[str, Any] | None = None) -> list:
+    """tritonclient InferInput objects (client_module: tritonclient.http or tritonclient.grpc)."""
+    inputs = []
+    for name, datatype, array in input_arrays(texts, options):
+        tensor = client_module.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK

