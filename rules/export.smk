@@ -29,7 +29,7 @@ rule tensorrt_engine:
         max_batch_size=model_value("max_batch_size"),
         gpu=GPU_AVAILABLE,
         tensorrt=tensorrt_version(),
-        gpu_name=host.gpu_name(),
+        gpu_name=GPU_NAME,
     log:
         logs("tensorrt_engine"),
     resources:

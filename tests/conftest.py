@@ -67,7 +67,8 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tiny_workflow(tmp_path_factory, tiny_models):
-    """The three tiny models served by a real run of the workflow (shared; test_workflow changes it last)."""
+    """The three tiny models served by a real run of the workflow, shared by the modules that only send
+    requests (a module that changes config or kills processes builds its own: see test_workflow)."""
     workflow = make_workflow(tmp_path_factory.mktemp("tiny-workflow"), tiny_model_entries(tiny_models))
     workflow.first_run = workflow.run("serve")
     yield workflow

@@ -150,3 +150,29 @@ def test_unreadable_config_files(tmp_path, content, words):
 def test_missing_config_file(tmp_path):
     with pytest.raises(UserError, match="not found"):
         read_yaml(tmp_path / "nope.yaml")
+
+
+def test_schema_defaults_equal_the_interface_defaults():
+    """The config schema and the serving interface agree on every generation default and limit."""
+    import yaml
+
+    from hf2triton.config import SCHEMA_PATH
+    from hf2triton.serving import interface
+
+    generation = yaml.safe_load(SCHEMA_PATH.read_text())["$defs"]["model"]["properties"]["generation"]["properties"]
+    assert generation["max_new_tokens"]["default"] == interface.DEFAULTS.max_new_tokens
+    assert generation["temperature"]["default"] == interface.DEFAULTS.temperature
+    assert generation["chat_template"]["default"] == interface.DEFAULTS.chat_template
+    assert (generation["max_new_tokens"]["minimum"], generation["max_new_tokens"]["maximum"]) == interface.MAX_NEW_TOKENS_RANGE
+
+
+def test_specs_are_built_once_with_every_default(tmp_path):
+    from hf2triton.specs import GenerationSpec, load_project
+
+    path = tmp_path / "c.yaml"
+    entry = "  - {name: %s, source: org/%s, task: %s}\n"
+    path.write_text("models:\n" + entry % ("g", "g", "text-generation") + entry % ("e", "e", "feature-extraction"))
+    project = load_project(path)
+    assert project.model("g").generation == GenerationSpec() and project.model("e").generation is None
+    assert project.server.http_port == 8000 and project.bench.concurrency == (1, 4, 16) and project.work == ".hf2triton"
+    assert [m.name for m in project.tuned_models()] == ["e"]

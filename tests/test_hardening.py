@@ -165,7 +165,7 @@ def embed_once(client, text: bytes = b"still serving") -> np.ndarray:
 
 def test_garbage_bytes_on_http_and_grpc_ports(live):
     settings, http, _ = live
-    for port in (settings.http_port, settings.grpc_port, settings.metrics_port):
+    for port in (settings.server.http_port, settings.server.grpc_port, settings.server.metrics_port):
         for payload in (
             os.urandom(4096),
             b"GET / HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
@@ -186,13 +186,13 @@ def test_client_disconnecting_mid_request(live):
     settings, http, _ = live
     body = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["x" * 1000]}]}).encode()
     for cut in (10, len(body) // 2, len(body) - 1):
-        with socket.create_connection(("127.0.0.1", settings.http_port), timeout=5) as sock:
+        with socket.create_connection(("127.0.0.1", settings.server.http_port), timeout=5) as sock:
             head = (
                 f"POST /v2/models/embed/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
             )
             sock.sendall(head.encode() + body[:cut])
     # a complete request whose client goes away before the answer (generation takes a while)
-    with socket.create_connection(("127.0.0.1", settings.http_port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", settings.server.http_port), timeout=5) as sock:
         gen = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["Hello"]}]}).encode()
         sock.sendall(f"POST /v2/models/generate/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(gen)}\r\n\r\n".encode() + gen)
     time.sleep(1)
@@ -223,7 +223,7 @@ def test_server_listens_on_loopback_only(live):
     address = non_loopback_address()
     if address is None:
         pytest.skip("this machine has no non-loopback IPv4 address to try")
-    for port in (settings.http_port, settings.grpc_port, settings.metrics_port):
+    for port in (settings.server.http_port, settings.server.grpc_port, settings.server.metrics_port):
         with pytest.raises(OSError):
             socket.create_connection((address, port), timeout=3).close()
 

@@ -31,7 +31,7 @@ def config(tmp_path, **model):
 def preflight(project, tmp_path):
     footprints = [m.footprint() for m in project.models]
     settings = Settings.of(project.server, project.names, project.work)
-    return run_preflight(footprints, settings, {"mini": str(tmp_path / "none")}, False, str(tmp_path / "preflight.json"))
+    return run_preflight(footprints, settings, project.work, {"mini": str(tmp_path / "none")}, False, str(tmp_path / "preflight.json"))
 
 
 def test_all_checks_pass_and_are_recorded(tmp_path):

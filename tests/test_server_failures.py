@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hf2triton.errors import UserError
+from hf2triton.specs import ServerSpec
 from hf2triton.triton.modelconfig import build_model_config, config_text
 from hf2triton.triton.process import Settings, start_server, stop_server
 from tests.helpers import server_block
@@ -22,15 +23,9 @@ class TritonPythonModel:
 """
 
 
-def make_settings(tmp_path, models) -> Settings:
-    ports = server_block()
-    return Settings(
-        repository=str(tmp_path / "repo"),
-        work=str(tmp_path / "work"),
-        models=models,
-        startup_timeout_s=60,
-        **{k: ports[k] for k in ("http_port", "grpc_port", "metrics_port")},
-    )
+def make_settings(tmp_path, models, startup_timeout_s=60) -> Settings:
+    ports = {k: v for k, v in server_block().items() if k != "startup_timeout_s"}
+    return Settings.of(ServerSpec(**ports, startup_timeout_s=startup_timeout_s), models, str(tmp_path / "work"), str(tmp_path / "repo"))
 
 
 def test_model_failing_in_initialize_is_explained(tmp_path, capsys):
@@ -55,8 +50,7 @@ def test_missing_model_py_hits_the_startup_timeout(tmp_path):
     model = tmp_path / "repo" / "nofile"
     (model / "1").mkdir(parents=True)
     (model / "config.pbtxt").write_text(config_text(build_model_config("nofile", "feature-extraction", 2, 1, "KIND_CPU", 0, {}, 4)))
-    settings = make_settings(tmp_path, ["nofile"])
-    settings.startup_timeout_s = 20
+    settings = make_settings(tmp_path, ["nofile"], startup_timeout_s=20)
     try:
         with pytest.raises(UserError) as info:
             start_server(settings)

@@ -12,6 +12,7 @@ import pytest
 
 from hf2triton import host
 from hf2triton.errors import UserError
+from hf2triton.specs import ServerSpec
 from hf2triton.triton.pitfalls import explain, relevant_log_lines
 from hf2triton.triton.process import (
     Facts,
@@ -27,13 +28,8 @@ from hf2triton.triton.process import (
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:
-    return Settings(
-        repository=str(tmp_path / "repo"),
-        work=str(tmp_path / "work"),
-        models=["a", "b"],
-        http_port=18000,
-        grpc_port=18001,
-        metrics_port=18002,
+    return Settings.of(
+        ServerSpec(http_port=18000, grpc_port=18001, metrics_port=18002), ["a", "b"], str(tmp_path / "work"), str(tmp_path / "repo")
     )
 
 
@@ -143,13 +139,8 @@ def test_port_check(settings):
         assert not host.port_is_free("127.0.0.1", port)
         from hf2triton.triton.process import _check_ports
 
-        busy = Settings(
-            repository=settings.repository,
-            work=settings.work,
-            models=["a"],
-            http_port=port,
-            grpc_port=host.free_port(),
-            metrics_port=host.free_port(),
+        busy = Settings.of(
+            ServerSpec(http_port=port, grpc_port=host.free_port(), metrics_port=host.free_port()), ["a"], settings.work, settings.repository
         )
         with pytest.raises(UserError) as info:
             _check_ports(busy)

@@ -122,3 +122,23 @@ def test_generation_greedy_and_context_limit(tiny_models):
     assert "<|im_start|>" in engine.prompt("hi"), "chat template applied"
     with pytest.raises(RequestError, match="exceeds the context"):
         engine.check_lengths(["word " * 400], 8)
+
+
+def test_generated_text_never_ends_in_a_partial_character(tiny_models):
+    """Regression: max_new_tokens can cut a multi-byte character split over byte-level tokens; the text came
+    back ending in U+FFFD ("你好，介绍一下你自己" -> emoji + "�")."""
+    engine = GenerationEngine(str(tiny_models["text-generation"]))
+    ids = engine.tokenizer.encode("Bonjour 😀", add_special_tokens=False)
+    cut = next(n for n in range(len(ids) - 1, 0, -1) if engine.tokenizer.decode(ids[:n]).endswith("\ufffd"))
+    assert engine.complete_text(ids[:cut]).rstrip() == "Bonjour" and "\ufffd" not in engine.complete_text(ids[:cut])
+    assert engine.complete_text(ids) == "Bonjour 😀", "complete characters are kept"
+
+
+def test_model_reads_its_parameters_through_the_interface():
+    """One definition: model.py's tensor names and defaults are the interface's (model.py loads the same module)."""
+    from hf2triton.serving import interface, model
+
+    assert model.interface is interface and model.ModelParameters is interface.ModelParameters
+    parsed = interface.ModelParameters.from_strings({"task": "text-generation", "model_dir": "/m", "chat_template": "false"})
+    assert parsed.max_new_tokens == interface.DEFAULTS.max_new_tokens and parsed.chat_template is False
+    assert interface.ModelParameters.from_strings(parsed.to_strings()) == parsed

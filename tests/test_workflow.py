@@ -3,20 +3,44 @@ incremental / restorable behaviours (rerun only what changed; restore a server t
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import shutil
 import signal
 import time
 
 import pytest
 
 from hf2triton import host
+from tests.helpers import make_workflow, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_models):
+    """This module's own served workflow: its tests change the config and kill processes, so they do not
+    share the session's tiny_workflow (other modules keep an untouched server)."""
+    workflow = make_workflow(tmp_path_factory.mktemp("workflow"), tiny_model_entries(tiny_models))
+    workflow.first_run = workflow.run("serve")
+    workflow.original_config = copy.deepcopy(workflow.config)
+    yield workflow
+    workflow.stop()
+
+
+@pytest.fixture
+def tiny_workflow(served):
+    """Every test starts from the original config, served and current, whatever ran before it (any order,
+    any subset); config changes a test makes are undone afterwards."""
+    served.config = copy.deepcopy(served.original_config)
+    served.run("serve")
+    yield served
+    served.config = copy.deepcopy(served.original_config)
+
+
 def test_first_run_builds_everything_and_validates(tiny_workflow):
-    jobs = tiny_workflow.jobs_run(tiny_workflow.first_run)
+    jobs = tiny_workflow.jobs_run(tiny_workflow.first_run)  # the module fixture's first run
     assert sorted(jobs) == sorted(
         ["preflight", "validate", "serve"] + [r for r in ("fetch", "pretrained", "repository", "lint") for _ in range(3)]
     )
@@ -132,7 +156,7 @@ def test_other_boot_id_restarts_server(tiny_workflow):
     assert tiny_workflow.state()["boot_id"] == host.boot_id()
 
 
-def test_adding_a_model_builds_only_the_new_one(tiny_workflow, tiny_models):
+def test_adding_a_model_then_changing_its_source_rebuilds_only_that_model(tiny_workflow, tiny_models):
     extra = {"name": "embed2", "source": str(tiny_models["feature-extraction"]), "task": "feature-extraction", "max_batch_size": 2}
     tiny_workflow.config["models"].append(extra)
     result = tiny_workflow.run("serve")
@@ -140,16 +164,24 @@ def test_adding_a_model_builds_only_the_new_one(tiny_workflow, tiny_models):
     assert sorted(jobs) == sorted(["fetch", "pretrained", "repository", "lint", "preflight", "validate", "serve"])
     assert tiny_workflow.report()["models"]["embed2"]["ok"]
 
-
-def test_changing_source_rebuilds_that_model_only(tiny_workflow, tiny_models):
-    for model in tiny_workflow.config["models"]:
-        if model["name"] == "embed2":
-            model["source"] = str(tiny_models["text-classification"])
-            model["task"] = "text-classification"
+    extra.update(source=str(tiny_models["text-classification"]), task="text-classification")
     result = tiny_workflow.run("serve")
     jobs = tiny_workflow.jobs_run(result)
     assert sorted(jobs) == sorted(["fetch", "pretrained", "repository", "lint", "preflight", "validate", "serve"])
     assert tiny_workflow.report()["models"]["embed2"]["task"] == "text-classification"
+
+
+def test_removing_a_model_removes_only_its_rendered_directory(tiny_workflow):
+    """Regression: a model taken out of config.yaml left its rendered directory behind (lint saw it as a model)."""
+    repository = tiny_workflow.directory / "model_repository"
+    handmade = repository / "handmade"
+    (handmade / "1").mkdir(parents=True)
+    (handmade / "config.pbtxt").write_text('name: "handmade"\nbackend: "python"\n')
+    tiny_workflow.config["models"] = [m for m in tiny_workflow.config["models"] if m["name"] != "classify"]
+    tiny_workflow.run("serve")
+    assert sorted(p.name for p in repository.iterdir() if p.is_dir()) == ["embed", "generate", "handmade"]
+    assert sorted(tiny_workflow.report()["models"]) == ["embed", "generate"]
+    shutil.rmtree(handmade)
 
 
 def test_status_and_stop_targets(tiny_workflow):

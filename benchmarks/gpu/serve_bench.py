@@ -14,6 +14,7 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,11 +22,12 @@ sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402
 from hf2triton.logs import setup_logging  # noqa: E402
-from hf2triton.perf.bench import bench_model_step  # noqa: E402
+from hf2triton.perf.bench import bench_served_model  # noqa: E402
 from hf2triton.perf.report import bench_step  # noqa: E402
-from hf2triton.perf.tune import tune_step  # noqa: E402
+from hf2triton.perf.tune import tune_models  # noqa: E402
 from hf2triton.pipeline.render import render_model  # noqa: E402
-from hf2triton.triton.process import make_settings, stop_server  # noqa: E402
+from hf2triton.specs import BenchSpec, GenerationSpec, ModelSpec, ServerSpec, TuneSpec, serving_values  # noqa: E402
+from hf2triton.triton.process import Settings, ensure_server, stop_server  # noqa: E402
 
 
 class _SkipBench(Exception):
@@ -48,15 +50,12 @@ def build(assets: Path, name: str, causal: bool) -> str:
     return str(target)
 
 
-def model_entry(name: str, task: str, max_batch_size: int, instances: int, delay_us: int, gpu: bool = True) -> dict:
-    entry = {
-        "name": name, "task": task, "backend": "python", "device": "gpu" if gpu else "cpu",
-        "dtype": "float16" if gpu else "float32", "max_input_bytes": 65536,
-        "max_batch_size": max_batch_size, "instances": instances, "dynamic_batching": {"max_queue_delay_us": delay_us},
-    }  # fmt: skip
-    if task == "text-generation":
-        entry["generation"] = {"max_new_tokens": 64, "temperature": 0, "chat_template": True}
-    return entry
+def model_spec(name: str, task: str, max_batch_size: int, instances: int, delay_us: int, gpu: bool = True) -> ModelSpec:
+    generation = GenerationSpec(max_new_tokens=64) if task == "text-generation" else None
+    return ModelSpec(
+        name=name, source="-", task=task, device="gpu" if gpu else "cpu", dtype="float16" if gpu else "float32",
+        max_batch_size=max_batch_size, instances=instances, max_queue_delay_us=delay_us, generation=generation,
+    )  # fmt: skip
 
 
 def main() -> int:
@@ -76,28 +75,25 @@ def main() -> int:
     started = time.perf_counter()
     pretrained = {"minilm": build(args.assets, "minilm", False), "smollm2": build(args.assets, "smollm2", True)}
     models = [
-        model_entry("minilm", "feature-extraction", 256, args.minilm_instances, 1000, gpu=not args.cpu),
-        model_entry("smollm2", "text-generation", 32, 1, 2000, gpu=not args.cpu),
+        model_spec("minilm", "feature-extraction", 256, args.minilm_instances, 1000, gpu=not args.cpu),
+        model_spec("smollm2", "text-generation", 32, 1, 2000, gpu=not args.cpu),
     ]
     repository = WORK / "model_repository"
-    for m in models:
-        render_model(
-            output=str(repository / m["name"]), name=m["name"], task=m["task"], pretrained=pretrained[m["name"]],
-            max_batch_size=m["max_batch_size"], instances=m["instances"], kind="KIND_CPU" if args.cpu else "KIND_GPU", dtype=m["dtype"],
-            num_threads=max(1, host.cpu_count() // m["instances"]), max_queue_delay_us=m["dynamic_batching"]["max_queue_delay_us"],
-            max_input_bytes=m["max_input_bytes"], generation=m.get("generation"),
-        )  # fmt: skip
+    for model in models:
+        render_model(str(repository / model.name), serving_values(model, not args.cpu, host.cpu_count()), pretrained[model.name])
     ports = host.free_ports(3)
-    server = {"host": "127.0.0.1", "http_port": ports[0], "grpc_port": ports[1], "metrics_port": ports[2],
-              "startup_timeout_s": 600, "log_verbose": 0, "shm_default_byte_size": 64 * 1024 * 1024}  # fmt: skip
-    names = [m["name"] for m in models]
-    levels = [1, 2] if args.cpu else [1, 4, 16, 64]
-    bench = {"concurrency": levels, "protocols": ["grpc"], "seconds": args.seconds, "warmup_s": 1.0,
-             "max_requests": 1_000_000, "max_new_tokens": 32, "tool": "auto", "inprocess_backends": False}  # fmt: skip
+    server = ServerSpec(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], startup_timeout_s=600,
+                        shm_default_byte_size=64 * 1024 * 1024)  # fmt: skip
+    names = [m.name for m in models]
+    settings = Settings.of(server, names, str(WORK), str(repository))
+    levels = (1, 2) if args.cpu else (1, 4, 16, 64)
+    bench = BenchSpec(concurrency=levels, protocols=("grpc",), seconds=args.seconds, warmup_s=1.0, max_requests=1_000_000,
+                      max_new_tokens=32, tool="auto", inprocess_backends=False)  # fmt: skip
     results = []
     try:
         if args.skip_bench:
             raise _SkipBench
+        ensure_server(settings)
         runs = [("minilm", "auto", levels), ("smollm2", "auto", levels[:3])]
         if args.both_tools:
             runs.insert(1, ("minilm", "tritonclient", levels))
@@ -106,22 +102,21 @@ def main() -> int:
         for name, tool, concurrency in runs:
             stem = name if tool == "auto" else f"{name}-{tool}"
             output = args.out / f"{stem}.json"
-            bench_model_step(name, server, names, str(WORK), str(repository), {**bench, "tool": tool, "concurrency": concurrency}, str(output))
+            bench_served_model(name, settings.urls, str(repository), replace(bench, tool=tool, concurrency=concurrency), str(output))
             results.append(str(output))
             print(f"{stem} done after {time.perf_counter() - started:.0f} s", flush=True)
     except _SkipBench:
         pass
     finally:
-        stop_server(make_settings(server, names, str(WORK), str(repository)))
+        stop_server(settings)
     if results:
         bench_step(results, str(args.out / "report.md"), str(args.out / "ratios.json"), str(args.out / "plots"))
     if not args.skip_tune:
-        tune = {"models": ["minilm"], "max_batch_size": [256], "instances": [1, 2] if args.cpu else [1, 2, 4],
-                "max_queue_delay_us": [0, 1000],
-                "backends": [], "concurrency": 16, "request_texts": 1, "latency_budget_ms": 50, "seconds": args.seconds,
-                "max_requests": 1_000_000}  # fmt: skip
-        tune_step(
-            [models[0]], {"minilm": {"pretrained": pretrained["minilm"]}}, server, tune,
+        instances = (1, 2) if args.cpu else (1, 2, 4)
+        tune = TuneSpec(models=("minilm",), max_batch_size=(256,), instances=instances, max_queue_delay_us=(0, 1000),
+                        concurrency=16, request_texts=1, latency_budget_ms=50, seconds=args.seconds, max_requests=1_000_000)  # fmt: skip
+        tune_models(
+            [models[0]], {"minilm": {"pretrained": pretrained["minilm"]}}, server, tune, not args.cpu,
             str(args.out / "tune" / "overlay.yaml"), str(args.out / "tune" / "results.json"), str(args.out / "tune" / "report.md"),
             str(args.out / "tune" / "plots"),
         )  # fmt: skip

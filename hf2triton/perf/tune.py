@@ -134,27 +134,12 @@ def artifacts_by_model(inputs: dict[str, Any]) -> dict[str, dict[str, str]]:
 
 
 def tune_step(
-    models: list[dict[str, Any]],
-    inputs: dict[str, Any],
-    server: dict[str, Any],
-    tune: dict[str, Any],
-    gpu_available: bool,
-    output_overlay: str,
-    output_json: str,
-    output_md: str,
-    plot_dir: str,
+    models: list[dict[str, Any]], inputs: dict[str, Any], server: dict[str, Any], tune: dict[str, Any], gpu_available: bool, **outputs: str
 ) -> dict[str, Any]:
-    """Rule tune (specs arrive as params dicts)."""
+    """Rule tune (specs arrive as params dicts; outputs: output_overlay, output_json, output_md, plot_dir)."""
+    specs = [from_param(ModelSpec, m) for m in models]
     return tune_models(
-        [from_param(ModelSpec, m) for m in models],
-        artifacts_by_model(inputs),
-        from_param(ServerSpec, server),
-        from_param(TuneSpec, tune),
-        gpu_available,
-        output_overlay,
-        output_json,
-        output_md,
-        plot_dir,
+        specs, artifacts_by_model(inputs), from_param(ServerSpec, server), from_param(TuneSpec, tune), gpu_available, **outputs
     )
 
 

@@ -74,12 +74,13 @@ def preflight_step(
     """Rule `preflight` (specs arrive as params dicts)."""
     footprints = [from_param(Footprint, m) for m in models]
     settings = Settings.of(from_param(ServerSpec, server), [m.name for m in footprints], work)
-    return run_preflight(footprints, settings, pretrained_dirs, gpu_available, output)
+    return run_preflight(footprints, settings, work, pretrained_dirs, gpu_available, output)
 
 
 def run_preflight(
-    models: list[Footprint], settings: Settings, pretrained_dirs: dict[str, str], gpu_available: bool, output: str
+    models: list[Footprint], settings: Settings, work: str, pretrained_dirs: dict[str, str], gpu_available: bool, output: str
 ) -> dict[str, Any]:
+    """The checks; `work` is paths.work as configured (named in messages)."""
     checks = []
     try:
         install = locate_tritonserver()
@@ -94,7 +95,6 @@ def run_preflight(
 
     pending = [m for m in models if not (Path(pretrained_dirs[m.name]) / "hf2triton.json").is_file()]
     need = sum(int(2 * (source_bytes(m) or 0) * source_expansion(m)) for m in pending)
-    work = settings.work
     free = free_bytes(work)
     checks.append(
         _check(
@@ -109,13 +109,13 @@ def run_preflight(
     state = read_state(settings)
     ours = observe(settings, state).cmdline_matches if state else False
     for key, port in settings.ports.items():
-        held_by_us = ours and state.get("ports", {}).get(key) == port and state.get("host") == settings.host
-        free_now = host.port_is_free(settings.host, port)
+        held_by_us = ours and state.get("ports", {}).get(key) == port and state.get("host") == settings.server.host
+        free_now = host.port_is_free(settings.server.host, port)
         checks.append(
             _check(
                 f"port:{key}",
                 free_now or held_by_us,
-                f"{settings.host}:{port} "
+                f"{settings.server.host}:{port} "
                 + ("free" if free_now else "held by our tritonserver" if held_by_us else "in use by another program"),
                 f"stop that program or set server.{key} in config.yaml to a free port",
             )
@@ -150,7 +150,7 @@ def run_preflight(
     shm = Path("/dev/shm")  # noqa: S108 - only measured
     if shm.is_dir():
         shm_free = shutil.disk_usage(shm).free
-        shm_need = settings.shm_default_byte_size * sum(m.instances for m in models) * 2
+        shm_need = settings.server.shm_default_byte_size * sum(m.instances for m in models) * 2
         checks.append(
             _check(
                 "shared-memory",

@@ -15,7 +15,7 @@ from pathlib import Path
 from hf2triton.fsutil import atomic_directory
 from hf2triton.serving.interface import ModelParameters
 from hf2triton.specs import ServingValues, from_param
-from hf2triton.triton.modelconfig import build_model_config, config_text
+from hf2triton.triton.modelconfig import HEADER, build_model_config, config_text
 
 log = logging.getLogger(__name__)
 
@@ -84,3 +84,24 @@ def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir:
 def repository_step(output: str, serving: dict, pretrained: str, onnx_dir: str = "", trt_engine: str = "") -> Path:
     """Rule `repository`: the serving values arrive as a params dict (hf2triton.specs.to_param)."""
     return render_model(output, from_param(ServingValues, serving), pretrained, onnx_dir, trt_engine)
+
+
+def is_rendered(model_dir: Path) -> bool:
+    """A model directory hf2triton rendered (its config.pbtxt starts with our header)."""
+    config = model_dir / "config.pbtxt"
+    try:
+        with config.open(encoding="utf-8") as handle:
+            return handle.read(len(HEADER)) == HEADER
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def prune_repository(repository: str, models: list[str]) -> list[str]:
+    """Remove the directories hf2triton rendered for models no longer in the config (a model taken out of
+    config.yaml would otherwise stay in the repository and be linted as one); anything else stays."""
+    root = Path(repository)
+    stale = [p for p in sorted(root.iterdir()) if p.is_dir() and p.name not in models and is_rendered(p)] if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path)
+        log.info("removed %s: model %s is no longer in the config", path, path.name)
+    return [p.name for p in stale]

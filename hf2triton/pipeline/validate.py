@@ -18,6 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
+from hf2triton.pipeline.render import prune_repository
 from hf2triton.pipeline.serve import settings_from_params
 from hf2triton.serving import interface
 from hf2triton.serving.interface import GENERATION, ModelParameters
@@ -321,5 +322,6 @@ def validate_step(
 ) -> dict[str, Any]:
     """Rule `validate`: make sure the server runs the current repository, then validate it."""
     settings = settings_from_params(server, models, work, repository)
+    prune_repository(repository, models)
     state = ensure_server(settings)
     return validate_server(settings, state, output_json, output_md, parity_floors)

@@ -39,22 +39,26 @@ STOP_TIMEOUT_S = 30
 
 @dataclass
 class Settings:
+    """One server of ours: the config's server spec, the repository it serves, the work directory (state,
+    log, backends) and the models it loads."""
+
+    server: ServerSpec
     repository: str
     work: str
     models: list[str]
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    startup_timeout_s: int = 300
-    log_verbose: int = 0
-    shm_default_byte_size: int = 16 * 1024 * 1024
-    ports: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
         self.repository = str(Path(self.repository).resolve())
         self.work = str(Path(self.work).resolve())
-        self.ports = {"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port}
+        self.models = list(self.models)
+
+    @property
+    def host(self) -> str:
+        return self.server.host
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return self.server.ports
 
     @property
     def server_dir(self) -> Path:
@@ -84,8 +88,7 @@ class Settings:
 
     @classmethod
     def of(cls, server: ServerSpec, models: list[str], work: str, repository: str = "model_repository") -> Settings:
-        """The one way to build settings: the config's server spec, the served models, the work directory."""
-        return cls(repository=repository, work=work, models=list(models), **vars(server))
+        return cls(server, repository, work, models)
 
 
 def server_command(install: Installation, settings: Settings, backend_dir: str, admin_key: str) -> list[str]:
@@ -97,16 +100,16 @@ def server_command(install: Installation, settings: Settings, backend_dir: str, 
         *[f"--load-model={name}" for name in settings.models],
         f"--backend-directory={backend_dir}",
         f"--http-address={host_addr}",
-        f"--http-port={settings.http_port}",
+        f"--http-port={settings.server.http_port}",
         f"--grpc-address={host_addr}",
-        f"--grpc-port={settings.grpc_port}",
+        f"--grpc-port={settings.server.grpc_port}",
         f"--metrics-address={host_addr}",
-        f"--metrics-port={settings.metrics_port}",
-        f"--log-verbose={settings.log_verbose}",
+        f"--metrics-port={settings.server.metrics_port}",
+        f"--log-verbose={settings.server.log_verbose}",
         "--exit-on-error=true",
         "--exit-timeout-secs=10",
         "--strict-readiness=true",
-        f"--backend-config=python,shm-default-byte-size={settings.shm_default_byte_size}",
+        f"--backend-config=python,shm-default-byte-size={settings.server.shm_default_byte_size}",
         f"--http-restricted-api={RESTRICTED_HTTP_APIS}:{RESTRICTED_KEY_HEADER}={admin_key}",
         f"--grpc-restricted-protocol={RESTRICTED_HTTP_APIS}:{RESTRICTED_KEY_HEADER}={admin_key}",
     ]
@@ -350,9 +353,9 @@ def wait_until_ready(settings: Settings, process: subprocess.Popen) -> None:
         if is_ready(settings):
             return
         elapsed = time.monotonic() - started
-        if elapsed > settings.startup_timeout_s:
+        if elapsed > settings.server.startup_timeout_s:
             _terminate(process.pid, None)
-            raise _failure(settings, f"tritonserver not ready after {settings.startup_timeout_s} s (server.startup_timeout_s)")
+            raise _failure(settings, f"tritonserver not ready after {settings.server.startup_timeout_s} s (server.startup_timeout_s)")
         if time.monotonic() - last_report >= 10:
             text = settings.log_file.read_text(errors="replace")
             loaded = _loaded_models(text, settings.models)
@@ -375,7 +378,7 @@ def reload_models(settings: Settings, state: dict[str, Any], models: tuple[str, 
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while client.model_ready(settings.url(), name) and time.monotonic() < deadline:
             time.sleep(0.2)
-        status, body = client.http_post(f"{base}/repository/models/{name}/load", headers, timeout=settings.startup_timeout_s)
+        status, body = client.http_post(f"{base}/repository/models/{name}/load", headers, timeout=settings.server.startup_timeout_s)
         if status != 200:
             raise _failure(settings, f"reloading model {name} failed ({status}: {body[:300]})")
         log.info("reloaded %s in %.1f s", name, time.monotonic() - started)
