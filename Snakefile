@@ -33,7 +33,7 @@ rule serve:
         work=WORK,
         repository=REPOSITORY,
     log:
-        "results/logs/serve.log",
+        logs("serve", per_model=False),
     localrule: True
     conda:
         "envs/hf2triton.yaml"

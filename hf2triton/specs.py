@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hf2triton.errors import UserError
-from hf2triton.serving.interface import GENERATION
+from hf2triton.serving.interface import DEFAULTS, GENERATION
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,11 @@ class OnnxSpec:
 
 @dataclass(frozen=True)
 class GenerationSpec:
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    chat_template: bool = True
+    """Field names are ModelParameters' (rendered into config.pbtxt as they are)."""
+
+    max_new_tokens: int = DEFAULTS.max_new_tokens
+    temperature: float = DEFAULTS.temperature
+    chat_template: bool = DEFAULTS.chat_template
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class ModelSpec:
     instances: int = 1
     device: str = "auto"
     dtype: str = "auto"
-    max_input_bytes: int = 65536
+    max_input_bytes: int = DEFAULTS.max_input_bytes
     max_queue_delay_us: int = 2000
     generation: GenerationSpec | None = None  # text-generation models only
 

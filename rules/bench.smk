@@ -10,7 +10,7 @@ rule bench_model:
         server=SERVER,
         models=MODELS,
         work=WORK,
-        repository=lambda wildcards, input: str(Path(input.repository).parent),
+        repository=repository_of,
         bench=to_param(PROJECT.bench),
     log:
         logs("bench"),
@@ -45,6 +45,7 @@ rule tune:
         json=results("tune/results.json"),
         markdown=results("tune/report.md"),
         plots=expand(results("tune/plots/{model}-grid.png"), model=[m.name for m in PROJECT.tuned_models()]),
+        scratch=directory(results("tune/scratch")),
     params:
         models=[to_param(model) for model in PROJECT.tuned_models()],
         server=SERVER,

@@ -45,6 +45,10 @@ def model_work(name="{model}"):
     return f"{WORK}/models/{name}"
 
 
+def hub_cache():
+    return f"{WORK}/hub"
+
+
 def fetch_record(name="{model}"):
     return f"{model_work(name)}/fetch.json"
 
@@ -59,6 +63,11 @@ def onnx_dir(name="{model}"):
 
 def trt_engine(name="{model}"):
     return f"{model_work(name)}/tensorrt/engine.plan"
+
+
+def trt_record(name="{model}"):
+    """What the engine was built with (TensorRT version, GPU, profiles): lint reads it."""
+    return f"{model_work(name)}/tensorrt/engine.json"
 
 
 def repository_dir(name="{model}"):
@@ -103,8 +112,9 @@ def source_version(wildcards):
 
 
 def repository_of(wildcards, input):
-    """The repository root, derived from the rendered model directories that are inputs."""
-    return str(Path(input.repository[0]).parent)
+    """The repository root, derived from the rendered model directory (or directories) that are inputs."""
+    rendered = input.repository
+    return str(Path(rendered if isinstance(rendered, str) else rendered[0]).parent)
 
 
 def artifacts(name, backends):
@@ -132,6 +142,7 @@ def tune_inputs(wildcards):
     """Artifacts the sweep renders variants from; an ONNX export is built on demand when a tried backend needs it."""
     inputs = {"serving_code": SERVING_CODE}
     for model in PROJECT.tuned_models():
-        for key, path in artifacts(model.name, PROJECT.tune.backends or [model.backend]).items():
+        # the current backend too: the sweep always measures the current settings
+        for key, path in artifacts(model.name, {*PROJECT.tune.backends, model.backend}).items():
             inputs[f"{model.name}__{key}"] = path
     return inputs

@@ -24,7 +24,8 @@ rule tensorrt_engine:
     input:
         onnx=rules.export_onnx.output[0],
     output:
-        trt_engine(),
+        engine=trt_engine(),
+        record=trt_record(),
     params:
         max_batch_size=model_value("max_batch_size"),
         gpu=GPU_AVAILABLE,

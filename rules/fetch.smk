@@ -9,7 +9,7 @@ rule fetch:
         source_version=source_version,
         revision=model_value("revision"),
         gguf_file=model_value("gguf_file"),
-        cache_dir=f"{WORK}/hub",
+        cache_dir=hub_cache(),
     log:
         logs("fetch"),
     retries: 1

@@ -10,5 +10,5 @@ run_step(
     onnx_dir=snakemake.input.onnx,
     max_batch_size=params.max_batch_size,
     gpu_available=params.gpu,
-    output=snakemake.output[0],
+    output=snakemake.output.engine,
 )

@@ -16,6 +16,7 @@ run_step(
     output_overlay=snakemake.output.overlay,
     output_json=snakemake.output.json,
     output_md=snakemake.output.markdown,
+    scratch_dir=snakemake.output.scratch,
     plot_dir=str(Path(snakemake.output.plots[0]).parent)
     if snakemake.output.plots
     else str(Path(snakemake.output.markdown).parent / "plots"),

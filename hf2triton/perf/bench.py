@@ -78,8 +78,6 @@ def raw_throughput(engine, texts: list[str], batch: int, seconds: float, options
 
 
 def measure_raw(config, texts: list[str], sizes: list[int], seconds: float, backends: list[str], max_new_tokens: int) -> dict:
-    import dataclasses
-
     from hf2triton.pipeline.validate import reference_device
     from hf2triton.serving.model import engine_from_parameters
 

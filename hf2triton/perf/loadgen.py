@@ -116,7 +116,7 @@ def build_requests(protocol: str, texts: list[bytes], request_texts: int, option
     return requests
 
 
-async def _closed_loop(client, model: str, requests: list, concurrency: int, seconds: float, max_requests: int, output: str | None):
+async def _closed_loop(triton, model: str, requests: list, concurrency: int, seconds: float, max_requests: int, output: str | None):
     latencies: list[float] = []
     outputs: list[bytes] = []
     errors: list[str] = []
@@ -132,7 +132,7 @@ async def _closed_loop(client, model: str, requests: list, concurrency: int, sec
             index += concurrency
             started = time.perf_counter()
             try:
-                result = await client.infer(model, inputs)
+                result = await triton.infer(model, inputs)
             except Exception as err:  # noqa: BLE001 - every failure is counted and the first one reported
                 errors.append(str(err)[:300])
                 continue
@@ -148,11 +148,11 @@ async def _closed_loop(client, model: str, requests: list, concurrency: int, sec
 async def _run_async(protocol: str, url: str, model: str, requests: list, concurrency: int, seconds: float, max_requests: int, output):
     _, aio_module = _client_modules(protocol)
     kwargs = {"conn_limit": max(concurrency, 1)} if protocol == "http" else {}
-    client = aio_module.InferenceServerClient(url, **kwargs)
+    triton = aio_module.InferenceServerClient(url, **kwargs)
     try:
-        return await _closed_loop(client, model, requests, concurrency, seconds, max_requests, output)
+        return await _closed_loop(triton, model, requests, concurrency, seconds, max_requests, output)
     finally:
-        await client.close()
+        await triton.close()
 
 
 @dataclass
@@ -226,13 +226,14 @@ def perf_analyzer_binary() -> str | None:
     return None
 
 
-def perf_analyzer_input(texts: list[bytes], extra: dict[str, int] | None = None, count: int = 256) -> dict[str, Any]:
+def perf_analyzer_input(texts: list[bytes], extra: dict[str, Any] | None = None, count: int = 256) -> dict[str, Any]:
     """perf_analyzer's --input-data JSON: one text per entry (it batches entries itself with -b)."""
     data = []
     for text in texts[:count]:
-        entry: dict[str, Any] = {interface.TEXT: {"content": [text.decode("utf-8")], "shape": [1]}}
-        for name, value in (extra or {}).items():
-            entry[name] = {"content": [value], "shape": [1]}
+        entry = {}
+        for name, _, array in client.input_arrays([text], extra):
+            value = array.reshape(-1)[0]
+            entry[name] = {"content": [value.decode("utf-8") if isinstance(value, bytes) else value.item()], "shape": [1]}
         data.append(entry)
     return {"data": data}
 

@@ -44,29 +44,38 @@ def _texts(rng: random.Random, count: int) -> list[bytes]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40))).encode() for _ in range(count)]
 
 
-def _request(rng: random.Random, models: dict[str, str], bad_share: float):
-    """(kind, model, inputs spec, expected_ok) for one request."""
+def _request(rng: random.Random, models: dict[str, str], bad_share: float, limits: dict[str, int]):
+    """(kind, model, inputs spec, expected_ok) for one request; `limits`: max_input_bytes per model name."""
     if rng.random() < bad_share:
-        kind = rng.choice(BAD_KINDS if "text-generation" in models else BAD_KINDS[:3])
-        text = {"invalid-utf8": b"\xff\xfe bad", "empty": b"  ", "oversized": b"x" * 70_000}.get(kind, b"Hello")
-        model = models["text-generation"] if kind == "bad-max-new-tokens" else next(iter(models.values()))
+        kind = rng.choice(BAD_KINDS if interface.GENERATION in models else BAD_KINDS[:3])
+        model = models[interface.GENERATION] if kind == "bad-max-new-tokens" else next(iter(models.values()))
+        oversized = b"x" * (limits.get(model, interface.DEFAULTS.max_input_bytes) + 1)
+        text = {"invalid-utf8": b"\xff\xfe bad", "empty": b"  ", "oversized": oversized}.get(kind, b"Hello")
         extra = {interface.MAX_NEW_TOKENS: -1} if kind == "bad-max-new-tokens" else {}
         return kind, model, [text], extra, False
     task = rng.choice(sorted(models))
-    if task == "text-generation":
+    if task == interface.GENERATION:
         return "generate", models[task], _texts(rng, 1), {interface.MAX_NEW_TOKENS: 8}, True
-    return "embed" if task == "feature-extraction" else "classify", models[task], _texts(rng, rng.randint(1, 4)), {}, True
+    return "embed" if task == interface.FEATURE_EXTRACTION else "classify", models[task], _texts(rng, rng.randint(1, 4)), {}, True
 
 
-def _worker(
-    url: str, models: dict[str, str], deadline: float, seed: int, bad_share: float, out: list[Sample], lock: threading.Lock
-) -> None:
+@dataclass(frozen=True)
+class Mix:
+    """The traffic: the gRPC address, task -> model, model -> max_input_bytes, share of bad requests."""
+
+    url: str
+    models: dict[str, str]
+    limits: dict[str, int]
+    bad_share: float
+
+
+def _worker(mix: Mix, deadline: float, seed: int, out: list[Sample], lock: threading.Lock) -> None:
     import tritonclient.grpc as grpcclient
 
-    triton = grpcclient.InferenceServerClient(url)
+    triton = grpcclient.InferenceServerClient(mix.url)
     rng = random.Random(seed)  # noqa: S311 - load generation, not cryptography
     while time.monotonic() < deadline:
-        kind, model, texts, extra, expected_ok = _request(rng, models, bad_share)
+        kind, model, texts, extra, expected_ok = _request(rng, mix.models, mix.bad_share, mix.limits)
         inputs = client.build_inputs(grpcclient, texts, extra)
         started = time.monotonic()
         try:
@@ -154,18 +163,23 @@ def render_markdown(result: dict[str, Any]) -> str:
 
 
 def run_soak(
-    grpc_url: str, models: dict[str, str], server_pid: int, duration_s: float, concurrency: int, interval_s: float, bad_share: float = 0.2
+    grpc_url: str,
+    models: dict[str, str],
+    server_pid: int,
+    duration_s: float,
+    concurrency: int,
+    interval_s: float,
+    bad_share: float = 0.2,
+    limits: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Drive the traffic and sample memory; `models` maps task -> model name."""
+    """Drive the traffic and sample memory; `models` maps task -> model name, `limits` model -> max_input_bytes."""
+    mix = Mix(grpc_url, models, limits or {}, bad_share)
     samples: list[Sample] = []
     memory: list[dict[str, Any]] = []
     lock = threading.Lock()
     start = time.monotonic()
     deadline = start + duration_s
-    workers = [
-        threading.Thread(target=_worker, args=(grpc_url, models, deadline, seed, bad_share, samples, lock), daemon=True)
-        for seed in range(concurrency)
-    ]
+    workers = [threading.Thread(target=_worker, args=(mix, deadline, seed, samples, lock), daemon=True) for seed in range(concurrency)]
     for worker in workers:
         worker.start()
     next_report = start
@@ -206,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     models: dict[str, str] = {}
     for model in project.models:
         models.setdefault(model.task, model.name)
-    result = run_soak(settings.url("grpc_port"), models, int(state["pid"]), args.duration, args.concurrency, args.interval, args.bad_share)
+    limits = {model.name: model.max_input_bytes for model in project.models}
+    result = run_soak(
+        settings.url("grpc_port"), models, int(state["pid"]), args.duration, args.concurrency, args.interval, args.bad_share, limits
+    )
     atomic_write_json(args.output, result)
     atomic_write_text(Path(args.output).with_suffix(".md"), render_markdown(result))
     print(render_markdown(result))

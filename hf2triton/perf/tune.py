@@ -153,9 +153,11 @@ def tune_models(
     output_json: str,
     output_md: str,
     plot_dir: str,
+    scratch_dir: str = "",
 ) -> dict[str, Any]:
-    """The sweep for every tuned model, the overlay, the report."""
-    root = Path(output_json).parent
+    """The sweep for every tuned model, the overlay, the report. Variant repositories and scratch servers
+    live under `scratch_dir` (default: next to output_json)."""
+    root = Path(scratch_dir or Path(output_json).parent / "scratch")
     texts = [t.encode() for t in bench_texts(512)]
     results: dict[str, Any] = {"tune": dataclasses.asdict(tune), "host": {"cpus": host.cpu_count(), "gpu": gpu_available}, "models": {}}
     overrides: dict[str, Any] = {}

@@ -18,18 +18,15 @@ from typing import Any
 
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory, human_bytes, tree_size
+from hf2triton.serving.interface import CLASSIFICATION, FEATURE_EXTRACTION, GENERATION
 
-log = logging.getLogger("hf2triton.pipeline.export")
+log = logging.getLogger(__name__)
 
 # Bumped whenever the export logic changes what it produces: it is a param of the rule, so an upgrade of
 # hf2triton re-exports (Snakemake does not rerun jobs for changes in imported modules).
 EXPORT_VERSION = 3
 
-OPTIMUM_TASKS = {
-    "feature-extraction": "feature-extraction",
-    "text-classification": "text-classification",
-    "text-generation": "text-generation-with-past",
-}
+OPTIMUM_TASKS = {FEATURE_EXTRACTION: "feature-extraction", CLASSIFICATION: "text-classification", GENERATION: "text-generation-with-past"}
 ENCODER_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "distilbert": "bert", "mpnet": "bert", "electra": "bert"}
 OPTIMIZATION_LEVELS = {"none": 0, "O1": 1, "O2": 2, "O3": 2}  # O3 = O2 + GELU approximation below
 
@@ -86,7 +83,7 @@ def export_onnx_step(pretrained: str, task: str, opset: int, optimize: str, quan
     from hf2triton.pipeline.pretrained import auto_model_class
 
     config = json.loads((Path(pretrained) / "config.json").read_text())
-    encoder = task != "text-generation"
+    encoder = task != GENERATION
     if quantize != "none" and not encoder:
         raise UserError("onnx.quantize: dynamic-int8 is supported for encoder tasks only", "use quantize: none for text-generation")
     started = time.monotonic()

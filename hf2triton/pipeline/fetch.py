@@ -19,7 +19,7 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, free_bytes, human_bytes, sha256_file
 from hf2triton.pipeline.sources import Source, parse_source, resolve_local_path
 
-log = logging.getLogger("hf2triton.pipeline.fetch")
+log = logging.getLogger(__name__)
 
 CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "1_Pooling/*", "tokenizer*"]
 WEIGHT_PATTERNS = {

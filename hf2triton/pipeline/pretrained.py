@@ -13,8 +13,9 @@ from typing import Any
 
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory, free_bytes, human_bytes, tree_size
+from hf2triton.serving.interface import AUTO_CLASSES
 
-log = logging.getLogger("hf2triton.pipeline.pretrained")
+log = logging.getLogger(__name__)
 
 # Files sentence-transformers keeps next to the HF model; save_pretrained does not copy them.
 SENTENCE_TRANSFORMERS_FILES = ["modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"]
@@ -25,11 +26,7 @@ MANIFEST = "hf2triton.json"
 def auto_model_class(task: str):
     import transformers
 
-    return {
-        "text-generation": transformers.AutoModelForCausalLM,
-        "feature-extraction": transformers.AutoModel,
-        "text-classification": transformers.AutoModelForSequenceClassification,
-    }[task]
+    return getattr(transformers, AUTO_CLASSES[task])
 
 
 def load_source_model(path: Path, gguf_file: str | None, task: str):

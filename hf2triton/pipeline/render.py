@@ -6,6 +6,7 @@ model's derived serving values; the serving code is the package's own, copied ve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -13,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from hf2triton.fsutil import atomic_directory
-from hf2triton.serving.interface import ModelParameters
+from hf2triton.serving.interface import FEATURE_EXTRACTION, ModelParameters
 from hf2triton.specs import ServingValues, from_param
 from hf2triton.triton.modelconfig import HEADER, build_model_config, config_text
 
@@ -37,12 +38,7 @@ def model_parameters_for(serving: ServingValues, pretrained: str, onnx_dir: str 
     export = Path(onnx_dir) / "export.json" if onnx_dir else None
     if export is not None and export.is_file():
         quantize = json.loads(export.read_text()).get("quantize", "none")
-    generation = serving.generation
-    extra = (
-        {"max_new_tokens": generation.max_new_tokens, "temperature": generation.temperature, "chat_template": generation.chat_template}
-        if generation
-        else {}
-    )
+    extra = dataclasses.asdict(serving.generation) if serving.generation else {}  # its fields are ModelParameters
     return ModelParameters(
         task=serving.task,
         backend=serving.backend,
@@ -60,7 +56,7 @@ def model_parameters_for(serving: ServingValues, pretrained: str, onnx_dir: str 
 def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir: str = "", trt_engine: str = "") -> Path:
     """Write the model's repository directory `output` (config.pbtxt + 1/model.py + 1/interface.py) atomically."""
     parameters = model_parameters_for(serving, pretrained, onnx_dir, trt_engine)
-    dim = embedding_dim_of(Path(pretrained)) if serving.task == "feature-extraction" else None
+    dim = embedding_dim_of(Path(pretrained)) if serving.task == FEATURE_EXTRACTION else None
     config = build_model_config(
         serving.name,
         serving.task,

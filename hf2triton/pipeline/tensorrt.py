@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, sha256_file
 from hf2triton.specs import ModelSpec
@@ -88,12 +89,6 @@ def require_tensorrt(models: Sequence[ModelSpec], gpu_available: bool) -> None:
         raise UserError("backend tensorrt needs device: gpu or auto", "set device: auto for the model")
 
 
-def gpu_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-
-
 def engine_staleness(engine_path: Path | str, installed_tensorrt: str | None, gpu: str) -> str | None:
     """Why a built engine cannot run here (another TensorRT or GPU than its engine.json records), or None.
     An engine is not portable; the rule's params rebuild it when either changes, lint catches a copied one."""
@@ -128,7 +123,7 @@ def build_engine(onnx_dir: str, max_batch_size: int, max_length: int, output: st
     config = builder.create_builder_config()
     config.add_optimization_profile(profile)
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_gib << 30)
-    key = cache_key(trt.__version__, gpu_name(), sha256_file(onnx_path), profiles)
+    key = cache_key(trt.__version__, host.gpu_name(), sha256_file(onnx_path), profiles)
     started = time.monotonic()
     log.info(
         "building TensorRT %s engine for %s (inputs %s, batch <= %d, length <= %d)",
@@ -148,7 +143,7 @@ def build_engine(onnx_dir: str, max_batch_size: int, max_length: int, output: st
     record = {
         "cache_key": key,
         "tensorrt": trt.__version__,
-        "gpu": gpu_name(),
+        "gpu": host.gpu_name(),  # as nvidia-smi names it: the rule's gpu_name param and lint compare the same string
         "profiles": [p.__dict__ for p in profiles],
         "seconds": round(time.monotonic() - started, 1),
     }

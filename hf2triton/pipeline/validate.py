@@ -22,6 +22,7 @@ from hf2triton.pipeline.render import prune_repository
 from hf2triton.pipeline.serve import settings_from_params
 from hf2triton.serving import interface
 from hf2triton.serving.interface import GENERATION, ModelParameters
+from hf2triton.specs import OnnxSpec
 from hf2triton.triton import client
 from hf2triton.triton.modelconfig import model_parameters, read_model_config, uses_gpu
 from hf2triton.triton.pitfalls import explain
@@ -99,7 +100,7 @@ def _texts(values: np.ndarray) -> list[str]:
     return [x.decode() for x in values.reshape(-1)]
 
 
-def compare(task: str, served: dict[str, np.ndarray], reference: dict[str, np.ndarray], floor: float = 0.999) -> dict[str, Any]:
+def compare(task: str, served: dict[str, np.ndarray], reference: dict[str, np.ndarray], floor: float = COSINE_FLOOR) -> dict[str, Any]:
     """Served vs a reference: embeddings by cosine (>= floor), labels exactly with close scores, generated
     text exactly. {"ok": ..., figures...}"""
     if task == "feature-extraction":
@@ -185,7 +186,7 @@ def parity_check(rendered: mc.ModelConfig, name: str, http_client, floor: float)
     return {k: v for k, v in result.items() if k not in ("served", "reference")}
 
 
-def validate_model(settings: Settings, name: str, http_client, grpc_client, parity_floor: float = 0.98) -> dict[str, Any]:
+def validate_model(settings: Settings, name: str, http_client, grpc_client, parity_floor: float = OnnxSpec.parity_floor) -> dict[str, Any]:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
@@ -284,15 +285,13 @@ def validate_server(
         "live": http_client.is_server_live(),
         "ready": http_client.is_server_ready(),
         "version": metadata.get("version"),
-        "http": f"http://{settings.url()}",
-        "grpc": settings.url("grpc_port"),
-        "metrics": f"http://{settings.url('metrics_port')}/metrics",
+        **settings.endpoints,
         **{k: v for k, v in public_state(server_state).items() if k in ("pid", "origin", "log", "action", "reason", "ready_after_s")},
     }
     models = {}
     for name in settings.models:
         log.info("validating %s", name)
-        models[name] = validate_model(settings, name, http_client, grpc_client, (parity_floors or {}).get(name, 0.98))
+        models[name] = validate_model(settings, name, http_client, grpc_client, (parity_floors or {}).get(name, OnnxSpec.parity_floor))
         for item in models[name]["checks"]:
             (log.info if item["ok"] else log.error)("  %-30s %s  %s", item["name"], "ok" if item["ok"] else "FAIL", item["detail"])
     report = {
@@ -301,6 +300,8 @@ def validate_server(
         "models": models,
         "finished_at": time.time(),
     }
+    # failed-report.md is deliberately not a rule output: Snakemake deletes the outputs of a failed job, and
+    # the user needs this one to see why.
     if not report["ok"]:
         failed_dir = Path(output_json).parent
         atomic_write_text(failed_dir / "failed-report.md", render_markdown(report))
@@ -308,6 +309,7 @@ def validate_server(
         raise UserError("validation failed: " + "; ".join(failed), f"see {failed_dir / 'failed-report.md'} and {settings.log_file}")
     atomic_write_json(output_json, report)
     atomic_write_text(output_md, render_markdown(report))
+    (Path(output_json).parent / "failed-report.md").unlink(missing_ok=True)  # an earlier failure's report is not news
     return report
 
 

@@ -20,8 +20,12 @@ LABEL = "label"
 SCORE = "score"
 TEXT_OUTPUT = "text_output"
 
-TASKS = ("feature-extraction", "text-classification", "text-generation")
+FEATURE_EXTRACTION = "feature-extraction"
+CLASSIFICATION = "text-classification"
 GENERATION = "text-generation"
+TASKS = (FEATURE_EXTRACTION, CLASSIFICATION, GENERATION)
+# transformers Auto* class per task (pretrained, export and the serving engines load with the same one)
+AUTO_CLASSES = {FEATURE_EXTRACTION: "AutoModel", CLASSIFICATION: "AutoModelForSequenceClassification", GENERATION: "AutoModelForCausalLM"}
 
 # Limits every request option must respect (the config schema's bounds are the same).
 MAX_NEW_TOKENS_RANGE = (1, 8192)
@@ -50,9 +54,9 @@ def task_inputs(task: str) -> tuple[Tensor, ...]:
 
 def task_outputs(task: str, embedding_dim: int | None = None) -> tuple[Tensor, ...]:
     check_task(task)
-    if task == "feature-extraction":
+    if task == FEATURE_EXTRACTION:
         return (Tensor(EMBEDDING, "FP32", (embedding_dim or -1,)),)
-    if task == "text-classification":
+    if task == CLASSIFICATION:
         return (Tensor(LABEL, "BYTES"), Tensor(SCORE, "FP32"))
     return (Tensor(TEXT_OUTPUT, "BYTES"),)
 
@@ -71,8 +75,8 @@ class ModelParameters:
     """What config.pbtxt `parameters` tell model.py; the defaults apply to keys a hand-written config leaves
     out. `to_strings` writes only the keys that matter for the task and backend."""
 
-    task: str
-    model_dir: str
+    task: str = ""  # empty in a hand-written config that is not hf2triton's
+    model_dir: str = ""
     backend: str = "python"
     dtype: str = "auto"
     num_threads: int = 0
@@ -123,4 +127,4 @@ def _from_string(text: str, annotation: str) -> Any:
     return text
 
 
-DEFAULTS = ModelParameters(task=GENERATION, model_dir="")
+DEFAULTS = ModelParameters()

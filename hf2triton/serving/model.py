@@ -312,7 +312,7 @@ class EmbeddingEngine(Engine):
     """feature-extraction: pooled (mean / cls / max, from the sentence-transformers config), L2-normalised FP32."""
 
     outputs = (interface.EMBEDDING,)
-    auto_class = "AutoModel"
+    auto_class = interface.AUTO_CLASSES[interface.FEATURE_EXTRACTION]
     onnx_output = "last_hidden_state"
 
     def setup(self, model_dir: str) -> None:
@@ -348,14 +348,14 @@ class ClassificationEngine(Engine):
     """text-classification: top label (from the model config's id2label) and its probability."""
 
     outputs = (interface.LABEL, interface.SCORE)
-    auto_class = "AutoModelForSequenceClassification"
+    auto_class = interface.AUTO_CLASSES[interface.CLASSIFICATION]
     onnx_output = "logits"
 
     def run(self, texts: list[str], **_: Any) -> dict[str, np.ndarray]:
         scored = self.run_buckets(texts, self.forward)
         id2label = self.model.config.id2label
         labels = [str(id2label.get(int(i), int(i))).encode("utf-8") for i in scored["label_id"].tolist()]
-        return {interface.LABEL: np.array(labels, dtype=np.object_), interface.SCORE: scored["score"]}
+        return {interface.LABEL: np.array(labels, dtype=np.object_), interface.SCORE: scored[interface.SCORE]}
 
     def forward(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
         torch = self.torch
@@ -366,7 +366,7 @@ class ClassificationEngine(Engine):
             else:
                 probs = torch.softmax(logits, dim=-1)
             scores, ids = probs.max(dim=-1)
-        return {"label_id": ids.cpu().numpy(), "score": scores.cpu().numpy().astype(np.float32)}
+        return {"label_id": ids.cpu().numpy(), interface.SCORE: scores.cpu().numpy().astype(np.float32)}
 
 
 PARTIAL_CHARACTER = "\ufffd"
@@ -377,7 +377,7 @@ class GenerationEngine(Engine):
     """text-generation: chat template when the tokenizer has one, greedy unless temperature > 0."""
 
     outputs = (interface.TEXT_OUTPUT,)
-    auto_class = "AutoModelForCausalLM"
+    auto_class = interface.AUTO_CLASSES[interface.GENERATION]
 
     def setup(self, model_dir: str) -> None:
         self.tokenizer.padding_side = "left"  # generation continues at the right end of every row
@@ -391,7 +391,7 @@ class GenerationEngine(Engine):
         return ORTModelForCausalLM.from_pretrained(onnx_dir, session_options=ort_session_options(num_threads), use_cache=True)
 
     def prompt(self, text: str) -> str:
-        if self.options.get("chat_template", True) and getattr(self.tokenizer, "chat_template", None):
+        if self.options.get("chat_template", interface.DEFAULTS.chat_template) and getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
         return text
 
@@ -433,7 +433,11 @@ class GenerationEngine(Engine):
         return text if not text.endswith(PARTIAL_CHARACTER) else text.rstrip(PARTIAL_CHARACTER)
 
 
-ENGINES = {"feature-extraction": EmbeddingEngine, "text-classification": ClassificationEngine, "text-generation": GenerationEngine}
+ENGINES = {
+    interface.FEATURE_EXTRACTION: EmbeddingEngine,
+    interface.CLASSIFICATION: ClassificationEngine,
+    interface.GENERATION: GenerationEngine,
+}
 
 
 def engine_from_parameters(params: ModelParameters, device: str = "cpu") -> Engine:

@@ -18,6 +18,9 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from hf2triton import host
+from hf2triton.triton.modelconfig import model_parameters, read_model_config
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -33,7 +36,7 @@ class Finding:
 
 def _parse_config(path: Path, findings: list[Finding]) -> mc.ModelConfig | None:
     try:
-        return text_format.Parse(path.read_text(encoding="utf-8"), mc.ModelConfig())
+        return read_model_config(path)
     except UnicodeDecodeError:
         findings.append(Finding("error", str(path), "-", "not UTF-8 text", "save config.pbtxt as UTF-8"))
     except text_format.ParseError as err:
@@ -169,18 +172,25 @@ def lint_model_dir(model_dir: Path | str, backend_dir: Path | str | None, gpu_av
                 ast.parse(model_file.read_text(encoding="utf-8"), filename=str(model_file))
             except SyntaxError as err:
                 findings.append(Finding("error", str(model_file), f"line {err.lineno}", f"Python syntax error: {err.msg}", "fix model.py"))
-    if config.parameters["backend"].string_value == "onnx" and backend_dir is not None:
+    params = model_parameters(config)
+    if params.backend == "onnx" and backend_dir is not None:
         native = (Path(backend_dir) / "onnxruntime").is_dir()
         why = "this server also has a native onnxruntime backend" if native else "this tritonserver has no native onnxruntime backend"
         message = f"ONNX model served through the Python backend with ONNX Runtime; {why}"
         fix = "nothing to do: tokenisation stays server-side and inputs/outputs equal the torch variant's"
         findings.append(Finding("info", cfg, "parameters.backend", message, fix))
-    if "model_dir" in config.parameters:
-        saved = Path(config.parameters["model_dir"].string_value)
-        if not (saved / "config.json").is_file():
+    if params.trt_engine:
+        from hf2triton.pipeline.tensorrt import engine_staleness, tensorrt_version
+
+        stale = engine_staleness(params.trt_engine, tensorrt_version(), host.gpu_name())
+        if stale:
             findings.append(
-                Finding("error", cfg, "parameters.model_dir", f"{saved} holds no saved model", "rebuild it: snakemake --cores 1 serve")
+                Finding("error", cfg, "parameters.trt_engine", f"the TensorRT engine cannot run here: {stale}", "rebuild it: make serve")
             )
+    if params.model_dir:
+        saved = Path(params.model_dir)
+        if not (saved / "config.json").is_file():
+            findings.append(Finding("error", cfg, "parameters.model_dir", f"{saved} holds no saved model", "rebuild it: make serve"))
     return findings
 
 

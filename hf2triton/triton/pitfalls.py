@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hf2triton.serving import interface
+
 
 @dataclass(frozen=True)
 class Pitfall:
@@ -80,7 +82,7 @@ PITFALLS = [
     ),
     Pitfall(r"failed to load all models|failed to load '", "a model failed to load", "read that model's own error just above"),
     Pitfall(r"unexpected shape for input", "batch dimension missing or wrong shape", "send texts as shape [n, 1] (one row per text)"),
-    Pitfall(r"unexpected inference input", "wrong input name", "the input is called 'text'"),
+    Pitfall(r"unexpected inference input", "wrong input name", f"the input is called '{interface.TEXT}'"),
     Pitfall(r"data-type is '.*', but model '.*' expects", "wrong dtype", "send BYTES for text, INT32 max_new_tokens, FP32 temperature"),
     Pitfall(r"batch-size must be <=", "batch larger than max_batch_size", "split the request or raise max_batch_size"),
 ]

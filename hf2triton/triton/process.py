@@ -26,7 +26,7 @@ from hf2triton.fsutil import atomic_write_json
 from hf2triton.specs import ServerSpec
 from hf2triton.triton import client
 from hf2triton.triton.install import Installation, locate_tritonserver, prepare_backend_dir, server_environment
-from hf2triton.triton.modelconfig import instance_count, read_model_config_or_none
+from hf2triton.triton.modelconfig import instance_count, model_parameters, read_model_config_or_none
 from hf2triton.triton.pitfalls import explain, relevant_log_lines
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 RESTRICTED_HTTP_APIS = "model-repository,shared-memory,trace,logging"
 RESTRICTED_KEY_HEADER = "hf2triton-admin"
 STOP_TIMEOUT_S = 30
+REPOSITORY = "model_repository"  # the rendered repository, relative to the project directory
 
 
 @dataclass
@@ -86,8 +87,13 @@ class Settings:
         """host:port per protocol, for clients on this machine."""
         return {"http": self.url(), "grpc": self.url("grpc_port"), "metrics": self.url("metrics_port")}
 
+    @property
+    def endpoints(self) -> dict[str, str]:
+        """What a user connects to (reports, status, messages)."""
+        return {"http": f"http://{self.url()}", "grpc": self.url("grpc_port"), "metrics": f"http://{self.url('metrics_port')}/metrics"}
+
     @classmethod
-    def of(cls, server: ServerSpec, models: list[str], work: str, repository: str = "model_repository") -> Settings:
+    def of(cls, server: ServerSpec, models: list[str], work: str, repository: str = REPOSITORY) -> Settings:
         return cls(server, repository, work, models)
 
 
@@ -161,7 +167,7 @@ def dead_stub_models(settings: Settings, server_pid: int) -> list[str]:
 
 def _model_dir_of(config_path: Path) -> Path:
     config = read_model_config_or_none(config_path)
-    return Path((config.parameters["model_dir"].string_value if config else "") or "/nonexistent")
+    return Path((model_parameters(config).model_dir if config else "") or "/nonexistent")
 
 
 # ---------------------------------------------------------------- state
@@ -413,9 +419,7 @@ def server_status(settings: Settings) -> dict[str, Any]:
         "running": facts.cmdline_matches,
         "ready": facts.ready,
         "current": bool(state) and state.get("digests") == facts.digests and not facts.dead_stubs,
-        "http": f"http://{settings.url()}",
-        "grpc": settings.url("grpc_port"),
-        "metrics": f"http://{settings.url('metrics_port')}/metrics",
+        **settings.endpoints,
         "log": str(settings.log_file),
     }
     if state and facts.cmdline_matches:
