@@ -10,22 +10,34 @@ PIP_FLAGS := --no-cache-dir --retries 10 --timeout 60 --disable-pip-version-chec
 PIP := $(BIN)/python -m pip
 SNAKEMAKE := $(BIN)/snakemake
 CORES ?= 1
-# `make serve CONFIG=other.yaml` serves another config file instead of config.yaml.
+# `make serve CONFIG=other.yaml` serves another config file instead of config.yaml. Paths reach recipes as
+# environment variables ("$$HF2TRITON_CONFIG" in the shell), never as words make splits: spaces are fine
+# ($(abspath) would cut "/tmp/my dir/c.yaml" into two paths). Relative ones are made absolute with $(CURDIR).
 ifdef CONFIG
-export HF2TRITON_CONFIG := $(abspath $(CONFIG))
+export HF2TRITON_CONFIG := $(if $(filter /%,$(firstword $(CONFIG))),$(CONFIG),$(CURDIR)/$(CONFIG))
 endif
 PYTEST_ARGS ?=
 # `make serve OVERLAY=results/tune/overlay.yaml` applies a tuning overlay (config `overrides:`) on top.
-SMK_CONFIG := $(if $(OVERLAY),--configfile $(abspath $(OVERLAY)))
+export HF2TRITON_OVERLAY := $(OVERLAY)
+SMK_CONFIG := $(if $(OVERLAY),--configfile "$$HF2TRITON_OVERLAY")
 # perf_analyzer's wheel needs glibc >= 2.38; where it runs, `bench` uses it (else tritonclient's async APIs).
 PERF_ANALYZER_PIN := perf-analyzer==2.60.0
 
-.PHONY: serve setup test test-fast lint stop status dry-run soak bench tune clean clean-all
+.PHONY: serve setup test test-fast lint stop status dry-run soak bench tune clean clean-all check-paths
 
-serve: $(VENV)/.installed ## set up (if needed) and serve the models of config.yaml
+# Checked before anything is installed or run, the first prerequisite of the targets that install or serve:
+# the project directory (Snakemake's step commands, Triton's stub launch and LD_PRELOAD break on a space or
+# colon in it, the stub's Python on non-ASCII file names), and the CONFIG and OVERLAY files (a missing
+# --configfile makes snakemake itself fail with a traceback).
+check-paths:
+	@printf '%s' "$$(pwd -P)" | LC_ALL=C grep -q '[^!-9;-~]' && { echo "hf2triton: error: the project directory $$(pwd -P) contains a space, a colon or a non-ASCII character -- fix: move the project to a directory without spaces, colons or non-ASCII characters" >&2; exit 2; } || true
+	@test -z "$$HF2TRITON_CONFIG" || test -f "$$HF2TRITON_CONFIG" || { echo "hf2triton: error: CONFIG file '$$HF2TRITON_CONFIG' not found -- fix: give an existing config file or leave CONFIG out (config.yaml)" >&2; exit 2; }
+	@test -z "$$HF2TRITON_OVERLAY" || test -f "$$HF2TRITON_OVERLAY" || { echo "hf2triton: error: OVERLAY file '$$HF2TRITON_OVERLAY' not found -- fix: give an existing overlay file (\`make tune\` writes results/tune/overlay.yaml) or leave OVERLAY out" >&2; exit 2; }
+
+serve: check-paths $(VENV)/.installed ## set up (if needed) and serve the models of config.yaml
 	$(SNAKEMAKE) --cores $(CORES) serve $(SMK_CONFIG)
 
-setup: $(VENV)/.installed
+setup: check-paths $(VENV)/.installed
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,11 +69,11 @@ lint: $(VENV)/.installed-test ## ruff + snakemake --lint
 	$(BIN)/ruff format --check hf2triton tests scripts
 	$(SNAKEMAKE) --lint
 
-dry-run: $(VENV)/.installed ## what `make serve` would rebuild, and why
+dry-run: check-paths $(VENV)/.installed ## what `make serve` would rebuild, and why
 	$(SNAKEMAKE) --cores $(CORES) -n serve $(SMK_CONFIG)
 
-soak: $(VENV)/.installed ## 5-minute mixed-traffic soak test against the running server (results/soak/)
-	$(BIN)/python -m hf2triton.perf.soak --config $(or $(HF2TRITON_CONFIG),config.yaml) --duration $(or $(DURATION),300) --concurrency 32
+soak: check-paths $(VENV)/.installed ## 5-minute mixed-traffic soak test against the running server (results/soak/)
+	$(BIN)/python -m hf2triton.perf.soak --config "$${HF2TRITON_CONFIG:-config.yaml}" --duration $(or $(DURATION),300) --concurrency 32
 
 $(VENV)/.installed-bench: $(VENV)/.installed
 	@if $(BIN)/python -c 'import platform,sys; v=platform.libc_ver()[1]; sys.exit(0 if tuple(map(int, v.split("."))) >= (2, 38) else 1)'; then \
@@ -69,11 +81,11 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 	else echo "glibc < 2.38: perf_analyzer cannot run here; bench uses tritonclient's async load generator"; fi
 	touch $@
 
-bench: $(VENV)/.installed-bench ## serve (if needed), load-test every model, report with plots + ratios (results/bench/)
+bench: check-paths $(VENV)/.installed-bench ## serve (if needed), load-test every model, report with plots + ratios (results/bench/)
 	$(SNAKEMAKE) --cores $(CORES) bench $(SMK_CONFIG) $(if $(FORCE),--forcerun bench_model)
 	@$(BIN)/python -c 'import json; [print(l) for l in json.load(open("results/bench/summary/ratios.json"))["lines"]]'
 
-tune: $(VENV)/.installed ## sweep batching/instances/queue delay on a scratch server; writes results/tune/overlay.yaml
+tune: check-paths $(VENV)/.installed ## sweep batching/instances/queue delay on a scratch server; writes results/tune/overlay.yaml
 	$(SNAKEMAKE) --cores $(CORES) tune $(SMK_CONFIG) $(if $(FORCE),--forcerun tune)
 
 stop: ## stop the server started by `make serve`

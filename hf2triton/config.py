@@ -16,6 +16,7 @@ import yaml
 
 from hf2triton.errors import UserError
 from hf2triton.pipeline.sources import parse_source
+from hf2triton.serving.interface import TEMPERATURES_ALLOWED, temperature_problem
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 MAX_CONFIG_BYTES = 1_000_000
@@ -194,6 +195,13 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
             )
         if ".." in model["revision"].split("/"):
             raise UserError(f"config.models[{index}].revision = {model['revision']!r}: '..' not allowed", "use a branch, tag or commit")
+        # the schema says 0..100; sampling needs 0 (greedy) or >= MIN_TEMPERATURE (1e-45 would give NaN)
+        temperature = model.get("generation", {}).get("temperature", 0)
+        if temperature_problem(float(temperature)):
+            raise UserError(
+                f"config.models[{index}].generation.temperature = {temperature!r}: not allowed (sampling divides by it)",
+                f"use {TEMPERATURES_ALLOWED}",
+            )
     server = cfg["server"]
     ports = {key: server[key] for key in ("http_port", "grpc_port", "metrics_port")}
     by_value: dict[int, str] = {}
@@ -204,8 +212,39 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 "give HTTP, gRPC and metrics three different ports",
             )
         by_value[port] = key
-    if re.search(r"\s", cfg["paths"]["work"]) or "\x00" in cfg["paths"]["work"]:
-        raise UserError(f"config.paths.work = {cfg['paths']['work']!r}: whitespace not allowed", "choose a path without spaces")
+    problem = path_problem(cfg["paths"]["work"])
+    if problem:
+        raise UserError(f"config.paths.work = {cfg['paths']['work']!r}: {problem}", "choose an ASCII path without spaces or colons")
+
+
+# Why a path cannot hold what gets served (the work directory, the project directory): Triton starts each
+# Python-backend stub as `bash -c "exec <stub> <model path> ..."` (unquoted) and LD_PRELOAD splits on spaces
+# and colons; the stub embeds Python with an isolated config that reads file names as ASCII whatever the
+# locale ("UnicodeEncodeError: 'ascii' codec" on its first import).
+PATH_PROBLEMS = (
+    (re.compile(r"\s"), "contains a space (or other whitespace)"),
+    (re.compile(r"[:\x00]"), "contains a colon"),
+    (re.compile(r"[^\x00-\x7f]"), "contains non-ASCII characters (Triton's Python-backend stub reads file names as ASCII)"),
+)
+
+
+def path_problem(path: str) -> str | None:
+    """What makes `path` unusable for the served files (None: usable)."""
+    return next((problem for pattern, problem in PATH_PROBLEMS if pattern.search(path)), None)
+
+
+def check_project_paths(directory: str, python: str) -> None:
+    """Refuse, before any work, a project directory or Python that the run would break on later: the steps
+    would run (Snakemake puts the Python's path unquoted into each step's command: "bash: /my: No such file
+    or directory"), the server would not start (see PATH_PROBLEMS)."""
+    fix = "move the project to a directory without spaces, colons or non-ASCII characters (and make its .venv again there)"
+    problem = path_problem(directory)
+    if problem:
+        raise UserError(f"the project directory {directory} {problem}", fix)
+    if re.search(r"\s", python):
+        raise UserError(
+            f"the Python of this run, {python}, contains a space: Snakemake runs every step as `<python> <script>` unquoted", fix
+        )
 
 
 def apply_overrides(cfg: dict) -> dict:

@@ -106,14 +106,18 @@ def parent_pid(pid: int) -> int | None:
         return None
 
 
+def pids() -> list[int]:
+    """Every process this user can see, from /proc."""
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
 def descendants(pid: int) -> list[int]:
     """All live descendants of `pid` (children, grandchildren, ...), from /proc."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            parent = parent_pid(int(entry.name))
-            if parent is not None:
-                children.setdefault(parent, []).append(int(entry.name))
+    for child in pids():
+        parent = parent_pid(child)
+        if parent is not None:
+            children.setdefault(parent, []).append(child)
     found, queue = [], [pid]
     while queue:
         for child in children.get(queue.pop(), []):

@@ -34,6 +34,12 @@ class GenerationSpec:
 
 
 @dataclass(frozen=True)
+class QueueSpec:
+    max_size: int = 128
+    timeout_s: float = 60
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     source: str
@@ -48,6 +54,8 @@ class ModelSpec:
     dtype: str = "auto"
     max_input_bytes: int = DEFAULTS.max_input_bytes
     max_queue_delay_us: int = 2000
+    max_texts_per_request: int = DEFAULTS.max_texts_per_request
+    queue: QueueSpec = QueueSpec()
     generation: GenerationSpec | None = None  # text-generation models only
 
     @property
@@ -144,11 +152,12 @@ def _tuples(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def model_spec(entry: dict[str, Any]) -> ModelSpec:
-    values = {k: v for k, v in entry.items() if k not in ("onnx", "generation", "dynamic_batching")}
+    values = {k: v for k, v in entry.items() if k not in ("onnx", "generation", "dynamic_batching", "queue")}
     generation = GenerationSpec(**entry["generation"]) if entry["task"] == GENERATION else None
     return ModelSpec(
         **values,
         onnx=OnnxSpec(**entry["onnx"]),
+        queue=QueueSpec(**entry["queue"]),
         max_queue_delay_us=entry["dynamic_batching"]["max_queue_delay_us"],
         generation=generation,
     )
@@ -189,6 +198,8 @@ class ServingValues:
     num_threads: int
     max_queue_delay_us: int
     max_input_bytes: int
+    max_texts_per_request: int
+    queue: QueueSpec
     generation: GenerationSpec | None
 
 
@@ -214,6 +225,8 @@ def serving_values(model: ModelSpec, gpu_available: bool, cpus: int) -> ServingV
         num_threads=threads_per_instance(model.instances, cpus),
         max_queue_delay_us=model.max_queue_delay_us,
         max_input_bytes=model.max_input_bytes,
+        max_texts_per_request=model.max_texts_per_request,
+        queue=model.queue,
         generation=model.generation,
     )
 

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from hf2triton import host
+from hf2triton.config import check_project_paths
 from hf2triton.errors import UserError
+from hf2triton.integrity import damaged
 from hf2triton.locks import clear_stale_locks
 from hf2triton.pipeline.export import EXPORT_VERSION
 from hf2triton.pipeline.render import SERVING_FILES
@@ -22,6 +24,7 @@ GPU_AVAILABLE = host.has_gpu()  # probed once per run
 GPU_NAME = host.gpu_name() if GPU_AVAILABLE else "none"
 
 try:
+    check_project_paths(str(Path.cwd()), sys.executable)  # a space etc. would break the run late: refused now
     PROJECT = load_project(CONFIG_FILE, overrides=config)
     SOURCES, LOCAL_SOURCES = resolve_model_sources(PROJECT.models)
     require_tensorrt(PROJECT.models, GPU_AVAILABLE)
@@ -83,6 +86,34 @@ def logs(rule, per_model=True):
     return results(f"logs/{rule}/{{model}}.log" if per_model else f"logs/{rule}.log")
 
 
+# ---------------------------------------------------------------- built artifacts are what gets served
+
+
+def damaged_artifacts():
+    """{path: problems} of the built artifacts that no longer match the manifest written when they were built
+    (a deleted model.py, a hand-edited config.pbtxt, a truncated weight file). Checked once per run."""
+    artifacts = {}
+    for name in MODELS:
+        artifacts.update({f"{name}:pretrained": pretrained_dir(name), f"{name}:repository": repository_dir(name)})
+        if PROJECT.model(name).needs_onnx:
+            artifacts[f"{name}:onnx"] = onnx_dir(name)
+    found = damaged(artifacts)
+    for path, what in found.items():
+        print(f"hf2triton: {path} changed since it was built ({'; '.join(what[:3])}): building it again", file=sys.stderr)
+    return found
+
+
+DAMAGED = damaged_artifacts()
+
+
+def force_damaged(name):
+    """Called while the DAG is built (from the repository rule's input function): the model's damaged
+    artifacts become forced files, so they are rebuilt and the dry run says "Forced execution"."""
+    for path in DAMAGED:
+        if path in (pretrained_dir(name), onnx_dir(name), repository_dir(name)):
+            workflow.dag.forcefiles.add(path)
+
+
 # ---------------------------------------------------------------- per-model params and inputs
 
 
@@ -130,6 +161,7 @@ def artifacts(name, backends):
 
 def repository_inputs(wildcards):
     """Artifacts of the model's backend plus the serving code (so code changes re-render)."""
+    force_damaged(wildcards.model)
     return {**artifacts(wildcards.model, [PROJECT.model(wildcards.model).backend]), "serving_code": SERVING_CODE}
 
 

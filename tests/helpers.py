@@ -110,16 +110,21 @@ class Workflow:
         text = result.stdout + result.stderr
         return [line.split()[-1].rstrip(":") for line in text.splitlines() if line.startswith(("rule ", "localrule "))]
 
+    @property
+    def work(self) -> Path:
+        """The config's paths.work (relative ones are relative to the directory)."""
+        return self.directory / self.config.get("paths", {}).get("work", ".hf2triton")
+
     def settings(self):
         return Settings.of(
             ServerSpec(**self.config["server"]),
             [m["name"] for m in self.config["models"]],
-            str(self.directory / ".hf2triton"),
+            str(self.work),
             str(self.directory / "model_repository"),
         )
 
     def state(self) -> dict:
-        return json.loads((self.directory / ".hf2triton" / "server" / "state.json").read_text())
+        return json.loads((self.work / "server" / "state.json").read_text())
 
     def report(self) -> dict:
         return json.loads((self.directory / "results" / "validation" / "report.json").read_text())

@@ -88,6 +88,11 @@ BAD = [
     (with_model(gguf_file="model.bin"), ["gguf_file", ".gguf"]),
     (with_model(generation={"max_new_tokens": 0}), ["max_new_tokens", "0"]),
     (with_model(generation={"max_new_tokens": 8}), ["generation", "only for task text-generation"]),
+    (
+        with_model(task="text-generation", generation={"temperature": 1e-45}),
+        ["generation.temperature", "1e-45", "0 (greedy)", "0.01 and 100"],
+    ),
+    (with_model(task="text-generation", generation={"temperature": 0.005}), ["generation.temperature", "0.005", "0 (greedy)"]),
     (with_model(dynamic_batching={"max_queue_delay_us": -5}), ["max_queue_delay_us"]),
     (with_model(onnx={"quantize": "dynamic-int8"}), ["models[0].onnx", "only for backend onnx"]),
     (with_model(backend="onnx", onnx={"quantize": "int4"}), ["quantize", "int4", "dynamic-int8"]),
@@ -104,6 +109,8 @@ BAD = [
     (with_server(log_verbose=True), ["log_verbose"]),
     ({**GOOD, "paths": {"work": ""}}, ["paths.work"]),
     ({**GOOD, "paths": {"work": "with space"}}, ["paths.work", "whitespace"]),
+    ({**GOOD, "paths": {"work": "werk-é"}}, ["paths.work", "'werk-é'", "non-ASCII", "fix: choose an ASCII path"]),
+    ({**GOOD, "paths": {"work": "a:b"}}, ["paths.work", "colon"]),
     ({**GOOD, "models": "m"}, ["config.models", "array"]),
     ({**GOOD, 1: "x"}, ["key 1"]),
 ]
@@ -164,6 +171,18 @@ def test_schema_defaults_equal_the_interface_defaults():
     assert generation["temperature"]["default"] == interface.DEFAULTS.temperature
     assert generation["chat_template"]["default"] == interface.DEFAULTS.chat_template
     assert (generation["max_new_tokens"]["minimum"], generation["max_new_tokens"]["maximum"]) == interface.MAX_NEW_TOKENS_RANGE
+
+
+def test_temperature_is_zero_or_at_least_the_sampling_minimum():
+    """The schema says 0..100; 0 < t < 0.01 (e.g. the float32 denormal 1e-45) would divide the logits into NaN."""
+    from hf2triton.serving import interface
+
+    for allowed in (0, 0.0, interface.MIN_TEMPERATURE, 0.7, 100):
+        cfg = validate_config(with_model(task="text-generation", generation={"temperature": allowed}))
+        assert cfg["models"][0]["generation"]["temperature"] == allowed
+    for refused in (1e-45, 1e-3, 0.0099, float("nan")):
+        with pytest.raises(UserError, match="0 \\(greedy\\) or a finite number between 0.01 and 100"):
+            validate_config(with_model(task="text-generation", generation={"temperature": refused}))
 
 
 def test_specs_are_built_once_with_every_default(tmp_path):

@@ -70,6 +70,17 @@ def test_invalid_utf8_empty_and_oversized_texts(clients):
     assert http.is_model_ready("embed")
 
 
+def test_texts_of_only_nul_or_zero_width_characters_are_empty(clients):
+    """They used to get an embedding (of nothing: the tokenizer drops them) instead of the error."""
+    http, grpc = clients
+    for invisible in ["\x00\x00", "\u200b\u200c\ufeff"]:
+        text = invisible.encode()
+        expect_error(lambda: embed(http, [text]), "text is empty", "400")  # noqa: B023 - called at once
+        message = expect_error(lambda: grpc.infer("embed", [text_input(grpcclient, [[text]])]), "text is empty")  # noqa: B023
+        assert "INVALID_ARGUMENT" in message, message
+    assert http.is_model_ready("embed")
+
+
 def test_triton_rejects_malformed_requests(clients):
     http, grpc = clients
     expect_error(lambda: http.infer("no_such_model", [text_input(httpclient, [[b"x"]])]), "no_such_model")
@@ -99,6 +110,22 @@ def test_generation_options_per_request(clients):
     expect_error(lambda: generate(max_new_tokens=-3), "max_new_tokens=-3")
     expect_error(lambda: generate(temperature=math.nan), "temperature=nan")
     expect_error(lambda: generate(max_new_tokens=250), "exceeds the context")
+    assert http.is_model_ready("generate")
+
+
+def test_denormal_temperature_is_a_bad_request_not_a_server_error(clients):
+    """temperature 1e-45 (a float32 denormal) used to reach sampling, which divides by it: a 500."""
+    http, grpc = clients
+
+    def generate(module, client, temperature):
+        inputs = [text_input(module, [[b"Hello"]])]
+        inputs.append(text_input(module, np.array([[temperature]], dtype=np.float32), name="temperature", datatype="FP32"))
+        return client.infer("generate", inputs)
+
+    for t in (1e-45, 0.001):
+        expect_error(lambda: generate(httpclient, http, t), "400", "not allowed", "0 (greedy)", "between 0.01 and 100")  # noqa: B023
+        expect_error(lambda: generate(grpcclient, grpc, t), "INVALID_ARGUMENT", "not allowed", "between 0.01 and 100")  # noqa: B023
+    generate(httpclient, http, 0.01)  # the minimum itself (0.0099999998 as float32) is allowed
     assert http.is_model_ready("generate")
 
 

@@ -40,7 +40,7 @@ def test_model_failing_in_initialize_is_explained(tmp_path, capsys):
     finally:
         stop_server(settings)
     message = info.value.render()
-    assert "exited" in message and "tritonserver.log" in message
+    assert "model broken failed to load" in message and "tritonserver.log" in message
     assert "install it into the .venv" in message, message  # the ModuleNotFoundError pitfall's fix
     printed = capsys.readouterr().err
     assert "hf2triton_no_such_module" in printed, printed
@@ -56,4 +56,8 @@ def test_missing_model_py_hits_the_startup_timeout(tmp_path):
             start_server(settings)
     finally:
         stop_server(settings)
-    assert "not ready after 20 s" in info.value.render() or "exited" in info.value.render()
+    message = info.value.render()
+    assert "not ready after 20 s" in message or "exited" in message
+    # the hint names the real cause and a command that works (it blamed shared memory, suggested `snakemake lint`)
+    assert "1/model.py missing" in message and "`make serve`" in message, message
+    assert "shared memory" not in message and "snakemake lint" not in message, message

@@ -13,14 +13,17 @@ import pytest
 from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.specs import ServerSpec
+from hf2triton.triton.hidden_args import placeholder
 from hf2triton.triton.pitfalls import explain, relevant_log_lines
 from hf2triton.triton.process import (
     Facts,
     Settings,
     decide,
+    listen_addresses,
     locate_tritonserver,
     prepare_backend_dir,
     redacted_command,
+    restricted_arguments,
     server_command,
     server_environment,
 )
@@ -94,9 +97,19 @@ def test_command_binds_loopback_explicit_models_and_restricts_apis(settings):
         "--metrics-port=18002",
     ):
         assert flag in cmd
-    assert any(a.startswith("--http-restricted-api=model-repository") for a in cmd)
-    assert any(a.startswith("--grpc-restricted-protocol=model-repository") for a in cmd)
-    assert "s3cret" not in " ".join(redacted_command(cmd))
+    hidden = restricted_arguments("s3cret")  # the real flags go through the environment; the command holds placeholders
+    assert [placeholder(n) for n in hidden] == [a for a in cmd if a.startswith("@hf2triton-env:")]
+    assert hidden["HF2TRITON_ARG_HTTP_RESTRICTED_API"].startswith("--http-restricted-api=model-repository")
+    assert hidden["HF2TRITON_ARG_GRPC_RESTRICTED_PROTOCOL"].startswith("--grpc-restricted-protocol=model-repository")
+    assert "s3cret" not in " ".join(cmd) and "s3cret" not in " ".join(redacted_command(cmd))
+
+
+@pytest.mark.parametrize(
+    "address,http,grpc",
+    [("127.0.0.1", "127.0.0.1", "127.0.0.1"), ("::1", "ipv6:::1", "[::1]"), ("[::]", "ipv6:::", "[::]"), ("0.0.0.0", "0.0.0.0", "0.0.0.0")],
+)
+def test_listen_addresses_in_the_forms_tritonserver_reads(address, http, grpc):
+    assert listen_addresses(address) == {"http": http, "grpc": grpc}
 
 
 def facts(**overrides) -> Facts:
@@ -121,8 +134,23 @@ STATE = {"pid": 123, "boot_id": "boot-1", "cmdline": ["tritonserver", "--x"], "d
         (STATE, facts(dead_stubs=["a"]), STATE["cmdline"], "reload", ("a",)),
         (STATE, facts(digests={"a": "new", "b": "d2"}, dead_stubs=["a", "b"]), STATE["cmdline"], "reload", ("a", "b")),
         (STATE, facts(), STATE["cmdline"], "keep", ()),
+        (STATE, facts(ready=False, live=True, not_ready=["b"]), STATE["cmdline"], "reload", ("b",)),
+        (STATE, facts(ready=False, live=False, not_ready=[]), STATE["cmdline"], "restart", ()),
     ],
-    ids=["no-state", "other-boot", "dead", "pid-reused", "settings-changed", "not-ready", "model-changed", "stub-died", "both", "current"],
+    ids=[
+        "no-state",
+        "other-boot",
+        "dead",
+        "pid-reused",
+        "settings-changed",
+        "not-ready",
+        "model-changed",
+        "stub-died",
+        "both",
+        "current",
+        "one-model-down",
+        "not-live",
+    ],  # fmt: skip
 )
 def test_decide(state, observed, wanted, expected, models):
     decision = decide(state, observed, wanted)

@@ -28,6 +28,17 @@ def test_decode_texts_accepts_utf8_and_refuses_bad_input():
             decode_texts(np.array([[bad]], dtype=object), 100)
 
 
+def test_texts_of_only_invisible_characters_are_empty():
+    """NUL, zero-width space/joiners, BOM and soft hyphen (Unicode Cc/Cf) are no text: the tokenizer drops
+    them, so such a text used to get the embedding of nothing instead of the error."""
+    for invisible in ["\x00\x00", "\u200b\u200c\ufeff", " \u200d\t\x00\u00ad\u2060 ", "\u3000\u00a0"]:
+        with pytest.raises(RequestError, match="text is empty"):
+            decode_texts(np.array([[invisible.encode()]], dtype=object), 100)
+    # visible text around them stays as sent
+    for kept in ["a\x00", "\u200bword", "\ufeffcaf\u00e9", "\u0645\u200c\u0645"]:
+        assert decode_texts(np.array([[kept.encode()]], dtype=object), 100) == [kept]
+
+
 def test_generation_options_checked():
     defaults = {"max_new_tokens": 16, "temperature": 0.0}
     assert generation_options({}, defaults) == defaults
@@ -43,6 +54,17 @@ def test_generation_options_checked():
     ]:
         with pytest.raises(RequestError, match=message):
             generation_options(raw, defaults)
+
+
+def test_temperature_between_zero_and_the_minimum_is_refused():
+    """A float32 denormal (1e-45) divided the logits into inf/NaN: a 500 instead of a 400."""
+    defaults = {"max_new_tokens": 16, "temperature": 0.0}
+    for tiny in (1e-45, 1e-30, 0.005):
+        with pytest.raises(RequestError, match=r"temperature=.* is not allowed: use 0 \(greedy\) or a finite number between 0\.01 and 100"):
+            generation_options({"temperature": np.array([[tiny]], dtype=np.float32)}, defaults)
+    for allowed in (0.0, 0.01, 1.0, 100.0):
+        got = generation_options({"temperature": np.array([[allowed]], dtype=np.float32)}, defaults)["temperature"]
+        assert got == pytest.approx(allowed)
 
 
 def test_embeddings_match_independent_mean_pooling_and_ignore_padding(tiny_models):

@@ -2,6 +2,11 @@
 concurrency against a server on this machine, recording per interval the errors, p50/p99 latency and the
 resident memory of tritonserver and its Python-backend stubs.
 
+A deliberately bad request counts as rejected only when the server answered it with the error the model
+gives for it (400-class status and its message); a request the server never answered (connection refused,
+server gone) is an unexpected error, counted apart as "server unreachable". Memory follows the server's
+current pid (a restart mid-soak is followed; an interval without a server says so, never "0 B").
+
     python -m hf2triton.perf.soak --duration 300 --concurrency 32        # `make soak`
 """
 
@@ -9,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import statistics
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -28,6 +34,16 @@ from hf2triton.triton.process import Settings, read_state
 
 WORDS = "the model serves text quickly while many clients send requests of different length and kind".split()
 BAD_KINDS = ("invalid-utf8", "empty", "oversized", "bad-max-new-tokens")
+# The answer the model gives each bad kind (model.py's RequestError text), with a 400-class status.
+EXPECTED_REJECTIONS = {
+    "invalid-utf8": "text is not valid UTF-8",
+    "empty": "text is empty",
+    "oversized": "exceeds max_input_bytes",
+    "bad-max-new-tokens": f"{interface.MAX_NEW_TOKENS}=-1",
+}
+BAD_REQUEST_STATUSES = ("StatusCode.INVALID_ARGUMENT", "400")  # gRPC, HTTP
+# The server did not answer at all (gRPC UNAVAILABLE: refused, reset, socket closed; HTTP: no connection).
+UNREACHABLE = re.compile(r"UNAVAILABLE|failed to connect|connection refused|connection reset|socket closed|broken pipe", re.I)
 
 
 @dataclass
@@ -38,6 +54,21 @@ class Sample:
     ok: bool
     latency_ms: float
     error: str = ""
+    status: str = ""  # the error's status (tritonclient's InferenceServerException.status()), if any
+
+
+def outcome(sample: Sample) -> str:
+    """good_ok | bad_rejected | unreachable | unexpected. A bad request is "rejected" only when the server
+    answered it with the model's error for its kind; an unanswered request (any kind) is "unreachable"."""
+    if sample.ok:
+        return "good_ok" if sample.expected_ok else "unexpected"
+    if UNREACHABLE.search(f"{sample.status} {sample.error}"):
+        return "unreachable"
+    if sample.expected_ok:
+        return "unexpected"
+    expected = EXPECTED_REJECTIONS.get(sample.kind)
+    answered = sample.status in BAD_REQUEST_STATUSES or any(f"[{code}]" in sample.error for code in BAD_REQUEST_STATUSES)
+    return "bad_rejected" if answered and expected is not None and expected in sample.error else "unexpected"
 
 
 def _texts(rng: random.Random, count: int) -> list[bytes]:
@@ -80,18 +111,49 @@ def _worker(mix: Mix, deadline: float, seed: int, out: list[Sample], lock: threa
         started = time.monotonic()
         try:
             triton.infer(model, inputs, client_timeout=120)
-            ok, error = True, ""
+            ok, error, status = True, "", ""
         except Exception as err:  # noqa: BLE001 - every outcome is recorded
-            ok, error = False, str(err)[:200]
-        sample = Sample(started, kind, expected_ok, ok, (time.monotonic() - started) * 1000, error)
+            status = err.status() if callable(getattr(err, "status", None)) else ""
+            ok, error, status = False, str(err)[:200], str(status or "")
+        sample = Sample(started, kind, expected_ok, ok, (time.monotonic() - started) * 1000, error, status)
         with lock:
             out.append(sample)
     triton.close()
 
 
-def _memory(server_pid: int) -> dict[str, int]:
-    pids = [server_pid, *host.descendants(server_pid)]
-    return {str(pid): host.process_rss_bytes(pid) or 0 for pid in pids}
+def find_server_pid(settings: Settings) -> int | None:
+    """The pid of the tritonserver serving `settings.repository` now (None: no server). The state file is
+    re-read every time (a restart by `make serve` writes the new pid there); while a restart has not written
+    it yet, a tritonserver process whose command line names the repository is found in /proc."""
+    state = read_state(settings)
+    if state and state.get("pid"):
+        pid = int(state["pid"])
+        if host.process_cmdline(pid) == state.get("cmdline"):
+            return pid
+    marker = f"--model-repository={settings.repository}"
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            cmd = host.process_cmdline(int(entry.name)) or []
+            if cmd and Path(cmd[0]).name == "tritonserver" and marker in cmd:
+                return int(entry.name)
+    return None
+
+
+def _memory(server_pid: int | None) -> dict[str, int] | None:
+    """RSS per process of the server and its stubs; None when the server is gone."""
+    rss = host.process_rss_bytes(server_pid) if server_pid is not None else None
+    if rss is None:
+        return None
+    pids = host.descendants(server_pid)
+    return {str(server_pid): rss, **{str(pid): host.process_rss_bytes(pid) or 0 for pid in pids}}
+
+
+def memory_sample(at: float, server_pid: int | None) -> dict[str, Any]:
+    """One memory reading: {"at", "pid", "total", "processes"}; pid and total are None when no server runs."""
+    per_process = _memory(server_pid)
+    if per_process is None:
+        return {"at": at, "pid": None, "total": None, "processes": {}}
+    return {"at": at, "pid": server_pid, "total": sum(per_process.values()), "processes": per_process}
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -101,37 +163,54 @@ def _percentile(values: list[float], q: float) -> float:
 def summarise(
     samples: list[Sample], memory: list[dict[str, Any]], start: float, interval_s: float, warmup_intervals: int = 1
 ) -> dict[str, Any]:
-    """Per-interval figures and the verdict (0 unexpected errors, RSS growth < 10% after warm-up)."""
+    """Per-interval figures and the verdict: 0 unexpected errors (unreachable ones included), the server up
+    at every memory reading, and RSS growth < 10% after warm-up (within one server process: a restart
+    starts afresh, so growth is measured from the first reading of the last pid)."""
     intervals = []
+    outcomes = [outcome(s) for s in samples]
     count = max(1, int(np.ceil((max((s.at for s in samples), default=start) - start + 1e-9) / interval_s)))
     for index in range(count):
         lo, hi = start + index * interval_s, start + (index + 1) * interval_s
-        chunk = [s for s in samples if lo <= s.at < hi]
-        good = [s.latency_ms for s in chunk if s.expected_ok and s.ok]
-        mem = next((m for m in memory if lo <= m["at"] < hi), memory[-1] if memory else {"total": 0})
+        chunk = [(s, o) for s, o in zip(samples, outcomes) if lo <= s.at < hi]
+        good = [s.latency_ms for s, o in chunk if o == "good_ok"]
+        readings = [m for m in memory if lo <= m["at"] < hi] or memory[-1:]
+        gone = any(m["total"] is None for m in readings)
+        last = next((m for m in reversed(readings) if m["total"] is not None), None)
         intervals.append(
             {
                 "interval": index,
                 "requests": len(chunk),
-                "good_ok": sum(s.expected_ok and s.ok for s in chunk),
-                "bad_rejected": sum((not s.expected_ok) and (not s.ok) for s in chunk),
-                "unexpected": sum(s.expected_ok != s.ok for s in chunk),
+                "good_ok": sum(o == "good_ok" for _, o in chunk),
+                "bad_rejected": sum(o == "bad_rejected" for _, o in chunk),
+                "unexpected": sum(o in ("unexpected", "unreachable") for _, o in chunk),
+                "unreachable": sum(o == "unreachable" for _, o in chunk),
                 "p50_ms": round(_percentile(good, 50), 1),
                 "p99_ms": round(_percentile(good, 99), 1),
-                "rss_bytes": mem["total"],
+                "rss_bytes": last["total"] if last else None,  # None: no reading of a running server
+                "server_pid": last["pid"] if last else None,
+                "server_gone": gone,
             }
         )
-    steady = intervals[warmup_intervals:] or intervals
-    rss_growth = (steady[-1]["rss_bytes"] - steady[0]["rss_bytes"]) / max(1, steady[0]["rss_bytes"])
-    p99s = [i["p99_ms"] for i in steady if i["p99_ms"]]
-    unexpected = [s for s in samples if s.expected_ok != s.ok]
+    steady = [i for i in (intervals[warmup_intervals:] or intervals) if i["rss_bytes"] is not None]
+    same_server = [i for i in steady if steady and i["server_pid"] == steady[-1]["server_pid"]]
+    rss_growth = (same_server[-1]["rss_bytes"] - same_server[0]["rss_bytes"]) / max(1, same_server[0]["rss_bytes"]) if same_server else 0.0
+    p99s = [i["p99_ms"] for i in intervals[warmup_intervals:] or intervals if i["p99_ms"]]
+    unexpected = [(s, o) for s, o in zip(samples, outcomes) if o in ("unexpected", "unreachable")]
+    unreachable = [s for s, o in unexpected if o == "unreachable"]
+    answered_wrongly = [s for s, o in unexpected if o == "unexpected"]
+    gone_intervals = [i["interval"] for i in intervals if i["server_gone"]]
+    pids = [m["pid"] for m in memory if m["pid"] is not None]
     return {
         "requests": len(samples),
         "unexpected_errors": len(unexpected),
-        "unexpected_examples": [f"{s.kind}: {s.error or 'succeeded but should have failed'}" for s in unexpected[:5]],
+        "unexpected_examples": [f"{s.kind}: {s.error or 'succeeded but should have failed'}" for s in answered_wrongly[:5]],
+        "server_unreachable": len(unreachable),
+        "unreachable_examples": [f"{s.kind}: {s.error}" for s in unreachable[:5]],
+        "server_gone_intervals": gone_intervals,
+        "server_pids": list(dict.fromkeys(pids)),  # more than one: the server restarted during the soak
         "rss_growth_after_warmup": round(rss_growth, 4),
         "p99_spread": round(max(p99s) / statistics.median(p99s), 2) if p99s else None,
-        "ok": not unexpected and rss_growth < 0.10,
+        "ok": not unexpected and not gone_intervals and bool(pids) and rss_growth < 0.10,
         "intervals": intervals,
     }
 
@@ -141,22 +220,36 @@ def render_markdown(result: dict[str, Any]) -> str:
         "# hf2triton soak test",
         "",
         f"**{'PASS' if result['ok'] else 'FAIL'}** — {result['requests']} requests in {result['duration_s']} s at concurrency "
-        f"{result['concurrency']} ({result['bad_share']:.0%} deliberately bad); unexpected errors: {result['unexpected_errors']}; "
+        f"{result['concurrency']} ({result['bad_share']:.0%} deliberately bad); unexpected errors: {result['unexpected_errors']} "
+        f"(server unreachable: {result['server_unreachable']}); "
         f"RSS growth after warm-up: {result['rss_growth_after_warmup']:.1%}; p99 max/median: {result['p99_spread']}",
+    ]
+    if result["server_gone_intervals"]:
+        lines.append(f"\nThe server was gone in interval(s) {', '.join(map(str, result['server_gone_intervals']))}.")
+    if len(result["server_pids"]) > 1:
+        lines.append(f"\nThe server restarted during the soak (pids {', '.join(map(str, result['server_pids']))}).")
+    examples = result["unexpected_examples"] + [f"server unreachable: {e}" for e in result["unreachable_examples"]]
+    if examples:
+        lines += ["", *[f"- {example}" for example in examples]]
+    lines += [
         "",
-        "| interval | requests | good ok | bad rejected | unexpected | p50 ms | p99 ms | RSS server+stubs |",
-        "|---|---|---|---|---|---|---|---|",
+        "| interval | requests | good ok | bad rejected | unexpected | server unreachable | p50 ms | p99 ms | RSS server+stubs |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for i in result["intervals"]:
+        rss = human_bytes(i["rss_bytes"]) if i["rss_bytes"] is not None else ("server gone" if i["server_gone"] else "no reading")
+        if i["rss_bytes"] is not None and i["server_gone"]:
+            rss += " (server gone at a reading)"
         cells = [
             i["interval"],
             i["requests"],
             i["good_ok"],
             i["bad_rejected"],
             i["unexpected"],
+            i["unreachable"],
             i["p50_ms"],
             i["p99_ms"],
-            human_bytes(i["rss_bytes"]),
+            rss,
         ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines) + "\n"
@@ -165,14 +258,17 @@ def render_markdown(result: dict[str, Any]) -> str:
 def run_soak(
     grpc_url: str,
     models: dict[str, str],
-    server_pid: int,
+    server_pid: Callable[[], int | None] | int,
     duration_s: float,
     concurrency: int,
     interval_s: float,
     bad_share: float = 0.2,
     limits: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Drive the traffic and sample memory; `models` maps task -> model name, `limits` model -> max_input_bytes."""
+    """Drive the traffic and sample memory; `models` maps task -> model name, `limits` model -> max_input_bytes.
+    `server_pid` finds the server's pid at each reading (e.g. find_server_pid: follows a restart); a plain pid
+    is read while that process lives."""
+    locate = server_pid if callable(server_pid) else (lambda: server_pid)
     mix = Mix(grpc_url, models, limits or {}, bad_share)
     samples: list[Sample] = []
     memory: list[dict[str, Any]] = []
@@ -186,11 +282,12 @@ def run_soak(
     while any(w.is_alive() for w in workers):
         now = time.monotonic()
         if now >= next_report:
-            per_process = _memory(server_pid)
-            memory.append({"at": now, "total": sum(per_process.values()), "processes": per_process})
+            memory.append(memory_sample(now, locate()))
             with lock:
                 done = len(samples)
-            print(f"soak: {now - start:5.0f} s, {done} requests, server+stubs RSS {human_bytes(memory[-1]['total'])}", flush=True)
+            total = memory[-1]["total"]
+            rss = f"server+stubs RSS {human_bytes(total)}" if total is not None else "SERVER GONE (no tritonserver for this repository)"
+            print(f"soak: {now - start:5.0f} s, {done} requests, {rss}", flush=True)
             next_report += interval_s
         time.sleep(0.2)
     result = summarise(samples, memory, start, interval_s)
@@ -222,7 +319,14 @@ def main(argv: list[str] | None = None) -> int:
         models.setdefault(model.task, model.name)
     limits = {model.name: model.max_input_bytes for model in project.models}
     result = run_soak(
-        settings.url("grpc_port"), models, int(state["pid"]), args.duration, args.concurrency, args.interval, args.bad_share, limits
+        settings.url("grpc_port"),
+        models,
+        lambda: find_server_pid(settings),
+        args.duration,
+        args.concurrency,
+        args.interval,
+        args.bad_share,
+        limits,
     )
     atomic_write_json(args.output, result)
     atomic_write_text(Path(args.output).with_suffix(".md"), render_markdown(result))

@@ -18,6 +18,7 @@ from typing import Any
 
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory, human_bytes, tree_size
+from hf2triton.integrity import write_manifest
 from hf2triton.serving.interface import CLASSIFICATION, FEATURE_EXTRACTION, GENERATION
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ def export_onnx_step(pretrained: str, task: str, opset: int, optimize: str, quan
             "source": str(pretrained),
         }
         (tmp / "export.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        write_manifest(tmp)
         manifest["bytes"] = tree_size(tmp)
     log.info(
         "exported %s in %.1f s (%s)%s",

@@ -18,7 +18,7 @@ from hf2triton.fsutil import atomic_write_json, free_bytes, human_bytes, tree_si
 from hf2triton.pipeline.sources import parse_source, resolve_local_path
 from hf2triton.specs import Footprint, ServerSpec, from_param
 from hf2triton.triton.install import locate_tritonserver
-from hf2triton.triton.process import Settings, observe, read_state
+from hf2triton.triton.process import Settings, find_ours, listening_ports, observe, read_state
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,11 @@ def run_preflight(
 
     state = read_state(settings)
     ours = observe(settings, state).cmdline_matches if state else False
+    # our servers, found by their command lines too (a lost or corrupt state file, a changed paths.work)
+    our_servers = find_ours(settings).servers
+    our_ports = set().union(*(listening_ports(pid) for pid in our_servers)) if our_servers else set()
     for key, port in settings.ports.items():
-        held_by_us = ours and state.get("ports", {}).get(key) == port and state.get("host") == settings.server.host
+        held_by_us = port in our_ports
         free_now = host.port_is_free(settings.server.host, port)
         checks.append(
             _check(

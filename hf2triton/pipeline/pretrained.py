@@ -13,6 +13,7 @@ from typing import Any
 
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory, free_bytes, human_bytes, tree_size
+from hf2triton.integrity import write_manifest
 from hf2triton.serving.interface import AUTO_CLASSES
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ def pretrained_step(record: str, task: str, output: str) -> dict[str, Any]:
             "has_chat_template": bool(getattr(tokenizer, "chat_template", None)),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        write_manifest(tmp)  # file digests: a truncated or edited weight file is found before it is served
         manifest["bytes"] = tree_size(tmp)
     log.info("saved %s to %s (%s) in %.1f s total", fetched["source"], output, human_bytes(manifest["bytes"]), time.monotonic() - started)
     return manifest

@@ -13,7 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
+from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory
+from hf2triton.integrity import write_manifest
 from hf2triton.serving.interface import FEATURE_EXTRACTION, ModelParameters
 from hf2triton.specs import ServingValues, from_param
 from hf2triton.triton.modelconfig import HEADER, build_model_config, config_text
@@ -46,6 +48,7 @@ def model_parameters_for(serving: ServingValues, pretrained: str, onnx_dir: str 
         dtype=serving.dtype,
         num_threads=serving.num_threads,
         max_input_bytes=serving.max_input_bytes,
+        max_texts_per_request=serving.max_texts_per_request,
         onnx_dir=str(Path(onnx_dir).resolve()) if onnx_dir else "",
         quantize=quantize,
         trt_engine=str(Path(trt_engine).resolve()) if trt_engine else "",
@@ -53,8 +56,31 @@ def model_parameters_for(serving: ServingValues, pretrained: str, onnx_dir: str 
     )
 
 
+def context_length(pretrained: Path) -> int | None:
+    """Tokens the saved model attends to at most (prompt + generated), from its config.json."""
+    cfg = json.loads((Path(pretrained) / "config.json").read_text())
+    values = [cfg.get(key) for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")]
+    return min((int(v) for v in values if isinstance(v, (int, float)) and v > 0), default=None)
+
+
+def check_generation_fits(serving: ServingValues, pretrained: str) -> None:
+    """Refuse a default max_new_tokens that leaves no room for a prompt, before the server is touched (every
+    request without its own value would fail)."""
+    if not serving.generation or not (Path(pretrained) / "config.json").is_file():
+        return
+    context = context_length(Path(pretrained))
+    wanted = serving.generation.max_new_tokens
+    if context is not None and wanted >= context:
+        raise UserError(
+            f"model {serving.name}: generation.max_new_tokens = {wanted} does not fit its context of {context} tokens "
+            "(the prompt counts too)",
+            f"set generation.max_new_tokens for {serving.name} well below {context} (e.g. {min(256, context // 2)})",
+        )
+
+
 def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir: str = "", trt_engine: str = "") -> Path:
     """Write the model's repository directory `output` (config.pbtxt + 1/model.py + 1/interface.py) atomically."""
+    check_generation_fits(serving, pretrained)
     parameters = model_parameters_for(serving, pretrained, onnx_dir, trt_engine)
     dim = embedding_dim_of(Path(pretrained)) if serving.task == FEATURE_EXTRACTION else None
     config = build_model_config(
@@ -66,6 +92,7 @@ def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir:
         serving.max_queue_delay_us,
         parameters.to_strings(),
         dim,
+        (serving.queue.max_size, serving.queue.timeout_s),
     )
     with atomic_directory(output) as tmp:
         (tmp / "config.pbtxt").write_text(config_text(config))
@@ -73,6 +100,7 @@ def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir:
         for source in SERVING_FILES:
             shutil.copyfile(source, tmp / VERSION / source.name)
         os.chmod(tmp / VERSION, 0o755)  # noqa: S103 - readable by the server, writable only by us
+        write_manifest(tmp)
     log.info("rendered %s (%s, %s x%d, max_batch_size %d)", output, serving.task, serving.kind, serving.instances, serving.max_batch_size)
     return Path(output)
 

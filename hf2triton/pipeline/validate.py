@@ -40,6 +40,8 @@ PROBES = {
     "text-generation": ["What is the capital of France?"],
 }
 VALIDATION_MAX_NEW_TOKENS = 24
+# Greedy, whatever generation.temperature is configured: served, gRPC and in-process answers must be equal.
+VALIDATION_OPTIONS = {interface.MAX_NEW_TOKENS: VALIDATION_MAX_NEW_TOKENS, interface.TEMPERATURE: 0.0}
 COSINE_FLOOR = 0.999
 SUCCESS_METRIC = "nv_inference_request_success"
 _SUBJECTS = ["the weather", "a new phone", "this restaurant", "la réunion", "das Konzert", "el viaje", "東京の夜", "the quarterly report"]
@@ -84,7 +86,7 @@ def _as_dict(config: mc.ModelConfig) -> dict[str, Any]:
 
 
 def infer(triton, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...]) -> tuple[dict[str, np.ndarray], float]:
-    options = {interface.MAX_NEW_TOKENS: VALIDATION_MAX_NEW_TOKENS} if task == GENERATION else None
+    options = VALIDATION_OPTIONS if task == GENERATION else None
     started = time.perf_counter()
     result = triton.infer(name, client.build_inputs(client_module, texts, options))
     elapsed_ms = (time.perf_counter() - started) * 1000
@@ -116,6 +118,19 @@ def compare(task: str, served: dict[str, np.ndarray], reference: dict[str, np.nd
     text_s, text_r = _texts(served[interface.TEXT_OUTPUT]), _texts(reference[interface.TEXT_OUTPUT])
     same = sum(x == y for x, y in zip(text_s, text_r))
     return {"ok": same == len(text_r), "prompts": len(text_r), "greedy_identical": same, "served": text_s, "reference": text_r}
+
+
+def sampling_check(http_client, name: str, texts: list[str], temperature: float) -> dict[str, Any]:
+    """A request with the configured sampling (no temperature sent) answers with text; sampled text is not
+    compared with anything (it differs run to run)."""
+    import tritonclient.http as httpclient
+
+    try:
+        result = http_client.infer(name, client.build_inputs(httpclient, texts, {interface.MAX_NEW_TOKENS: VALIDATION_MAX_NEW_TOKENS}))
+        sampled = _texts(result.as_numpy(interface.TEXT_OUTPUT))
+    except Exception as err:  # noqa: BLE001 - reported as a failed check
+        return check(f"configured sampling (temperature {temperature})", False, f"{type(err).__name__}: {err}")
+    return check(f"configured sampling (temperature {temperature})", all(sampled), f"answered {sampled[0][:60]!r}")
 
 
 def compare_outputs(task: str, served: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> tuple[bool, str]:
@@ -162,8 +177,7 @@ def reference_outputs(config: mc.ModelConfig, texts: list[str], backend: str | N
     if backend:
         params = dataclasses.replace(params, backend=backend)
     engine = engine_from_parameters(params, reference_device(config))
-    options = {interface.MAX_NEW_TOKENS: VALIDATION_MAX_NEW_TOKENS} if params.task == GENERATION else {}
-    return engine.run(texts, **options)
+    return engine.run(texts, **(VALIDATION_OPTIONS if params.task == GENERATION else {}))
 
 
 def infer_in_chunks(
@@ -223,6 +237,8 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     checks.append(
         check("served equals in-process", ok, f"{detail}; in-process run {1000 * (time.perf_counter() - started):.0f} ms incl. load")
     )
+    if task == GENERATION and params.temperature > 0:
+        checks.append(sampling_check(http_client, name, texts[:1], params.temperature))
     backend = params.backend
     parity = None
     if backend != "python":

@@ -30,6 +30,19 @@ AUTO_CLASSES = {FEATURE_EXTRACTION: "AutoModel", CLASSIFICATION: "AutoModelForSe
 # Limits every request option must respect (the config schema's bounds are the same).
 MAX_NEW_TOKENS_RANGE = (1, 8192)
 TEMPERATURE_RANGE = (0.0, 100.0)
+# Sampling divides the logits by the temperature: a tiny one (1e-45, a float32 denormal) makes them inf and
+# the sampling probabilities NaN. Allowed: 0 (greedy) or MIN_TEMPERATURE..100; even float16 logits of 100
+# stay finite at 0.01 (100 / 0.01 = 1e4 < 65504), and 0.01 is already as good as greedy.
+MIN_TEMPERATURE = 0.01
+TEMPERATURES_ALLOWED = f"0 (greedy) or a finite number between {MIN_TEMPERATURE} and {TEMPERATURE_RANGE[1]:g}"
+
+
+def temperature_problem(value: float) -> str | None:
+    """Why `value` is no allowed temperature (None when it is): 0 (greedy) or MIN_TEMPERATURE..100."""
+    # FP32 requests: float32(0.01) is 0.0099999998, so the minimum allows float32 rounding (NaN: never allowed)
+    if value == TEMPERATURE_RANGE[0] or MIN_TEMPERATURE * (1 - 1e-6) <= value <= TEMPERATURE_RANGE[1]:
+        return None
+    return f"temperature={value} is not allowed: use {TEMPERATURES_ALLOWED}"
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,7 @@ class ModelParameters:
     dtype: str = "auto"
     num_threads: int = 0
     max_input_bytes: int = 65536
+    max_texts_per_request: int = 256
     onnx_dir: str = ""
     quantize: str = "none"
     trt_engine: str = ""
@@ -89,7 +103,7 @@ class ModelParameters:
     chat_template: bool = True
 
     def relevant(self) -> tuple[str, ...]:
-        keys = ["task", "backend", "model_dir", "dtype", "num_threads", "max_input_bytes"]
+        keys = ["task", "backend", "model_dir", "dtype", "num_threads", "max_input_bytes", "max_texts_per_request"]
         if self.backend in ("onnx", "tensorrt"):
             keys += ["onnx_dir", "quantize"]
         if self.backend == "tensorrt":

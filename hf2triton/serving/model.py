@@ -22,6 +22,7 @@ import math
 import os
 import sys
 import time
+import unicodedata
 from types import SimpleNamespace
 from typing import Any
 
@@ -58,7 +59,13 @@ class RequestError(ValueError):
 
 
 def decode_texts(values: np.ndarray, max_bytes: int) -> list[str]:
-    """Triton hands strings over as bytes objects: check size, decode UTF-8 strictly, refuse empty text."""
+    """Triton hands strings over as bytes objects: check size, decode UTF-8 strictly, refuse empty text
+    (empty: nothing left once whitespace and control/format characters -- NUL, zero-width space/joiners,
+    BOM, soft hyphen -- are removed: tokenizers drop or ignore them, so there would be no text to embed)."""
+
+    def _visible(text: str) -> bool:
+        return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf") for c in text)
+
     texts = []
     for item in values.reshape(-1):
         raw = item.encode("utf-8") if isinstance(item, str) else item
@@ -70,7 +77,7 @@ def decode_texts(values: np.ndarray, max_bytes: int) -> list[str]:
             text = bytes(raw).decode("utf-8")
         except UnicodeDecodeError as err:
             raise RequestError(f"text is not valid UTF-8 (byte {err.start})") from None
-        if not text.strip():
+        if not _visible(text):
             raise RequestError("text is empty")
         texts.append(text)
     if not texts:
@@ -454,14 +461,18 @@ def engine_from_parameters(params: ModelParameters, device: str = "cpu") -> Engi
     )
 
 
-def _one_value(raw: Any, name: str, kind: type, bounds: tuple) -> Any:
+def _one_value(raw: Any, name: str, kind: type, bounds: tuple, problem=None) -> Any:
+    """The one value of an option tensor, checked against `bounds` (or `problem(value)`: why not allowed)."""
     values = {kind(v) for v in np.asarray(raw).reshape(-1)}
     if len(values) != 1:
         raise RequestError(f"{name} must hold one value per request")
     value = values.pop()
     low, high = bounds
-    if not (math.isfinite(value) and low <= value <= high):
-        raise RequestError(f"{name}={value} must be a finite number between {low} and {high}")
+    message = problem(value) if problem is not None else None
+    if message is None and not (math.isfinite(value) and low <= value <= high):
+        message = f"{name}={value} must be a finite number between {low} and {high}"
+    if message:
+        raise RequestError(message)
     return value
 
 
@@ -473,8 +484,22 @@ def generation_options(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[st
             raw[interface.MAX_NEW_TOKENS], interface.MAX_NEW_TOKENS, int, interface.MAX_NEW_TOKENS_RANGE
         )
     if raw.get(interface.TEMPERATURE) is not None:
-        options[interface.TEMPERATURE] = _one_value(raw[interface.TEMPERATURE], interface.TEMPERATURE, float, interface.TEMPERATURE_RANGE)
+        # 0 (greedy) or MIN_TEMPERATURE..100: sampling divides by it, so a denormal like 1e-45 would give NaN
+        options[interface.TEMPERATURE] = _one_value(
+            raw[interface.TEMPERATURE], interface.TEMPERATURE, float, interface.TEMPERATURE_RANGE, interface.temperature_problem
+        )
     return options
+
+
+def is_cancelled(request) -> bool:
+    check = getattr(request, "is_cancelled", None)  # python_backend >= 23.10
+    return bool(check and check())
+
+
+def cancelled_response():
+    code = getattr(getattr(pb_utils, "TritonError", None), "CANCELLED", None)
+    error = pb_utils.TritonError("request cancelled", code) if code is not None else pb_utils.TritonError("request cancelled")
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
 
 
 def error_response(message: str):
@@ -511,7 +536,10 @@ class TritonPythonModel:
         tensor = pb_utils.get_input_tensor_by_name(request, interface.TEXT)
         if tensor is None:
             raise RequestError(f"input '{interface.TEXT}' is missing")
-        texts = decode_texts(tensor.as_numpy(), self.max_bytes)
+        values = tensor.as_numpy()
+        if values.size > self.params.max_texts_per_request:  # checked before decoding anything
+            raise RequestError(f"{values.size} texts exceed max_texts_per_request={self.params.max_texts_per_request}; split the request")
+        texts = decode_texts(values, self.max_bytes)
         options: dict[str, Any] = {}
         if self.task == interface.GENERATION:
             raw = {}
@@ -526,6 +554,9 @@ class TritonPythonModel:
         responses: list[Any] = [None] * len(requests)
         groups: dict[tuple, list[tuple[int, list[str]]]] = {}
         for index, request in enumerate(requests):
+            if is_cancelled(request):  # the client is gone (or its deadline passed): not computed
+                responses[index] = cancelled_response()
+                continue
             try:
                 texts, options = self._parse(request)
             except RequestError as err:

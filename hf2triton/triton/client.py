@@ -40,6 +40,10 @@ def http_post(url: str, headers: dict[str, str] | None = None, body: dict | None
         return err.code, err.read().decode("utf-8", "replace")
 
 
+def is_live(http_url: str) -> bool:
+    return http_get(f"http://{http_url}/v2/health/live")[0] == 200
+
+
 def is_ready(http_url: str) -> bool:
     return http_get(f"http://{http_url}/v2/health/ready")[0] == 200
 

@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from hf2triton import host
 from hf2triton.triton.modelconfig import model_parameters, read_model_config
+from hf2triton.triton.pitfalls import RENDER
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def lint_model_dir(model_dir: Path | str, backend_dir: Path | str | None, gpu_av
     findings: list[Finding] = []
     config_path = model_dir / "config.pbtxt"
     if not config_path.is_file():
-        return [Finding("error", str(config_path), "-", "config.pbtxt missing", "render the repository (snakemake --cores 1 serve)")]
+        return [Finding("error", str(config_path), "-", "config.pbtxt missing", f"render the repository (`{RENDER}`)")]
     config = _parse_config(config_path, findings)
     if config is None:
         return findings
@@ -164,7 +165,7 @@ def lint_model_dir(model_dir: Path | str, backend_dir: Path | str | None, gpu_av
                     str(model_file),
                     "model file",
                     "missing: the server would wait forever (never ready)",
-                    "render the repository again",
+                    f"render the repository again (`{RENDER}`)",
                 )
             )
         elif model_file is not None and model_file.suffix == ".py":

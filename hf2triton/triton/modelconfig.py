@@ -32,7 +32,9 @@ def build_model_config(
     max_queue_delay_us: int,
     parameters: dict[str, str],
     embedding_dim: int | None = None,
+    queue: tuple[int, float] | None = None,
 ) -> mc.ModelConfig:
+    """`queue` = (max waiting requests, seconds a request may wait): Triton refuses requests beyond them."""
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
     for tensor in task_inputs(task):
         _add_tensor(config.input, tensor, max_batch_size > 0, True)
@@ -43,6 +45,12 @@ def build_model_config(
         group.gpus.append(0)
     if max_batch_size > 0:
         config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
+        if queue:
+            policy = config.dynamic_batching.default_queue_policy
+            policy.max_queue_size, timeout_s = queue
+            policy.timeout_action = mc.ModelQueuePolicy.REJECT
+            policy.default_timeout_microseconds = max(1, round(timeout_s * 1_000_000))
+            policy.allow_timeout_override = True  # a client's own shorter timeout is honoured
     for key, value in sorted(parameters.items()):
         config.parameters[key].string_value = str(value)
     return config

@@ -1,7 +1,9 @@
 """Known Triton failure messages and their fixes (from the pitfalls table in the README).
 
 Used to explain a server log or client error: the launcher, validation and status all print the
-matching fix next to Triton's own words.
+matching fix next to Triton's own words. A pattern must match only its own failure (never a line every log
+has, like the backend table listing shm-default-byte-size), and a command a fix suggests is in backticks and
+one of COMMANDS (a test runs them).
 """
 
 from __future__ import annotations
@@ -11,12 +13,18 @@ from dataclasses import dataclass
 
 from hf2triton.serving import interface
 
+# The commands fixes may suggest, run from the project directory (tests check each one works).
+RENDER = "make serve"  # re-renders what changed or went missing, then (re)loads it
+LINT = ".venv/bin/python -m hf2triton lint model_repository"  # the repository lint (the rule `lint` has wildcards)
+COMMANDS = (RENDER, LINT)
+
 
 @dataclass(frozen=True)
 class Pitfall:
     pattern: str
     cause: str
     fix: str
+    generic: bool = False  # a consequence of many failures: shown only when no specific pitfall explains the text
 
     def matches(self, text: str) -> bool:
         return re.search(self.pattern, text) is not None
@@ -31,7 +39,7 @@ PITFALLS = [
     Pitfall(
         r"Error parsing text-format inference\.ModelConfig",
         "config.pbtxt syntax error or misspelled field",
-        "fix the line/column given (run the lint: snakemake lint)",
+        f"fix the line/column given (the lint names the field: `{LINT}`)",
     ),
     Pitfall(r"at least one version must be available", "no numeric version directory", "create the version directory 1/ with model.py"),
     Pitfall(
@@ -56,9 +64,11 @@ PITFALLS = [
         "stub/libpython mismatch",
         "use the stub of the running Python and put its LIBDIR on LD_LIBRARY_PATH (hf2triton does this)",
     ),
-    Pitfall(r"Python model file not found", "1/model.py missing", "re-render the repository: snakemake --cores 1 serve"),
+    Pitfall(r"Python model file not found", "1/model.py missing", f"re-render the repository: `{RENDER}`"),
     Pitfall(
-        r"Unable to initialize shared memory key|shm-default-byte-size",
+        # Triton's own words for it (they mention docker's --shm-size); "shm-default-byte-size" alone is in
+        # the backend table every log prints, whatever the failure
+        r"Unable to initialize shared memory key|Failed to increase the shared memory pool size|use '--shm-size' flag",
         "Python-backend shared memory too small or /dev/shm full",
         "raise server.shm_default_byte_size, or free /dev/shm",
     ),
@@ -76,11 +86,14 @@ PITFALLS = [
         r"Stub process .* is not healthy",
         "a Python-backend stub process died",
         "read the lines above in the server log; hf2triton serve restarts the server",
+        generic=True,
     ),
     Pitfall(
         r"CUDA out of memory|OutOfMemoryError", "the model does not fit in GPU memory", "fewer instances, a smaller dtype, or device: cpu"
     ),
-    Pitfall(r"failed to load all models|failed to load '", "a model failed to load", "read that model's own error just above"),
+    Pitfall(
+        r"failed to load all models|failed to load '", "a model failed to load", "read that model's own error just above", generic=True
+    ),
     Pitfall(r"unexpected shape for input", "batch dimension missing or wrong shape", "send texts as shape [n, 1] (one row per text)"),
     Pitfall(r"unexpected inference input", "wrong input name", f"the input is called '{interface.TEXT}'"),
     Pitfall(r"data-type is '.*', but model '.*' expects", "wrong dtype", "send BYTES for text, INT32 max_new_tokens, FP32 temperature"),
@@ -89,8 +102,11 @@ PITFALLS = [
 
 
 def explain(text: str) -> list[Pitfall]:
-    """The pitfalls whose message occurs in `text` (most specific first, as listed)."""
-    return [p for p in PITFALLS if p.matches(text)]
+    """The pitfalls whose message occurs in `text` (most specific first, as listed); the generic ones (a stub
+    died, a model failed to load) only when nothing specific does: a missing model.py also kills its stub."""
+    found = [p for p in PITFALLS if p.matches(text)]
+    specific = [p for p in found if not p.generic]
+    return specific or found
 
 
 def relevant_log_lines(log_text: str, limit: int = 15) -> list[str]:

@@ -11,8 +11,10 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf2triton import host
+from hf2triton import host, integrity
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.specs import ServerSpec
 from hf2triton.triton import client
+from hf2triton.triton.hidden_args import build_shim, hide_arguments, placeholder
 from hf2triton.triton.install import Installation, locate_tritonserver, prepare_backend_dir, server_environment
 from hf2triton.triton.modelconfig import instance_count, model_parameters, read_model_config_or_none
 from hf2triton.triton.pitfalls import explain, relevant_log_lines
@@ -97,27 +100,47 @@ class Settings:
         return cls(server, repository, work, models)
 
 
+def restricted_arguments(admin_key: str) -> dict[str, str]:
+    """The flags that carry the admin key, by the environment variable that passes each to the server
+    (hidden_args: the command line holds placeholders; /proc/<pid>/cmdline is world-readable)."""
+    value = f"{RESTRICTED_HTTP_APIS}:{RESTRICTED_KEY_HEADER}={admin_key}"
+    return {
+        "HF2TRITON_ARG_HTTP_RESTRICTED_API": f"--http-restricted-api={value}",
+        "HF2TRITON_ARG_GRPC_RESTRICTED_PROTOCOL": f"--grpc-restricted-protocol={value}",
+    }
+
+
+def listen_addresses(host_address: str) -> dict[str, str]:
+    """The address flags tritonserver understands: its HTTP and metrics servers (libevhtp) read an IPv6
+    address only as `ipv6:<addr>` (a bare `::1` binds 255.255.255.255), its gRPC server only as `[<addr>]`."""
+    bare = host_address.strip("[]")
+    if ":" not in bare:
+        return {"http": bare, "grpc": bare}
+    return {"http": f"ipv6:{bare}", "grpc": f"[{bare}]"}
+
+
 def server_command(install: Installation, settings: Settings, backend_dir: str, admin_key: str) -> list[str]:
-    host_addr = settings.host
+    """The command as /proc/<pid>/cmdline shows it (kept in the state file): placeholders instead of the
+    key-carrying flags; start_server passes the real flags in the environment."""
+    addresses = listen_addresses(settings.host)
     cmd = [
         install.binary,
         f"--model-repository={settings.repository}",
         "--model-control-mode=explicit",
         *[f"--load-model={name}" for name in settings.models],
         f"--backend-directory={backend_dir}",
-        f"--http-address={host_addr}",
+        f"--http-address={addresses['http']}",
         f"--http-port={settings.server.http_port}",
-        f"--grpc-address={host_addr}",
+        f"--grpc-address={addresses['grpc']}",
         f"--grpc-port={settings.server.grpc_port}",
-        f"--metrics-address={host_addr}",
+        f"--metrics-address={addresses['http']}",
         f"--metrics-port={settings.server.metrics_port}",
         f"--log-verbose={settings.server.log_verbose}",
-        "--exit-on-error=true",
+        "--exit-on-error=false",  # one model failing to load must not take the others down
         "--exit-timeout-secs=10",
         "--strict-readiness=true",
         f"--backend-config=python,shm-default-byte-size={settings.server.shm_default_byte_size}",
-        f"--http-restricted-api={RESTRICTED_HTTP_APIS}:{RESTRICTED_KEY_HEADER}={admin_key}",
-        f"--grpc-restricted-protocol={RESTRICTED_HTTP_APIS}:{RESTRICTED_KEY_HEADER}={admin_key}",
+        *[placeholder(name) for name in restricted_arguments(admin_key)],  # the key stays off /proc/<pid>/cmdline
     ]
     if not host.has_gpu():
         cmd.append("--allow-gpu-metrics=false")
@@ -125,8 +148,9 @@ def server_command(install: Installation, settings: Settings, backend_dir: str, 
 
 
 def redacted_command(cmd: list[str]) -> list[str]:
-    """The command line without the admin key (for logs and reports)."""
-    return [arg.rsplit("=", 1)[0] + "=***" if "restricted" in arg else arg for arg in cmd]
+    """The command line without an admin key (for logs and reports). Ours hold placeholders only; this also
+    masks the key of a server started by an older hf2triton (so that one counts as changed and restarts)."""
+    return [arg.rsplit("=", 1)[0] + "=***" if f"{RESTRICTED_KEY_HEADER}=" in arg else arg for arg in cmd]
 
 
 def model_digest(settings: Settings, name: str) -> str:
@@ -198,24 +222,31 @@ class Facts:
     ready: bool
     digests: dict[str, str]
     dead_stubs: list[str] = field(default_factory=list)
+    live: bool = True  # the server answers /v2/health/live (it may be live with a model not ready)
+    not_ready: list[str] = field(default_factory=list)  # models that are not ready in a live server
 
 
 def observe(settings: Settings, state: dict[str, Any] | None) -> Facts:
-    alive = matches = ready = False
+    alive = matches = ready = live = False
+    not_ready: list[str] = []
     if state and state.get("boot_id") == host.boot_id():
         cmdline = host.process_cmdline(int(state["pid"]))
         alive = cmdline is not None
         matches = alive and cmdline == state.get("cmdline")
         ready = matches and is_ready(settings)
-    dead = dead_stub_models(settings, int(state["pid"])) if ready else []
-    return Facts(host.boot_id(), alive, matches, ready, model_digests(settings), dead)
+        live = ready or (matches and client.is_live(settings.url()))
+        if live and not ready:
+            not_ready = [name for name in settings.models if not client.model_ready(settings.url(), name)]
+    dead = dead_stub_models(settings, int(state["pid"])) if live else []
+    return Facts(host.boot_id(), alive, matches, ready, model_digests(settings), dead, live, not_ready)
 
 
 @dataclass(frozen=True)
 class Decision:
     action: str  # "keep" | "start" | "restart" | "reload"
     reason: str
-    models: tuple[str, ...] = ()  # for "reload": the models to unload and load again
+    models: tuple[str, ...] = ()  # for "reload": the models to load again
+    broken: tuple[str, ...] = ()  # of those, the ones that serve nothing now (unloaded first: Triton skips an unchanged load)
 
 
 def decide(state: dict[str, Any] | None, facts: Facts, wanted_cmdline: list[str] | None) -> Decision:
@@ -230,18 +261,64 @@ def decide(state: dict[str, Any] | None, facts: Facts, wanted_cmdline: list[str]
         return Decision("start", f"pid {state.get('pid')} now belongs to another program")
     if wanted_cmdline is not None and redacted_command(state.get("cmdline", [])) != redacted_command(wanted_cmdline):
         return Decision("restart", "server settings changed (ports, host, models or flags)")
-    if not facts.ready:
+    if not facts.ready and not (facts.live and facts.not_ready):
         return Decision("restart", "server is running but not ready")
     recorded = state.get("digests", {})
     changed = tuple(name for name, digest in facts.digests.items() if recorded.get(name) != digest)
     dead = tuple(name for name in facts.dead_stubs if name not in changed)
-    if changed or dead:
-        reasons = [f"changed: {', '.join(changed)}"] * bool(changed) + [f"stub process died: {', '.join(dead)}"] * bool(dead)
-        return Decision("reload", "; ".join(reasons), changed + dead)
+    down = tuple(name for name in facts.not_ready if name not in changed + dead)
+    if changed or dead or down:
+        reasons = (
+            [f"changed: {', '.join(changed)}"] * bool(changed)
+            + [f"stub process died: {', '.join(dead)}"] * bool(dead)
+            + [f"not ready: {', '.join(down)}"] * bool(down)
+        )
+        return Decision("reload", "; ".join(reasons), changed + dead + down, dead + down)
     return Decision("keep", "running, ready and current")
 
 
 # ---------------------------------------------------------------- start / stop
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports `pid` listens on (from /proc/net/tcp{,6} and its socket inodes)."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")}
+    except OSError:
+        return set()
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A = LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def check_can_listen(settings: Settings, held_by_replaced: list[int]) -> None:
+    """Before a running server is stopped: the new host must be an address this machine can listen on, and
+    each port must be free or held by a server about to be replaced (so a bad host or a taken port leaves
+    the old server serving)."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((settings.host.strip("[]"), 0))
+    except (OSError, UnicodeError) as err:
+        raise UserError(
+            f"server.host = {settings.host!r}: this machine cannot listen on that address ({err}); nothing was stopped",
+            "use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or an address of this machine",
+        ) from None
+    ours = set().union(*(listening_ports(pid) for pid in held_by_replaced)) if held_by_replaced else set()
+    for key, port in settings.ports.items():
+        if port not in ours and not host.port_is_free(settings.host, port):
+            raise UserError(
+                f"port {port} (server.{key}) on {settings.host} is already in use by another program; the running server keeps serving",
+                f"stop that program or set server.{key} in config.yaml to a free port",
+            )
 
 
 def _check_ports(settings: Settings) -> None:
@@ -259,11 +336,12 @@ def _terminate(pid: int, cmdline: list[str] | None) -> None:
         return
     for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5)):
         try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            os.kill(pid, sig)
+            os.killpg(pid, sig)  # the server and its stubs (it leads its own session when we started it)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             try:
@@ -277,17 +355,87 @@ def _terminate(pid: int, cmdline: list[str] | None) -> None:
             time.sleep(0.2)
 
 
+@dataclass(frozen=True)
+class Ours:
+    """Processes of ours found by what they are (their command lines), whatever the state file says."""
+
+    servers: tuple[int, ...]  # tritonserver processes serving this repository
+    stubs: tuple[int, ...]  # Python-backend stubs of this repository's models
+    orphans: tuple[int, ...]  # stubs whose tritonserver is gone (they ignore SIGTERM and keep memory)
+
+
+def find_ours(settings: Settings) -> Ours:
+    servers, stubs = [], []
+    for pid in host.pids():
+        cmd = host.process_cmdline(pid) or []
+        if cmd and cmd[0].endswith("/tritonserver") and f"--model-repository={settings.repository}" in cmd:
+            servers.append(pid)
+        elif len(cmd) > 1 and cmd[0].endswith("triton_python_backend_stub") and cmd[1].startswith(f"{settings.repository}/"):
+            stubs.append(pid)
+    orphans = [pid for pid in stubs if host.parent_pid(pid) not in servers]
+    return Ours(tuple(servers), tuple(stubs), tuple(orphans))
+
+
+SHM_DIR = Path("/dev/shm")  # noqa: S108 - where Triton's Python backend keeps its regions
+SHM_REGION = re.compile(r"^triton_python_backend_shm_region_[0-9a-f-]+$")
+
+
+def mapped_files() -> set[str]:
+    """Every file some process of this user has mapped (from /proc/<pid>/maps)."""
+    mapped = set()
+    for pid in host.pids():
+        try:
+            lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        except OSError:
+            continue
+        mapped.update(line.split(None, 5)[5].removesuffix(" (deleted)") for line in lines if line.count(" ") >= 5 and f"{SHM_DIR}/" in line)
+    return mapped
+
+
+def end_orphans(settings: Settings) -> list[str]:
+    """Kill the stubs our dead servers left behind (they ignore SIGTERM and keep their memory), then remove
+    the Python-backend shared-memory regions of this user that no process maps any more (a dead server's;
+    a live server maps its own). Returns what was cleaned, for the log."""
+    cleaned = []
+    for pid in find_ours(settings).orphans:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            cleaned.append(f"stub {pid}")
+        except ProcessLookupError:
+            continue
+    if cleaned:
+        time.sleep(0.5)  # let the killed stubs unmap
+    mapped = mapped_files()
+    for path in SHM_DIR.glob("triton_python_backend_shm_region_*"):
+        try:
+            owner = path.stat().st_uid
+        except OSError:
+            continue
+        if owner == os.getuid() and SHM_REGION.match(path.name) and str(path) not in mapped:
+            path.unlink(missing_ok=True)
+            cleaned.append(str(path))
+    if cleaned:
+        log.info("cleaned up after a dead server: %s", ", ".join(cleaned))
+    return cleaned
+
+
 def stop_server(settings: Settings) -> str:
+    """Stop our server: the one the state file describes, and any other tritonserver serving this repository
+    (a lost or corrupt state file, a changed paths.work); then its orphaned stubs and shared memory."""
     state = read_state(settings)
-    if not state or state.get("boot_id") != host.boot_id():
-        return "no server of ours is running"
-    pid = int(state["pid"])
-    if host.process_cmdline(pid) != state.get("cmdline"):
-        settings.state_file.unlink(missing_ok=True)
-        return "no server of ours is running (stale state removed)"
-    _terminate(pid, state.get("cmdline"))
+    stopped = []
+    if state and state.get("boot_id") == host.boot_id() and host.process_cmdline(int(state["pid"])) == state.get("cmdline"):
+        _terminate(int(state["pid"]), state.get("cmdline"))
+        stopped.append(int(state["pid"]))
+    for pid in find_ours(settings).servers:
+        if pid not in stopped:
+            _terminate(pid, host.process_cmdline(pid))
+            stopped.append(pid)
     settings.state_file.unlink(missing_ok=True)
-    return f"stopped tritonserver (pid {pid})"
+    cleaned = end_orphans(settings)
+    if stopped:
+        return f"stopped tritonserver (pid {', '.join(map(str, stopped))})" + (f"; cleaned {len(cleaned)} leftovers" if cleaned else "")
+    return "no server of ours is running" + (f"; cleaned {len(cleaned)} leftovers of a dead one" if cleaned else "")
 
 
 def _failure(settings: Settings, what: str) -> UserError:
@@ -307,6 +455,10 @@ def start_server(settings: Settings, install: Installation | None = None) -> dic
     backend_dir = prepare_backend_dir(install, settings.server_dir)
     admin_key = secrets.token_urlsafe(24)
     cmd = server_command(install, settings, backend_dir, admin_key)
+    env = server_environment(install)
+    placeholders, hidden_env = hide_arguments(restricted_arguments(admin_key), build_shim(settings.server_dir), env.get("LD_PRELOAD"))
+    assert all(arg in cmd for arg in placeholders)
+    env.update(hidden_env)
     settings.server_dir.mkdir(parents=True, exist_ok=True)
     if settings.log_file.exists():
         os.replace(settings.log_file, settings.log_file.with_suffix(".log.1"))
@@ -318,9 +470,10 @@ def start_server(settings: Settings, install: Installation | None = None) -> dic
             stdin=subprocess.DEVNULL,
             stdout=log_handle,
             stderr=subprocess.STDOUT,
-            env=server_environment(install),
+            env=env,
             start_new_session=True,  # outlives snakemake and its process group
             cwd=settings.server_dir,
+            umask=0o077,  # the Python backend's /dev/shm regions (requests, responses) and any file it writes: ours only
         )
     state = {
         "pid": process.pid,
@@ -345,6 +498,12 @@ def start_server(settings: Settings, install: Installation | None = None) -> dic
     return state
 
 
+def _failed_models(settings: Settings) -> list[str]:
+    """Models whose load failed, from the server log (with --exit-on-error=false the server goes on)."""
+    text = settings.log_file.read_text(errors="replace") if settings.log_file.exists() else ""
+    return [m for m in settings.models if f"failed to load '{m}'" in text]
+
+
 def _loaded_models(log_text: str, models: list[str]) -> list[str]:
     return [m for m in models if f"successfully loaded '{m}'" in log_text]
 
@@ -358,6 +517,14 @@ def wait_until_ready(settings: Settings, process: subprocess.Popen) -> None:
             raise _failure(settings, f"tritonserver exited with status {process.returncode} during startup")
         if is_ready(settings):
             return
+        failed = _failed_models(settings)
+        if failed:  # the others are up: they keep serving, the failure is explained
+            serving = [m for m in settings.models if client.model_ready(settings.url(), m)]
+            if len(serving) + len(failed) == len(settings.models):
+                if not serving:
+                    _terminate(process.pid, None)
+                what = f"model {', '.join(failed)} failed to load" + (f"; {', '.join(serving)} serving" if serving else "")
+                raise _failure(settings, what)
         elapsed = time.monotonic() - started
         if elapsed > settings.server.startup_timeout_s:
             _terminate(process.pid, None)
@@ -373,21 +540,37 @@ def wait_until_ready(settings: Settings, process: subprocess.Popen) -> None:
         time.sleep(0.25)
 
 
-def reload_models(settings: Settings, state: dict[str, Any], models: tuple[str, ...]) -> None:
-    """Unload and load models in the running server (explicit model control, restricted API with the
-    admin key from the state file); the other models keep serving."""
+def reload_models(settings: Settings, state: dict[str, Any], models: tuple[str, ...], broken: tuple[str, ...] = ()) -> list[str]:
+    """Load new versions of `models` into the running server (explicit model control; restricted API with
+    the admin key from the state file). No unload first: Triton replaces a loaded model only when the new
+    version loads, so a failed change leaves the old version serving (tested). `broken` models (a dead stub:
+    they serve nothing) are unloaded first, since Triton does not reload an unchanged model. Returns the models
+    that loaded; raises after trying all of them if any failed, naming what still serves."""
     headers = {RESTRICTED_KEY_HEADER: state["admin_key"]}
     base = f"http://{settings.url()}/v2"
+    loaded, failed = [], []
     for name in models:
         started = time.monotonic()
-        client.http_post(f"{base}/repository/models/{name}/unload", headers)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while client.model_ready(settings.url(), name) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        status, body = client.http_post(f"{base}/repository/models/{name}/load", headers, timeout=settings.server.startup_timeout_s)
-        if status != 200:
-            raise _failure(settings, f"reloading model {name} failed ({status}: {body[:300]})")
-        log.info("reloaded %s in %.1f s", name, time.monotonic() - started)
+        if name in broken:
+            client.http_post(f"{base}/repository/models/{name}/unload", headers)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while client.model_ready(settings.url(), name) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        try:
+            status, body = client.http_post(f"{base}/repository/models/{name}/load", headers, timeout=settings.server.startup_timeout_s)
+        except (TimeoutError, OSError) as err:
+            status, body = 0, f"no answer within server.startup_timeout_s = {settings.server.startup_timeout_s} s ({err})"
+        if status == 200:
+            loaded.append(name)
+            log.info("reloaded %s in %.1f s", name, time.monotonic() - started)
+            continue
+        still = "the previous version keeps serving" if client.model_ready(settings.url(), name) else "it is not serving"
+        failed.append(f"{name} ({status}: {body[:300]}; {still})")
+    if failed:
+        state["digests"] = {**state.get("digests", {}), **{n: d for n, d in model_digests(settings).items() if n in loaded}}
+        write_state(settings, state)
+        raise _failure(settings, "loading the new version failed for " + "; ".join(failed))
+    return loaded
 
 
 def ensure_server(settings: Settings) -> dict[str, Any]:
@@ -402,12 +585,19 @@ def ensure_server(settings: Settings) -> dict[str, Any]:
     decision = decide(state, facts, wanted)
     log.info("server: %s (%s)", decision.action, decision.reason)
     if decision.action == "reload":
-        reload_models(settings, state, decision.models)
+        reload_models(settings, state, decision.models, decision.broken)
         state["digests"] = model_digests(settings)
         write_state(settings, state)
-    if decision.action == "restart":
-        _terminate(int(state["pid"]), state.get("cmdline"))
     if decision.action in ("start", "restart"):
+        # Servers of ours the state file does not describe (lost or corrupt state) cannot be reloaded
+        # without their key: they are replaced too, but only once the new settings are known to work.
+        replaced = [int(state["pid"])] if decision.action == "restart" else []
+        replaced += [pid for pid in find_ours(settings).servers if pid not in replaced]
+        check_can_listen(settings, held_by_replaced=replaced)
+        for pid in replaced:
+            log.info("stopping tritonserver pid %d", pid)
+            _terminate(pid, host.process_cmdline(pid))
+        end_orphans(settings)
         state = start_server(settings, install)
     return {**state, "action": decision.action, "reason": decision.reason}
 
@@ -415,10 +605,13 @@ def ensure_server(settings: Settings) -> dict[str, Any]:
 def server_status(settings: Settings) -> dict[str, Any]:
     state = read_state(settings)
     facts = observe(settings, state)
+    # hand edits or deletions in the rendered repository: what runs is not what was rendered
+    edited = {name: found for name in settings.models if (found := integrity.problems(Path(settings.repository) / name))}
     status: dict[str, Any] = {
         "running": facts.cmdline_matches,
         "ready": facts.ready,
-        "current": bool(state) and state.get("digests") == facts.digests and not facts.dead_stubs,
+        "current": bool(state) and state.get("digests") == facts.digests and not facts.dead_stubs and not edited,
+        **({"changed_since_rendered": edited} if edited else {}),
         **settings.endpoints,
         "log": str(settings.log_file),
     }

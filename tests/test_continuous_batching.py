@@ -1,0 +1,123 @@
+"""The continuous batcher in-process (no Triton): sequences that join and leave a running batch produce
+exactly what each produces alone; stop strings, seeds, limits, cancellation, a full queue, and text that
+never ends in a split character."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf2triton.serving.generation import Busy, ContinuousBatcher, Sampling, Sequence
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_models):
+    import transformers
+
+    path = tiny_models["text-generation"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    return model, tokenizer
+
+
+PROMPTS = ["What is the capital of France?", "Hi", "Tell me a very long story about a dragon and a knight", "你好，介绍一下你自己"]
+
+
+def solo(llm, prompt: str, max_new_tokens: int) -> str:
+    model, tokenizer = llm
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    return tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True).rstrip("\ufffd")
+
+
+class Collector:
+    def __init__(self):
+        self.pieces: list[str] = []
+        self.finish = None
+
+    def __call__(self, text, finish):
+        assert self.finish is None, "nothing after the final event"
+        self.pieces.append(text)
+        self.finish = finish
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def submit(batcher, llm, prompt, **sampling) -> Collector:
+    collector = Collector()
+    ids = llm[1](prompt, add_special_tokens=False)["input_ids"]
+    batcher.submit(Sequence(ids, Sampling(**sampling), collector))
+    return collector
+
+
+def drain(batcher, limit: int = 1000) -> None:
+    for _ in range(limit):
+        if not (batcher.running or batcher.waiting):
+            return
+        batcher.step()
+    raise AssertionError("the batch did not finish")
+
+
+def test_staggered_sequences_equal_their_solo_greedy_text(llm):
+    batcher = ContinuousBatcher(*llm, "cpu", max_sequences=3, context=256)
+    lengths = [12, 20, 7, 16]
+    first = [submit(batcher, llm, p, max_new_tokens=n) for p, n in zip(PROMPTS[:2], lengths)]
+    for _ in range(3):
+        batcher.step()
+    later = [submit(batcher, llm, p, max_new_tokens=n) for p, n in zip(PROMPTS[2:], lengths[2:])]
+    drain(batcher)
+    for prompt, n, collector in zip(PROMPTS, lengths, first + later):
+        assert collector.text == solo(llm, prompt, n), prompt
+        assert collector.finish.reason == "length" and collector.finish.completion_tokens == n
+        assert "\ufffd" not in "".join(collector.pieces)
+        assert collector.finish.prompt_tokens == len(llm[1](prompt, add_special_tokens=False)["input_ids"])
+
+
+def test_stop_string_ends_and_is_cut(llm):
+    batcher = ContinuousBatcher(*llm, "cpu")
+    full = solo(llm, PROMPTS[0], 20)
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    collector = submit(batcher, llm, PROMPTS[0], max_new_tokens=20, stop=(stop,))
+    drain(batcher)
+    assert collector.finish.reason == "stop" and collector.text == full[: full.index(stop)]
+
+
+def test_same_seed_same_text(llm):
+    batcher = ContinuousBatcher(*llm, "cpu")
+    runs = [submit(batcher, llm, PROMPTS[1], max_new_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=s) for s in (7, 7, 8)]
+    drain(batcher)
+    assert runs[0].text == runs[1].text and runs[0].text != runs[2].text
+
+
+def test_cancelled_sequence_leaves_within_one_step_and_frees_its_place(llm):
+    batcher = ContinuousBatcher(*llm, "cpu", max_sequences=1)
+    gone = {"flag": False}
+    collector = Collector()
+    ids = llm[1](PROMPTS[2], add_special_tokens=False)["input_ids"]
+    batcher.submit(Sequence(ids, Sampling(max_new_tokens=200), collector, cancelled=lambda: gone["flag"]))
+    waiting = submit(batcher, llm, PROMPTS[1], max_new_tokens=4)
+    batcher.step()
+    assert len(batcher.running) == 1 and len(batcher.waiting) == 1
+    gone["flag"] = True
+    batcher.step()
+    assert collector.finish.reason == "cancelled" and collector.finish.completion_tokens <= 2
+    assert not batcher.waiting, "its place went to the waiting request in the same step"
+    drain(batcher)
+    assert waiting.text == solo(llm, PROMPTS[1], 4)
+
+
+def test_full_queue_is_refused_at_once(llm):
+    batcher = ContinuousBatcher(*llm, "cpu", max_sequences=1, max_queue=2)
+    for _ in range(2):
+        submit(batcher, llm, PROMPTS[1], max_new_tokens=2)
+    with pytest.raises(Busy, match="generation.max_queue = 2"):
+        submit(batcher, llm, PROMPTS[1], max_new_tokens=2)
+    drain(batcher)
+
+
+def test_context_limit_ends_with_length(llm):
+    batcher = ContinuousBatcher(*llm, "cpu", context=12)
+    collector = submit(batcher, llm, PROMPTS[0], max_new_tokens=100)
+    drain(batcher)
+    assert collector.finish.reason == "length" and collector.finish.prompt_tokens + collector.finish.completion_tokens == 12
