@@ -31,6 +31,11 @@ class GenerationSpec:
     max_new_tokens: int = DEFAULTS.max_new_tokens
     temperature: float = DEFAULTS.temperature
     chat_template: bool = DEFAULTS.chat_template
+    streaming: bool = DEFAULTS.streaming
+    max_sequences: int = DEFAULTS.max_sequences
+    max_queue: int = DEFAULTS.max_queue
+    max_new_tokens_limit: int = DEFAULTS.max_new_tokens_limit
+    time_limit_s: float = DEFAULTS.time_limit_s
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
 SERVING_MODULE = SERVING_DIR / "model.py"
-# Copied into <model>/1/: model.py loads interface.py from its own directory.
-SERVING_FILES = (SERVING_MODULE, SERVING_DIR / "interface.py")
+# Copied into <model>/1/: model.py loads interface.py (and generation.py, the continuous batcher) from there.
+SERVING_FILES = (SERVING_MODULE, SERVING_DIR / "interface.py", SERVING_DIR / "generation.py")
 VERSION = "1"
 
 
@@ -93,6 +93,7 @@ def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir:
         parameters.to_strings(),
         dim,
         (serving.queue.max_size, serving.queue.timeout_s),
+        streaming=bool(serving.generation and serving.generation.streaming),
     )
     with atomic_directory(output) as tmp:
         (tmp / "config.pbtxt").write_text(config_text(config))

@@ -217,6 +217,8 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     )
     params = model_parameters(rendered)
     task = params.task
+    if rendered.model_transaction_policy.decoupled:
+        return validate_streaming(settings, name, rendered, checks)
     texts = PROBES[task][: rendered.max_batch_size or None]  # one request must fit max_batch_size
     outputs = tuple(o.name for o in rendered.output)
     before = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
@@ -259,6 +261,49 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
             "input": texts[0],
             "output": sample[0].decode() if sample.dtype == np.object_ else [round(float(x), 5) for x in sample[:4]],
         },
+        "checks": checks,
+    }
+
+
+def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A streaming (decoupled) generation model: the answer streamed over gRPC, joined, equals the one JSON answer
+    of HTTP /generate ("stream": false) and the in-process greedy text; it arrived in pieces with a finish
+    reason and token counts."""
+    prompt = PROBES[GENERATION][0]
+    before = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
+    try:
+        streamed = client.stream_generate(settings.url("grpc_port"), name, prompt, VALIDATION_OPTIONS)
+        status, answer = client.http_generate(settings.url(), name, {interface.TEXT: prompt, **VALIDATION_OPTIONS, interface.STREAM: False})
+    except Exception as err:  # noqa: BLE001 - reported as a failed check with its hint
+        hints = "; ".join(p.fix for p in explain(str(err)))
+        checks.append(check("streaming", False, f"{type(err).__name__}: {err}" + (f" -- fix: {hints}" if hints else "")))
+        return {"ok": False, "checks": checks}
+    pieces = len(streamed["pieces"])
+    checks.append(
+        check(
+            "grpc stream",
+            streamed["finish_reason"] in ("stop", "length") and (pieces > 1 or streamed["completion_tokens"] <= 1),
+            f"{pieces} responses, first after {1000 * streamed['first_piece_s']:.0f} ms, finish {streamed['finish_reason']}, "
+            f"{streamed['prompt_tokens']} prompt + {streamed['completion_tokens']} completion tokens",
+        )
+    )
+    generated = answer.get(interface.TEXT_OUTPUT)
+    checks.append(check("http generate (one answer)", status == 200 and generated is not None, f"HTTP {status}: {str(answer)[:120]}"))
+    checks.append(check("stream equals generate", generated == streamed["text"], f"streamed {streamed['text']!r} vs {generated!r}"))
+    reference = _texts(reference_outputs(rendered, [prompt])[interface.TEXT_OUTPUT])[0]
+    checks.append(
+        check("served equals in-process", streamed["text"].strip() == reference, f"served {streamed['text']!r} vs in-process {reference!r}")
+    )
+    time.sleep(0.2)
+    after = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
+    checks.append(check("metrics count requests", after >= before + 2, f"{SUCCESS_METRIC} {before:.0f} -> {after:.0f}"))
+    return {
+        "ok": all(c["ok"] for c in checks),
+        "task": GENERATION,
+        "backend": model_parameters(rendered).backend,
+        "streaming": True,
+        "latency_ms": {"first_piece": round(1000 * streamed["first_piece_s"], 1), "stream": round(1000 * streamed["piece_times_s"][-1], 1)},
+        "sample": {"input": prompt, "output": streamed["text"]},
         "checks": checks,
     }
 

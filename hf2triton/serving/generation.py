@@ -93,11 +93,20 @@ class ContinuousBatcher:
     def submit(self, sequence: Sequence) -> None:
         with self.lock:
             if len(self.waiting) >= self.max_queue:
+                self._purge_waiting()  # clients that gave up do not hold places
+            if len(self.waiting) >= self.max_queue:
                 raise Busy(f"busy: {len(self.waiting)} requests already wait (generation.max_queue = {self.max_queue}); retry later")
             if sequence.sampling.seed is not None:
                 sequence.generator = self.torch.Generator(device="cpu").manual_seed(sequence.sampling.seed)
             self.waiting.append(sequence)
             self.lock.notify()
+
+    def _purge_waiting(self) -> None:
+        """Finish waiting sequences whose client is gone (caller holds the lock)."""
+        gone = [s for s in self.waiting if s.cancelled()]
+        for sequence in gone:
+            self.waiting.remove(sequence)
+            self._finish(sequence, "cancelled")
 
     def load(self) -> tuple[int, int]:
         with self.lock:
@@ -124,6 +133,7 @@ class ContinuousBatcher:
         """Admit waiting sequences (one batched prefill), then one decoding step for everyone running."""
         self._drop(lambda s: s.cancelled(), "cancelled")
         with self.lock:
+            self._purge_waiting()
             room = self.max_sequences - len(self.running)
             joining = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
         joining = [s for s in joining if not self._cancelled_early(s)]

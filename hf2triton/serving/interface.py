@@ -19,6 +19,15 @@ EMBEDDING = "embedding"
 LABEL = "label"
 SCORE = "score"
 TEXT_OUTPUT = "text_output"
+# Streaming generation (decoupled models): more request options and the final response's fields.
+TOP_P = "top_p"
+TOP_K = "top_k"
+SEED = "seed"
+STOP = "stop"
+STREAM = "stream"
+FINISH_REASON = "finish_reason"
+PROMPT_TOKENS = "prompt_tokens"
+COMPLETION_TOKENS = "completion_tokens"
 
 FEATURE_EXTRACTION = "feature-extraction"
 CLASSIFICATION = "text-classification"
@@ -60,13 +69,32 @@ TEXT_TENSOR = Tensor(TEXT, "BYTES")
 GENERATION_OPTIONS = (Tensor(MAX_NEW_TOKENS, "INT32", optional=True), Tensor(TEMPERATURE, "FP32", optional=True))
 
 
-def task_inputs(task: str) -> tuple[Tensor, ...]:
-    check_task(task)
-    return (TEXT_TENSOR, *GENERATION_OPTIONS) if task == GENERATION else (TEXT_TENSOR,)
+STREAMING_OPTIONS = (
+    Tensor(TOP_P, "FP32", optional=True),
+    Tensor(TOP_K, "INT32", optional=True),
+    Tensor(SEED, "INT64", optional=True),
+    Tensor(STOP, "BYTES", (-1,), optional=True),
+    Tensor(STREAM, "BOOL", optional=True),
+)
+STREAMING_OUTPUTS = (
+    Tensor(TEXT_OUTPUT, "BYTES"),
+    Tensor(FINISH_REASON, "BYTES"),
+    Tensor(PROMPT_TOKENS, "INT32"),
+    Tensor(COMPLETION_TOKENS, "INT32"),
+)
 
 
-def task_outputs(task: str, embedding_dim: int | None = None) -> tuple[Tensor, ...]:
+def task_inputs(task: str, streaming: bool = False) -> tuple[Tensor, ...]:
     check_task(task)
+    if task != GENERATION:
+        return (TEXT_TENSOR,)
+    return (TEXT_TENSOR, *GENERATION_OPTIONS, *(STREAMING_OPTIONS if streaming else ()))
+
+
+def task_outputs(task: str, embedding_dim: int | None = None, streaming: bool = False) -> tuple[Tensor, ...]:
+    check_task(task)
+    if streaming:
+        return STREAMING_OUTPUTS
     if task == FEATURE_EXTRACTION:
         return (Tensor(EMBEDDING, "FP32", (embedding_dim or -1,)),)
     if task == CLASSIFICATION:
@@ -101,6 +129,11 @@ class ModelParameters:
     max_new_tokens: int = 64
     temperature: float = 0.0
     chat_template: bool = True
+    streaming: bool = False  # decoupled model: continuous batching, one response per new piece of text
+    max_sequences: int = 8  # running batch of the continuous batcher
+    max_queue: int = 64  # requests waiting for a place; beyond it "busy" at once
+    max_new_tokens_limit: int = 1024  # per-request cap
+    time_limit_s: float = 300.0  # per-request generation time limit
 
     def relevant(self) -> tuple[str, ...]:
         keys = ["task", "backend", "model_dir", "dtype", "num_threads", "max_input_bytes", "max_texts_per_request"]
@@ -109,7 +142,9 @@ class ModelParameters:
         if self.backend == "tensorrt":
             keys.append("trt_engine")
         if self.task == GENERATION:
-            keys += ["max_new_tokens", "temperature", "chat_template"]
+            keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
+            if self.streaming:
+                keys += ["max_sequences", "max_queue", "max_new_tokens_limit", "time_limit_s"]
         return tuple(keys)
 
     def to_strings(self) -> dict[str, str]:

@@ -34,15 +34,14 @@ except ImportError:  # pragma: no cover - imported by tests and by the in-proces
     pb_utils = None
 
 
-def _load_interface():
-    """The serving interface (tensor names, parameters, limits): the package's own module when imported as
-    hf2triton.serving.model, else the interface.py rendered next to this file (Triton loads it by path)."""
+def _load_sibling(name: str):
+    """A serving module (interface: tensor names, parameters, limits; generation: the continuous batcher):
+    the package's own when imported as hf2triton.serving.model, else the copy rendered next to this file
+    (Triton loads model.py by path)."""
     if __name__ == "hf2triton.serving.model":
-        from hf2triton.serving import interface as module
-
-        return module
+        return importlib.import_module(f"hf2triton.serving.{name}")
     spec = importlib.util.spec_from_file_location(
-        "hf2triton_interface", os.path.join(os.path.dirname(os.path.abspath(__file__)), "interface.py")
+        f"hf2triton_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
@@ -50,7 +49,8 @@ def _load_interface():
     return module
 
 
-interface = _load_interface()
+interface = _load_sibling("interface")
+generation = _load_sibling("generation")
 ModelParameters = interface.ModelParameters
 
 
@@ -522,6 +522,9 @@ class TritonPythonModel:
         self.task = self.params.task
         self.max_bytes = self.params.max_input_bytes
         self.defaults = {interface.MAX_NEW_TOKENS: self.params.max_new_tokens, interface.TEMPERATURE: self.params.temperature}
+        self.batcher = None
+        if self.task == interface.GENERATION and self.params.streaming:
+            self._start_batcher()
         self._log(f"hf2triton: loaded {self.task} model from {self.params.model_dir} on {device} in {time.monotonic() - started:.1f} s")
 
     @staticmethod
@@ -550,7 +553,104 @@ class TritonPythonModel:
             self.engine.check_lengths(texts, options[interface.MAX_NEW_TOKENS])
         return texts, options
 
-    def execute(self, requests: list) -> list:
+    # ------------------------------------------------------------------ streaming generation (decoupled)
+
+    def _start_batcher(self) -> None:
+        """One continuous batcher per instance, on a background thread (vllm_backend's shape): execute()
+        only parses and submits; every response goes out through the request's response sender."""
+        import threading
+
+        engine = self.engine
+        self.batcher = generation.ContinuousBatcher(
+            engine.model, engine.tokenizer, engine.device, self.params.max_sequences, self.params.max_queue, engine.max_length
+        )
+        self.loop = threading.Thread(target=self._run_batcher, name="hf2triton-batcher", daemon=True)
+        self.loop.start()
+
+    def _run_batcher(self) -> None:
+        while True:
+            try:
+                self.batcher.run_forever()
+                return
+            except Exception as err:  # noqa: BLE001 - a failed pass ends its sequences, not the loop
+                message = f"generation failed: {type(err).__name__}: {err}"
+                self._log(f"hf2triton: {message}")
+                self.batcher.fail_all(message)
+
+    def _optional(self, request, name: str):
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        return tensor.as_numpy() if tensor is not None else None
+
+    def _sampling(self, request, options: dict[str, Any]):
+        """Per-request decoding options beyond max_new_tokens/temperature (checked, with clear errors)."""
+        top_p, top_k, seed, stop = (self._optional(request, n) for n in (interface.TOP_P, interface.TOP_K, interface.SEED, interface.STOP))
+        values = {
+            "max_new_tokens": options[interface.MAX_NEW_TOKENS],
+            "temperature": options[interface.TEMPERATURE],
+            "time_limit_s": self.params.time_limit_s,
+        }
+        if values["max_new_tokens"] > self.params.max_new_tokens_limit:
+            raise RequestError(
+                f"max_new_tokens={values['max_new_tokens']} exceeds generation.max_new_tokens_limit={self.params.max_new_tokens_limit}"
+            )
+        if top_p is not None:
+            values["top_p"] = _one_value(top_p, interface.TOP_P, float, (1e-6, 1.0))
+        if top_k is not None:
+            values["top_k"] = _one_value(top_k, interface.TOP_K, int, (0, 100_000))
+        if seed is not None:
+            values["seed"] = _one_value(seed, interface.SEED, int, (0, 2**63 - 1))
+        if stop is not None:
+            values["stop"] = tuple(s for s in decode_texts(stop, 1024))
+        return generation.Sampling(**values)
+
+    def _submit(self, request) -> None:
+        sender = request.get_response_sender()
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            texts, options = self._parse(request)
+            if len(texts) != 1:
+                raise RequestError(f"a streaming model takes one prompt per request, got {len(texts)}")
+            sampling = self._sampling(request, options)
+            stream_flag = self._optional(request, interface.STREAM)
+            stream = bool(stream_flag.reshape(-1)[0]) if stream_flag is not None else True
+        except RequestError as err:
+            sender.send(error_response(str(err)), flags=final)
+            return
+        prompt_ids = self.engine.tokenizer(self.engine.prompt(texts[0]), add_special_tokens=False)["input_ids"]
+        pieces: list[str] = []
+
+        def emit(text: str, finish) -> None:
+            if finish is None:
+                if stream:
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[_bytes(interface.TEXT_OUTPUT, text)]))
+                else:
+                    pieces.append(text)
+                return
+            if finish.reason == "error":
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(finish.message)), flags=final)
+                return
+            body = text if stream else "".join(pieces) + text
+            tensors = [
+                _bytes(interface.TEXT_OUTPUT, body),
+                _bytes(interface.FINISH_REASON, finish.reason),
+                pb_utils.Tensor(interface.PROMPT_TOKENS, np.array([finish.prompt_tokens], dtype=np.int32)),
+                pb_utils.Tensor(interface.COMPLETION_TOKENS, np.array([finish.completion_tokens], dtype=np.int32)),
+            ]
+            sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
+
+        try:
+            gone = getattr(sender, "is_cancelled", None) or (lambda: is_cancelled(request))  # a closed stream / connection
+            self.batcher.submit(generation.Sequence(prompt_ids, sampling, emit, cancelled=gone))
+        except generation.Busy as err:
+            code = getattr(pb_utils.TritonError, "UNAVAILABLE", None)
+            error = pb_utils.TritonError(str(err), code) if code is not None else pb_utils.TritonError(str(err))
+            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=final)
+
+    def execute(self, requests: list) -> list | None:
+        if self.batcher is not None:
+            for request in requests:
+                self._submit(request)
+            return None
         responses: list[Any] = [None] * len(requests)
         groups: dict[tuple, list[tuple[int, list[str]]]] = {}
         for index, request in enumerate(requests):
@@ -582,6 +682,8 @@ class TritonPythonModel:
         return responses
 
     def finalize(self) -> None:
+        if self.batcher is not None:
+            self.batcher.stop()
         self.engine = None
 
 
@@ -603,6 +705,10 @@ def length_buckets(lengths: list[int], min_size: int, slack: float = 1.2) -> lis
     if current:
         buckets.append(current)
     return buckets
+
+
+def _bytes(name: str, text: str):
+    return pb_utils.Tensor(name, np.array([text.encode("utf-8")], dtype=np.object_))
 
 
 def _rows(values: np.ndarray) -> np.ndarray:

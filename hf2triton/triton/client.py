@@ -15,8 +15,8 @@ import numpy as np
 from hf2triton.serving import interface
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
-NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32}
-OPTION_TENSORS = {t.name: t for t in interface.GENERATION_OPTIONS}
+NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
+OPTION_TENSORS = {t.name: t for t in (*interface.GENERATION_OPTIONS, *interface.STREAMING_OPTIONS)}
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
@@ -95,23 +95,32 @@ def model_metrics(metrics_url: str, model: str) -> dict[str, float]:
 # --- inference inputs ------------------------------------------------------------------------------------
 
 
-def input_arrays(texts: list[bytes] | list[str], options: dict[str, Any] | None = None) -> list[tuple[str, str, np.ndarray]]:
+def input_arrays(
+    texts: list[bytes] | list[str], options: dict[str, Any] | None = None, one_prompt: bool = False
+) -> list[tuple[str, str, np.ndarray]]:
     """(name, datatype, array) per input tensor: the texts as [n, 1] BYTES, each option (max_new_tokens,
-    temperature) repeated per row as the interface declares it."""
-    rows = [[t.encode("utf-8") if isinstance(t, str) else t] for t in texts]
-    arrays = [(interface.TEXT, interface.TEXT_TENSOR.datatype, np.array(rows, dtype=np.object_))]
+    temperature, ...) repeated per row as the interface declares it; `one_prompt` (a streaming model): shape [1]
+    per tensor, `stop` a list of strings."""
+    encoded = [t.encode("utf-8") if isinstance(t, str) else t for t in texts]
+    shape = (1,) if one_prompt else (len(encoded), 1)
+    arrays = [(interface.TEXT, interface.TEXT_TENSOR.datatype, np.array(encoded, dtype=np.object_).reshape(shape))]
     for name, value in (options or {}).items():
         if value is None:
             continue
         tensor = OPTION_TENSORS[name]
-        arrays.append((name, tensor.datatype, np.full((len(rows), 1), value, dtype=NUMPY_TYPES[tensor.datatype])))
+        if name == interface.STOP:
+            arrays.append((name, tensor.datatype, np.array([s.encode("utf-8") for s in value], dtype=np.object_)))
+            continue
+        arrays.append((name, tensor.datatype, np.full(shape, value, dtype=NUMPY_TYPES[tensor.datatype])))
     return arrays
 
 
-def build_inputs(client_module: Any, texts: list[bytes] | list[str], options: dict[str, Any] | None = None) -> list:
+def build_inputs(
+    client_module: Any, texts: list[bytes] | list[str], options: dict[str, Any] | None = None, one_prompt: bool = False
+) -> list:
     """tritonclient InferInput objects (client_module: tritonclient.http or tritonclient.grpc)."""
     inputs = []
-    for name, datatype, array in input_arrays(texts, options):
+    for name, datatype, array in input_arrays(texts, options, one_prompt):
         tensor = client_module.InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
@@ -120,3 +129,52 @@ def build_inputs(client_module: Any, texts: list[bytes] | list[str], options: di
 
 def is_loopback(host: str) -> bool:
     return host in LOOPBACK
+
+
+# --- streaming generation (decoupled models) ------------------------------------------------------------
+
+
+def stream_generate(grpc_url: str, model: str, text: str, options: dict[str, Any] | None = None, timeout_s: float = 300) -> dict[str, Any]:
+    """One prompt through gRPC ModelStreamInfer: {"pieces": [...], "text", "finish_reason", "prompt_tokens",
+    "completion_tokens", "first_piece_s", "piece_times_s"}; raises the server's error."""
+    import queue
+    import time
+
+    import tritonclient.grpc as grpcclient
+
+    events: queue.Queue = queue.Queue()
+    triton = grpcclient.InferenceServerClient(grpc_url)
+    triton.start_stream(callback=lambda result, error: events.put((result, error, time.perf_counter())))
+    started = time.perf_counter()
+    try:
+        triton.async_stream_infer(model, build_inputs(grpcclient, [text], options, one_prompt=True), enable_empty_final_response=False)
+        out: dict[str, Any] = {"pieces": [], "piece_times_s": []}
+        while True:
+            result, error, at = events.get(timeout=timeout_s)
+            if error is not None:
+                raise error
+            piece = result.as_numpy(interface.TEXT_OUTPUT)
+            out["pieces"].append(piece.reshape(-1)[0].decode("utf-8") if piece is not None else "")
+            out["piece_times_s"].append(at - started)
+            reason = result.as_numpy(interface.FINISH_REASON)
+            if reason is not None:
+                out.update(
+                    text="".join(out["pieces"]),
+                    finish_reason=reason.reshape(-1)[0].decode(),
+                    prompt_tokens=int(result.as_numpy(interface.PROMPT_TOKENS).reshape(-1)[0]),
+                    completion_tokens=int(result.as_numpy(interface.COMPLETION_TOKENS).reshape(-1)[0]),
+                    first_piece_s=out["piece_times_s"][0],
+                )
+                return out
+    finally:
+        triton.stop_stream()
+        triton.close()
+
+
+def http_generate(http_url: str, model: str, body: dict[str, Any], timeout: float = 300) -> tuple[int, dict[str, Any]]:
+    """POST /v2/models/<model>/generate (one JSON answer; for a streaming model send "stream": false)."""
+    status, text = http_post(f"http://{http_url}/v2/models/{model}/generate", body=body, timeout=timeout)
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, {"error": text}

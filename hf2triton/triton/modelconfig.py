@@ -12,15 +12,16 @@ from hf2triton.serving.interface import ModelParameters, Tensor, task_inputs, ta
 
 HEADER = "# Rendered by hf2triton from config.yaml; edits are overwritten. Change config.yaml instead.\n"
 # Triton's wire datatype -> the config.pbtxt data_type enum.
-DATA_TYPES = {"BYTES": mc.TYPE_STRING, "FP32": mc.TYPE_FP32, "INT32": mc.TYPE_INT32}
+DATA_TYPES = {"BYTES": mc.TYPE_STRING, "FP32": mc.TYPE_FP32, "INT32": mc.TYPE_INT32, "INT64": mc.TYPE_INT64, "BOOL": mc.TYPE_BOOL}
 
 
-def _add_tensor(collection, tensor: Tensor, batching: bool, is_input: bool) -> None:
+def _add_tensor(collection, tensor: Tensor, texts_dim: bool, is_input: bool) -> None:
     entry = collection.add(name=tensor.name, data_type=DATA_TYPES[tensor.datatype])
     if is_input:
         entry.optional = tensor.optional
-    # Without batching the texts dimension is explicit: clients send [n, *dims] either way.
-    entry.dims.extend(tensor.dims if batching else (-1, *tensor.dims))
+    # Without batching the texts dimension is explicit: clients send [n, *dims] either way (a streaming
+    # model takes one prompt per request: no texts dimension).
+    entry.dims.extend((-1, *tensor.dims) if texts_dim else tensor.dims)
 
 
 def build_model_config(
@@ -33,13 +34,21 @@ def build_model_config(
     parameters: dict[str, str],
     embedding_dim: int | None = None,
     queue: tuple[int, float] | None = None,
+    streaming: bool = False,
 ) -> mc.ModelConfig:
-    """`queue` = (max waiting requests, seconds a request may wait): Triton refuses requests beyond them."""
+    """`queue` = (max waiting requests, seconds a request may wait): Triton refuses requests beyond them.
+    `streaming`: a decoupled generation model (one prompt per request, any number of responses; it batches
+    continuously itself, so Triton does not: max_batch_size 0)."""
+    if streaming:
+        max_batch_size = 0
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
-    for tensor in task_inputs(task):
-        _add_tensor(config.input, tensor, max_batch_size > 0, True)
-    for tensor in task_outputs(task, embedding_dim):
-        _add_tensor(config.output, tensor, max_batch_size > 0, False)
+    texts_dim = max_batch_size == 0 and not streaming
+    for tensor in task_inputs(task, streaming):
+        _add_tensor(config.input, tensor, texts_dim, True)
+    for tensor in task_outputs(task, embedding_dim, streaming):
+        _add_tensor(config.output, tensor, texts_dim, False)
+    if streaming:
+        config.model_transaction_policy.decoupled = True
     group = config.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.Kind.Value(kind))
     if kind == "KIND_GPU":
         group.gpus.append(0)

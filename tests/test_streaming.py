@@ -1,0 +1,134 @@
+"""Streaming generation (generation.streaming: a decoupled model with continuous batching) on a real server:
+streamed text joined = one-answer text = in-process greedy text; HTTP generate_stream sends pieces as server-sent
+events; staggered streams each equal their solo result; a cancelled stream frees its place; a full queue is
+refused at once while running streams finish; stop strings and seeds."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from hf2triton.triton import client
+from tests.helpers import make_workflow, tiny_model_entries
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = ["What is the capital of France?", "Hi", "Tell me a very long story about a dragon and a knight", "你好，介绍一下你自己"]
+
+
+@pytest.fixture(scope="module")
+def streaming(tmp_path_factory, tiny_models):
+    entries = [e for e in tiny_model_entries(tiny_models) if e["task"] == "text-generation"]
+    entries[0]["generation"] = {"max_new_tokens": 16, "streaming": True, "max_sequences": 2, "max_queue": 2}
+    workflow = make_workflow(tmp_path_factory.mktemp("streaming"), entries)
+    workflow.run("serve")
+    workflow.original_config = copy.deepcopy(workflow.config)
+    yield workflow
+    workflow.stop()
+
+
+def urls(workflow) -> tuple[str, str]:
+    settings = workflow.settings()
+    return settings.url(), settings.url("grpc_port")
+
+
+def test_validation_checks_the_stream(streaming):
+    checks = {c["name"]: c for c in streaming.report()["models"]["generate"]["checks"]}
+    for name in ("grpc stream", "http generate (one answer)", "stream equals generate", "served equals in-process"):
+        assert checks[name]["ok"], checks[name]
+
+
+def test_stream_equals_one_answer_and_arrives_in_pieces(streaming):
+    http, grpc = urls(streaming)
+    streamed = client.stream_generate(grpc, "generate", PROMPTS[3], {"max_new_tokens": 24})
+    status, answer = client.http_generate(http, "generate", {"text": PROMPTS[3], "max_new_tokens": 24, "stream": False})
+    assert status == 200 and answer["text_output"] == streamed["text"]
+    assert len(streamed["pieces"]) > 2 and streamed["finish_reason"] in ("length", "stop")
+    assert "\ufffd" not in "".join(streamed["pieces"])
+    assert answer["finish_reason"] == streamed["finish_reason"] and answer["completion_tokens"] == streamed["completion_tokens"]
+
+
+def test_http_generate_stream_sends_server_sent_events(streaming):
+    http, _ = urls(streaming)
+    body = json.dumps({"text": PROMPTS[0], "max_new_tokens": 12}).encode()
+    request = urllib.request.Request(f"http://{http}/v2/models/generate/generate_stream", data=body, method="POST")  # noqa: S310
+    with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310 - loopback
+        events = [json.loads(line[5:]) for line in response.read().decode().splitlines() if line.startswith("data:")]
+    assert len(events) > 2 and events[-1]["finish_reason"] in ("length", "stop")
+    assert (
+        "".join(e["text_output"] for e in events)
+        == client.stream_generate(urls(streaming)[1], "generate", PROMPTS[0], {"max_new_tokens": 12})["text"]
+    )
+
+
+def test_staggered_streams_each_equal_their_solo_result(streaming):
+    _, grpc = urls(streaming)
+    lengths = [12, 20, 7, 16]
+    solo = [client.stream_generate(grpc, "generate", p, {"max_new_tokens": n})["text"] for p, n in zip(PROMPTS, lengths)]
+    together: dict[int, str] = {}
+
+    def run(index):
+        together[index] = client.stream_generate(grpc, "generate", PROMPTS[index], {"max_new_tokens": lengths[index]})["text"]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join()
+    assert [together[i] for i in range(4)] == solo
+
+
+def test_stop_string_and_seed(streaming):
+    _, grpc = urls(streaming)
+    full = client.stream_generate(grpc, "generate", PROMPTS[0], {"max_new_tokens": 20})["text"]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    cut = client.stream_generate(grpc, "generate", PROMPTS[0], {"max_new_tokens": 20, "stop": [stop]})
+    assert cut["finish_reason"] == "stop" and cut["text"] == full[: full.index(stop)]
+    sampled = [
+        client.stream_generate(grpc, "generate", PROMPTS[1], {"max_new_tokens": 16, "temperature": 1.0, "seed": seed})["text"]
+        for seed in (3, 3, 4)
+    ]
+    assert sampled[0] == sampled[1] and sampled[0] != sampled[2]
+
+
+def test_cancelled_stream_frees_its_place_and_full_queue_is_busy(streaming):
+    import tritonclient.grpc as grpcclient
+
+    _, grpc = urls(streaming)
+    # two long streams fill the running batch (max_sequences 2), two more fill the queue (max_queue 2)
+    streams = []
+    for _ in range(4):
+        triton = grpcclient.InferenceServerClient(grpc)
+        triton.start_stream(callback=lambda result, error: None)
+        triton.async_stream_infer("generate", client.build_inputs(grpcclient, [PROMPTS[2]], {"max_new_tokens": 200}, one_prompt=True))
+        streams.append(triton)
+    time.sleep(0.5)
+    with pytest.raises(Exception, match="busy"):
+        client.stream_generate(grpc, "generate", PROMPTS[1], {"max_new_tokens": 4})
+    for triton in streams:  # clients go away: their sequences leave within a step
+        triton.stop_stream(cancel_requests=True)
+        triton.close()
+    time.sleep(0.5)  # the cancellations reach the server
+    started = time.monotonic()
+    answer = client.stream_generate(grpc, "generate", PROMPTS[1], {"max_new_tokens": 4})
+    assert answer["completion_tokens"] >= 1 and time.monotonic() - started < 10, "the places were freed"
+
+
+def test_bad_request_among_running_streams_disturbs_none(streaming):
+    _, grpc = urls(streaming)
+    expected = client.stream_generate(grpc, "generate", PROMPTS[0], {"max_new_tokens": 16})["text"]
+    result: dict[str, str] = {}
+    thread = threading.Thread(
+        target=lambda: result.update(text=client.stream_generate(grpc, "generate", PROMPTS[0], {"max_new_tokens": 16})["text"])
+    )
+    thread.start()
+    with pytest.raises(Exception, match="max_new_tokens"):
+        client.stream_generate(grpc, "generate", PROMPTS[1], {"max_new_tokens": 100000})
+    thread.join()
+    assert result["text"] == expected
