@@ -313,19 +313,15 @@ def check_can_listen(settings: Settings, held_by_replaced: list[int]) -> None:
             "use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or an address of this machine",
         ) from None
     ours = set().union(*(listening_ports(pid) for pid in held_by_replaced)) if held_by_replaced else set()
-    for key, port in settings.ports.items():
-        if port not in ours and not host.port_is_free(settings.host, port):
-            raise UserError(
-                f"port {port} (server.{key}) on {settings.host} is already in use by another program; the running server keeps serving",
-                f"stop that program or set server.{key} in config.yaml to a free port",
-            )
+    _check_ports(settings, ours, "; the running server keeps serving")
 
 
-def _check_ports(settings: Settings) -> None:
+def _check_ports(settings: Settings, held_by_us: set[int] | None = None, note: str = "") -> None:
+    """Every port free (or in `held_by_us`), else a UserError naming the config key."""
     for key, port in settings.ports.items():
-        if not host.port_is_free(settings.host, port):
+        if port not in (held_by_us or set()) and not host.port_is_free(settings.host, port):
             raise UserError(
-                f"port {port} (server.{key}) on {settings.host} is already in use by another program",
+                f"port {port} (server.{key}) on {settings.host} is already in use by another program{note}",
                 f"stop that program or set server.{key} in config.yaml to a free port",
             )
 
