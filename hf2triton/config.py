@@ -189,6 +189,15 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].backend = 'tensorrt': not supported for text-generation",
                 "use backend: onnx (KV-cache decoder) for it",
             )
+        generation = model.get("generation")
+        if generation is not None and "streaming" not in generation:
+            # streaming (continuous batching) runs on the torch engine; the ONNX decoder answers per request
+            generation["streaming"] = model["backend"] == "python"
+        elif generation is not None and generation["streaming"] and model["backend"] != "python":
+            raise UserError(
+                f"config.models[{index}].generation.streaming = true: needs backend python (backend is {model['backend']})",
+                "use backend: python, or streaming: false (the ONNX decoder answers each request whole)",
+            )
         if model["onnx"]["quantize"] != "none" and model["task"] == "text-generation":
             raise UserError(
                 f"config.models[{index}].onnx.quantize: int8 is for encoder tasks only", "use quantize: none for text-generation"

@@ -110,6 +110,9 @@ class BenchSpec:
     warmup_s: float = 1
     max_requests: int = 20000
     max_new_tokens: int = 16
+    generation_max_new_tokens: tuple[int, ...] = (16, 32, 64, 128)
+    generation_requests: int = 2
+    static_baseline: bool = True
     tool: str = "auto"
     inprocess_backends: bool = True
 

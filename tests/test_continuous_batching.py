@@ -121,3 +121,16 @@ def test_context_limit_ends_with_length(llm):
     collector = submit(batcher, llm, PROMPTS[0], max_new_tokens=100)
     drain(batcher)
     assert collector.finish.reason == "length" and collector.finish.prompt_tokens + collector.finish.completion_tokens == 12
+
+
+def test_time_limit_ends_a_sequence_and_spares_the_others(llm):
+    import time
+
+    batcher = ContinuousBatcher(*llm, "cpu")
+    slow = submit(batcher, llm, PROMPTS[2], max_new_tokens=100, time_limit_s=0.05)
+    other = submit(batcher, llm, PROMPTS[1], max_new_tokens=6)
+    batcher.step()
+    time.sleep(0.1)
+    drain(batcher)
+    assert slow.finish.reason == "time" and slow.finish.completion_tokens < 100
+    assert other.text == solo(llm, PROMPTS[1], 6)

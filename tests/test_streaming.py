@@ -1,12 +1,14 @@
 """Streaming generation (generation.streaming: a decoupled model with continuous batching) on a real server:
 streamed text joined = one-answer text = in-process greedy text; HTTP generate_stream sends pieces as server-sent
 events; staggered streams each equal their solo result; a cancelled stream frees its place; a full queue is
-refused at once while running streams finish; stop strings and seeds."""
+refused at once while running streams finish; stop strings and seeds; the chat form; the per-request cap.
+Streaming is the default for a text-generation model on the python backend (the fixture does not ask for it)."""
 
 from __future__ import annotations
 
 import copy
 import json
+import shutil
 import threading
 import time
 import urllib.request
@@ -18,15 +20,20 @@ from tests.helpers import make_workflow, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 
-# sampled (seeded): a random tiny model's greedy answer may end at once; a sampled one runs its 200 tokens
-LONG = {"max_new_tokens": 200, "temperature": 1.0, "seed": 1}
+# sampled (seeded): a random tiny model's greedy answer may end at once; a sampled one runs its 2000 tokens
+# (the fixture's copy of the tiny model has a 4096-token context, so a long stream lasts seconds, not 0.6 s)
+LONG = {"max_new_tokens": 2000, "temperature": 1.0, "seed": 1}
 PROMPTS = ["What is the capital of France?", "Hi", "Tell me a very long story about a dragon and a knight", "你好，介绍一下你自己"]
 
 
 @pytest.fixture(scope="module")
 def streaming(tmp_path_factory, tiny_models):
-    entries = [e for e in tiny_model_entries(tiny_models) if e["task"] == "text-generation"]
-    entries[0]["generation"] = {"max_new_tokens": 16, "streaming": True, "max_sequences": 2, "max_queue": 2}
+    long_context = tmp_path_factory.mktemp("long-context") / "tiny-generate"
+    shutil.copytree(tiny_models["text-generation"], long_context)
+    config = json.loads((long_context / "config.json").read_text())
+    (long_context / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))  # rotary: no weights change
+    entries = tiny_model_entries({"text-generation": long_context})
+    entries[0]["generation"] = {"max_new_tokens": 16, "max_sequences": 2, "max_queue": 2, "max_new_tokens_limit": 3000}
     workflow = make_workflow(tmp_path_factory.mktemp("streaming"), entries)
     workflow.run("serve")
     workflow.original_config = copy.deepcopy(workflow.config)
@@ -137,6 +144,32 @@ def test_bad_request_among_running_streams_disturbs_none(streaming):
     )
     thread.start()
     with pytest.raises(Exception, match="max_new_tokens"):
-        client.stream_generate(grpc, "generate", PROMPTS[1], {"max_new_tokens": 100000})
+        client.stream_generate(grpc, "generate", PROMPTS[1], {"max_new_tokens": 5000})
     thread.join()
     assert result["text"] == expected
+
+
+def test_chat_messages_use_the_template_in_the_server(streaming):
+    _, grpc = urls(streaming)
+    as_text = client.stream_generate(grpc, "generate", PROMPTS[0], {"max_new_tokens": 12})
+    as_chat = client.stream_generate(grpc, "generate", [{"role": "user", "content": PROMPTS[0]}], {"max_new_tokens": 12})
+    assert as_chat["text"] == as_text["text"] and as_chat["prompt_tokens"] == as_text["prompt_tokens"], "text is templated as one user turn"
+    conversation = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": PROMPTS[0]},
+    ]
+    longer = client.stream_generate(grpc, "generate", conversation, {"max_new_tokens": 4})
+    assert longer["prompt_tokens"] > as_text["prompt_tokens"]
+    for bad, expected in (([{"role": "robot", "content": "x"}], r"messages\[0\] must be"), ([], "non-empty JSON list")):
+        with pytest.raises(Exception, match=expected):
+            client.stream_generate(grpc, "generate", bad, {"max_new_tokens": 4})
+    with pytest.raises(Exception, match="send either 'text' or 'messages'"):
+        client.stream_generate(grpc, "generate", PROMPTS[0], {"max_new_tokens": 4, "messages": conversation})
+
+
+def test_per_request_cap_is_a_clear_error(streaming):
+    http, _ = urls(streaming)
+    status, answer = client.http_generate(http, "generate", {"text": PROMPTS[1], "max_new_tokens": 3100, "stream": False})
+    assert status == 400 and "max_new_tokens=3100 exceeds generation.max_new_tokens_limit=3000" in answer["error"]

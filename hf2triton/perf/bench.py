@@ -26,12 +26,13 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.perf import loadgen
 from hf2triton.perf.corpus import bench_texts
+from hf2triton.perf.scratch import scratch_server
 from hf2triton.pipeline.serve import settings_from_params
 from hf2triton.serving import interface
 from hf2triton.serving.interface import GENERATION, ModelParameters
-from hf2triton.specs import BenchSpec, from_param
+from hf2triton.specs import BenchSpec, ModelSpec, from_param, with_variant
 from hf2triton.triton import client
-from hf2triton.triton.modelconfig import model_parameters, read_model_config
+from hf2triton.triton.modelconfig import model_parameters, read_model_config, uses_gpu
 from hf2triton.triton.process import ensure_server
 
 log = logging.getLogger(__name__)
@@ -172,19 +173,131 @@ def ratios(result: dict) -> dict[str, Any]:
 
 
 def bench_model_step(
-    name: str, server: dict[str, Any], models: list[str], work: str, repository: str, bench: dict[str, Any], output_json: str
+    name: str,
+    server: dict[str, Any],
+    models: list[str],
+    work: str,
+    repository: str,
+    bench: dict[str, Any],
+    model: dict[str, Any],
+    output_json: str,
 ) -> dict[str, Any]:
     """Rule bench_model: make sure the server is up and current (as `serve` does), then measure `name`."""
     settings = settings_from_params(server, models, work, repository)
     state = ensure_server(settings)
     log.info("server %s (%s)", state["action"], state["reason"])
-    return bench_served_model(name, settings.urls, repository, from_param(BenchSpec, bench), output_json)
+    spec = from_param(ModelSpec, model)
+    return bench_served_model(name, settings.urls, repository, from_param(BenchSpec, bench), output_json, spec, settings.server)
 
 
-def bench_served_model(name: str, urls: dict[str, str], repository: str, bench: BenchSpec, output_json: str) -> dict[str, Any]:
+def host_facts() -> dict[str, Any]:
+    return {"name": platform.node(), "cpus": host.cpu_count(), "gpu": host.has_gpu(), "python": platform.python_version()}
+
+
+def inprocess_generation(config, params: ModelParameters, plan: list[tuple[bytes, int]], counter) -> dict[str, Any]:
+    """The yardstick of a lone stream: the same requests, one after another, through the engine's generate()."""
+    from hf2triton.pipeline.validate import reference_device
+    from hf2triton.serving.model import engine_from_parameters
+
+    engine = engine_from_parameters(params, reference_device(config))
+    engine.run([plan[0][0].decode()], **{interface.MAX_NEW_TOKENS: 4})  # warm-up
+    started, tokens = time.perf_counter(), 0
+    for prompt, max_new_tokens in plan:
+        tokens += counter(list(engine.run([prompt.decode()], **{interface.MAX_NEW_TOKENS: max_new_tokens})[interface.TEXT_OUTPUT]))
+    elapsed = time.perf_counter() - started
+    del engine
+    return {"requests": len(plan), "tokens": tokens, "seconds": round(elapsed, 3), "items_per_s": round(tokens / elapsed, 2)}
+
+
+def generation_ratios(result: dict[str, Any]) -> dict[str, Any]:
+    """Streaming vs the static model of the same run (tokens/s per concurrency), the lone stream vs in-process
+    generate(), and TTFT at the highest concurrency."""
+    stream = {c["concurrency"]: c for c in result["stream"]}
+    static = {c["concurrency"]: c for c in result["static"]}
+    low, top = min(stream), max(stream)
+    out: dict[str, Any] = {
+        "stream_c1_vs_inprocess": round(stream[low]["items_per_s"] / result["inprocess"]["items_per_s"], 3),
+        f"ttft_p50_ms_c{top}": stream[top]["ttft_ms"]["p50"],
+        "stream_vs_static": {
+            str(c): round(stream[c]["items_per_s"] / static[c]["items_per_s"], 3) for c in stream if static.get(c, {}).get("items_per_s")
+        },
+        "errors": sum(c["errors"] for c in (*result["stream"], *result["static"])),
+    }
+    return out
+
+
+def bench_streaming_model(
+    name: str, urls: dict[str, str], config, params: ModelParameters, bench: BenchSpec, spec: ModelSpec | None, server, scratch: Path
+) -> dict[str, Any]:
+    """A streaming generation model: the same mixed load (corpus prompts, max_new_tokens cycled from
+    bench.generation_max_new_tokens) at each concurrency, streamed from the served model and, as the
+    baseline, answered whole by the same model served static on a scratch server."""
+    from transformers import AutoTokenizer
+
+    counter = token_counter(AutoTokenizer.from_pretrained(params.model_dir))
+    texts = [t.encode() for t in bench_texts(64, max_words=40)]
+    plans = {
+        c: loadgen.generation_plan(texts, bench.generation_max_new_tokens, min(c * bench.generation_requests, bench.max_requests))
+        for c in bench.concurrency
+    }
+    lone = plans[min(plans)]
+    inprocess = inprocess_generation(config, params, lone, counter)
+    log.info("in-process generate(), %d requests one by one: %.1f tokens/s", len(lone), inprocess["items_per_s"])
+
+    def measure(variant_urls: dict[str, str], stream: bool) -> list[dict[str, Any]]:
+        cells = []
+        for concurrency, plan in plans.items():
+            cell = loadgen.measure_generation(variant_urls, name, plan, concurrency, stream, counter)
+            log.info(
+                "%s %s c%d: %.1f tokens/s, TTFT p50 %.0f ms p99 %.0f ms, ITL p50 %.1f ms p99 %.1f ms, errors %d",
+                name, cell.mode, concurrency, cell.items_per_s, cell.ttft_ms["p50"], cell.ttft_ms["p99"],
+                cell.itl_ms["p50"], cell.itl_ms["p99"], cell.errors,
+            )  # fmt: skip
+            cells.append(cell.to_dict())
+        return cells
+
+    streamed = measure(urls, True)
+    static: list[dict[str, Any]] = []
+    if bench.static_baseline and spec is not None and server is not None:
+        baseline = with_variant(spec, generation=dataclasses.replace(spec.generation, streaming=False))
+        paths = {"pretrained": params.model_dir}
+        with scratch_server(baseline, scratch / "repository", scratch / "server", server, paths, uses_gpu(config)) as (settings, _):
+            static = measure(settings.urls, False)
+    result = {
+        "model": name,
+        "task": GENERATION,
+        "streaming": True,
+        "backend": params.backend,
+        "items": "generated tokens",
+        "max_sequences": params.max_sequences,
+        "instances": sum(g.count for g in config.instance_group),
+        "instance_kind": [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group],
+        "static_max_batch_size": spec.max_batch_size if spec else None,
+        "host": host_facts(),
+        "corpus": {"prompts": len(texts), "max_new_tokens": list(bench.generation_max_new_tokens)},
+        "bench": dataclasses.asdict(bench),
+        "tool": "tritonclient: gRPC streams (tritonclient.grpc.aio) for the streaming model, gRPC infer for the static baseline",
+        "inprocess": inprocess,
+        "stream": streamed,
+        "static": static,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    result["ratios"] = generation_ratios(result)
+    return result
+
+
+def bench_served_model(
+    name: str, urls: dict[str, str], repository: str, bench: BenchSpec, output_json: str, spec: ModelSpec | None = None, server=None
+) -> dict[str, Any]:
     """Measure `name` as served at `urls` (http/grpc/metrics host:port) next to its in-process engine."""
     config = read_model_config(Path(repository) / name / "config.pbtxt")
     params = model_parameters(config)
+    if params.task == GENERATION and params.streaming:
+        scratch = Path(output_json).parent / "scratch" / name
+        result = bench_streaming_model(name, urls, config, params, bench, spec, server, scratch)
+        atomic_write_json(output_json, result)
+        log.info("bench %s: %s", name, result["ratios"])
+        return result
     task, big = params.task, max(config.max_batch_size, 1)
     sizes = sorted({1, big})
     texts = bench_texts(512 if task != GENERATION else 64, max_words=90 if task != GENERATION else 40)
@@ -206,7 +319,7 @@ def bench_served_model(name: str, urls: dict[str, str], repository: str, bench: 
         "instances": sum(g.count for g in config.instance_group),
         "instance_kind": [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group],
         "max_queue_delay_us": config.dynamic_batching.max_queue_delay_microseconds,
-        "host": {"name": platform.node(), "cpus": host.cpu_count(), "gpu": host.has_gpu(), "python": platform.python_version()},
+        "host": host_facts(),
         "corpus": {"texts": len(texts), "words_min": min(len(t.split()) for t in texts), "words_max": max(len(t.split()) for t in texts)},
         "bench": dataclasses.asdict(bench),
         "tool": tool,

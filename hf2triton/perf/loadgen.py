@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,10 @@ class Cell:
     latency_ms: dict[str, float]
     server: dict[str, float] = field(default_factory=dict)
     first_error: str = ""
+    # generation cells: time to first token / between tokens (a static model's first token is its whole answer)
+    mode: str = ""  # "stream" | "static"
+    ttft_ms: dict[str, float] = field(default_factory=dict)
+    itl_ms: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -205,6 +210,120 @@ def measure_tritonclient(load: Load, warmup_s: float = 1.0, count_tokens=None) -
         latency_ms=percentiles(latencies),
         server=breakdown,
         first_error=errors[0] if errors else "",
+    )
+
+
+# --- generation: streamed (TTFT / inter-token latency) or static, the same mixed load -----------------------
+
+
+def generation_plan(texts: list[bytes], max_new_tokens: tuple[int, ...], count: int, seed: int = 0) -> list[tuple[bytes, int]]:
+    """`count` (prompt, max_new_tokens) pairs: corpus prompts in order, lengths mixed in a seeded order, so
+    every variant and concurrency level of a run gets the same requests."""
+    lengths = [max_new_tokens[i % len(max_new_tokens)] for i in range(count)]
+    random.Random(seed).shuffle(lengths)  # noqa: S311 - a reproducible load, not a secret
+    return [(texts[i % len(texts)], lengths[i]) for i in range(count)]
+
+
+@dataclass
+class Answer:
+    started: float
+    piece_times: list[float]  # perf_counter of every response (one for a static model)
+    tokens: int
+    error: str = ""
+
+
+async def _stream_one(triton, model: str, prompt: bytes, max_new_tokens: int) -> Answer:
+    import tritonclient.grpc as grpcclient
+
+    inputs = client.build_inputs(grpcclient, [prompt], {interface.MAX_NEW_TOKENS: max_new_tokens}, one_prompt=True)
+
+    async def request():
+        yield {"model_name": model, "inputs": inputs}
+
+    answer = Answer(time.perf_counter(), [], 0)
+    async for result, error in triton.stream_infer(request()):
+        if error is not None:
+            answer.error = str(error)[:300]
+            return answer
+        answer.piece_times.append(time.perf_counter())
+        tokens = result.as_numpy(interface.COMPLETION_TOKENS)
+        if tokens is not None:  # the final response
+            answer.tokens = int(tokens.reshape(-1)[0])
+            return answer
+    answer.error = "the stream ended without a final response"
+    return answer
+
+
+async def _static_one(triton, model: str, prompt: bytes, max_new_tokens: int, count_tokens) -> Answer:
+    import tritonclient.grpc as grpcclient
+
+    answer = Answer(time.perf_counter(), [], 0)
+    try:
+        result = await triton.infer(model, client.build_inputs(grpcclient, [prompt], {interface.MAX_NEW_TOKENS: max_new_tokens}))
+    except Exception as err:  # noqa: BLE001 - counted and reported
+        answer.error = str(err)[:300]
+        return answer
+    answer.piece_times.append(time.perf_counter())
+    answer.tokens = count_tokens([bytes(v) for v in result.as_numpy(interface.TEXT_OUTPUT).reshape(-1)])
+    return answer
+
+
+async def _generation_loop(url: str, model: str, plan: list[tuple[bytes, int]], concurrency: int, stream: bool, count_tokens):
+    import tritonclient.grpc.aio as aio
+
+    triton = aio.InferenceServerClient(url)
+    answers: list[Answer] = []
+    queue = list(plan)
+
+    async def worker() -> None:
+        while queue:
+            prompt, max_new_tokens = queue.pop(0)
+            one = (
+                _stream_one(triton, model, prompt, max_new_tokens)
+                if stream
+                else _static_one(triton, model, prompt, max_new_tokens, count_tokens)
+            )
+            answers.append(await one)
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return answers, time.perf_counter() - started
+    finally:
+        await triton.close()
+
+
+def measure_generation(
+    urls: dict[str, str], model: str, plan: list[tuple[bytes, int]], concurrency: int, stream: bool, count_tokens=None
+) -> Cell:
+    """One generation cell over gRPC: `concurrency` clients work through `plan` (closed loop); tokens/s over
+    the whole cell, TTFT per request, inter-token latency per gap between a stream's responses."""
+    url = urls["grpc"]
+    check_loopback(url)
+    asyncio.run(_generation_loop(url, model, plan[:concurrency], concurrency, stream, count_tokens))  # warm-up
+    before = model_statistics(urls["http"], model)
+    answers, elapsed = asyncio.run(_generation_loop(url, model, plan, concurrency, stream, count_tokens))
+    breakdown = server_breakdown(before, model_statistics(urls["http"], model))
+    done = [a for a in answers if not a.error]
+    errors = [a.error for a in answers if a.error]
+    tokens = sum(a.tokens for a in done)
+    gaps = [later - earlier for a in done for earlier, later in zip(a.piece_times, a.piece_times[1:])]
+    return Cell(
+        tool="tritonclient",
+        protocol="grpc",
+        request_texts=1,
+        concurrency=concurrency,
+        requests=len(done),
+        errors=len(errors),
+        seconds=round(elapsed, 3),
+        requests_per_s=round(len(done) / elapsed, 3) if elapsed else 0.0,
+        items_per_s=round(tokens / elapsed, 2) if elapsed else 0.0,
+        latency_ms=percentiles([a.piece_times[-1] - a.started for a in done]),
+        server=breakdown,
+        first_error=errors[0] if errors else "",
+        mode="stream" if stream else "static",
+        ttft_ms=percentiles([a.piece_times[0] - a.started for a in done]),
+        itl_ms=percentiles(gaps),
     )
 
 

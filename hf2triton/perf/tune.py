@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,9 @@ from hf2triton.fsutil import atomic_write_json, atomic_write_text
 from hf2triton.perf import loadgen
 from hf2triton.perf.bench import token_counter
 from hf2triton.perf.corpus import bench_texts
-from hf2triton.pipeline.render import render_model
+from hf2triton.perf.scratch import scratch_server
 from hf2triton.serving import interface
-from hf2triton.specs import ModelSpec, ServerSpec, TuneSpec, from_param, serving_values, with_variant
-from hf2triton.triton.process import Settings, start_server, stop_server
+from hf2triton.specs import ModelSpec, ServerSpec, TuneSpec, from_param, with_variant
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +85,7 @@ def measure_variant(
     """Render the variant into its own repository, serve it alone on a scratch server, load-test it."""
     name = model.name
     repository = root / "variants" / variant_id(variant)
-    serving = serving_values(with_variant(model, **variant), gpu_available, host.cpu_count())
-    render_model(str(repository / name), serving, paths["pretrained"], paths.get("onnx", ""), paths.get("trt_engine", ""))
-    http_port, grpc_port, metrics_port = host.free_ports(3)
-    scratch = dataclasses.replace(server, host="127.0.0.1", http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
-    settings = Settings.of(scratch, [name], str(root / "server"), str(repository))
-    started = time.perf_counter()
-    try:
-        start_server(settings)
-        load_s = round(time.perf_counter() - started, 1)
+    with scratch_server(with_variant(model, **variant), repository, root / "server", server, paths, gpu_available) as (settings, load_s):
         extra = {interface.MAX_NEW_TOKENS: model.generation.max_new_tokens} if model.generation else None
         load = loadgen.Load(
             "grpc", settings.urls, name, texts, tune.request_texts, tune.concurrency, tune.seconds, tune.max_requests, extra
@@ -105,8 +95,6 @@ def measure_variant(
         solo = loadgen.measure_tritonclient(
             dataclasses.replace(load, concurrency=1, seconds=min(tune.seconds, SOLO_SECONDS)), warmup_s=0.2, count_tokens=counter
         )
-    finally:
-        stop_server(settings)
     log.info(
         "%s %s: %.1f items/s, p99 %.1f ms, %d errors (ready after %.1f s)",
         name, variant_id(variant), cell.items_per_s, cell.latency_ms["p99"], cell.errors, load_s,

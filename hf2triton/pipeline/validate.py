@@ -133,6 +133,17 @@ def sampling_check(http_client, name: str, texts: list[str], temperature: float)
     return check(f"configured sampling (temperature {temperature})", all(sampled), f"answered {sampled[0][:60]!r}")
 
 
+def seeded_sampling_check(http_url: str, name: str, prompt: str, temperature: float) -> dict[str, Any]:
+    """The configured sampling (no temperature sent) answers, and the same seed gives the same text."""
+    body = {interface.TEXT: prompt, interface.MAX_NEW_TOKENS: VALIDATION_MAX_NEW_TOKENS, interface.SEED: 1234, interface.STREAM: False}
+    title = f"configured sampling (temperature {temperature})"
+    answers = [client.http_generate(http_url, name, body) for _ in range(2)]
+    if any(status != 200 for status, _ in answers):
+        return check(title, False, "; ".join(f"HTTP {status}: {str(answer)[:120]}" for status, answer in answers))
+    first, second = (answer.get(interface.TEXT_OUTPUT) for _, answer in answers)
+    return check(title, bool(first) and first == second, f"seed 1234 twice: {first[:60]!r} / {second[:60]!r}")
+
+
 def compare_outputs(task: str, served: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> tuple[bool, str]:
     """Served vs in-process, with a one-line detail for the report."""
     result = compare(task, served, reference, COSINE_FLOOR)
@@ -294,6 +305,9 @@ def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, 
     checks.append(
         check("served equals in-process", streamed["text"].strip() == reference, f"served {streamed['text']!r} vs in-process {reference!r}")
     )
+    temperature = model_parameters(rendered).temperature
+    if temperature > 0:
+        checks.append(seeded_sampling_check(settings.url(), name, prompt, temperature))
     time.sleep(0.2)
     after = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
     checks.append(check("metrics count requests", after >= before + 2, f"{SUCCESS_METRIC} {before:.0f} -> {after:.0f}"))

@@ -25,6 +25,8 @@ TOP_K = "top_k"
 SEED = "seed"
 STOP = "stop"
 STREAM = "stream"
+MESSAGES = "messages"  # chat form: a JSON list of {"role", "content"}, instead of text
+CHAT_ROLES = ("system", "user", "assistant")
 FINISH_REASON = "finish_reason"
 PROMPT_TOKENS = "prompt_tokens"
 COMPLETION_TOKENS = "completion_tokens"
@@ -70,6 +72,7 @@ GENERATION_OPTIONS = (Tensor(MAX_NEW_TOKENS, "INT32", optional=True), Tensor(TEM
 
 
 STREAMING_OPTIONS = (
+    Tensor(MESSAGES, "BYTES", optional=True),
     Tensor(TOP_P, "FP32", optional=True),
     Tensor(TOP_K, "INT32", optional=True),
     Tensor(SEED, "INT64", optional=True),
@@ -88,7 +91,9 @@ def task_inputs(task: str, streaming: bool = False) -> tuple[Tensor, ...]:
     check_task(task)
     if task != GENERATION:
         return (TEXT_TENSOR,)
-    return (TEXT_TENSOR, *GENERATION_OPTIONS, *(STREAMING_OPTIONS if streaming else ()))
+    if streaming:  # text or messages
+        return (Tensor(TEXT, "BYTES", optional=True), *GENERATION_OPTIONS, *STREAMING_OPTIONS)
+    return (TEXT_TENSOR, *GENERATION_OPTIONS)
 
 
 def task_outputs(task: str, embedding_dim: int | None = None, streaming: bool = False) -> tuple[Tensor, ...]:
@@ -130,7 +135,7 @@ class ModelParameters:
     temperature: float = 0.0
     chat_template: bool = True
     streaming: bool = False  # decoupled model: continuous batching, one response per new piece of text
-    max_sequences: int = 8  # running batch of the continuous batcher
+    max_sequences: int = 32  # running batch of the continuous batcher
     max_queue: int = 64  # requests waiting for a place; beyond it "busy" at once
     max_new_tokens_limit: int = 1024  # per-request cap
     time_limit_s: float = 300.0  # per-request generation time limit

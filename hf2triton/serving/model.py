@@ -491,6 +491,27 @@ def generation_options(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[st
     return options
 
 
+def chat_prompt(tokenizer, messages_json: list[str]) -> str:
+    """The chat template over `messages` (one JSON list of {"role", "content"}), ready for the answer."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise RequestError(f"this model has no chat template: send '{interface.TEXT}' instead of '{interface.MESSAGES}'")
+    if len(messages_json) != 1:
+        raise RequestError(f"'{interface.MESSAGES}' takes one JSON list per request, got {len(messages_json)}")
+    try:
+        messages = json.loads(messages_json[0])
+    except ValueError as err:
+        raise RequestError(f"'{interface.MESSAGES}' is not valid JSON ({err})") from None
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(f"'{interface.MESSAGES}' must be a non-empty JSON list of {{role, content}}")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in interface.CHAT_ROLES or not isinstance(message.get("content"), str):
+            roles = "/".join(interface.CHAT_ROLES)
+            raise RequestError(f'messages[{index}] must be {{"role": {roles}, "content": a string}}, got {str(message)[:80]}')
+    return tokenizer.apply_chat_template(
+        [{"role": m["role"], "content": m["content"]} for m in messages], tokenize=False, add_generation_prompt=True
+    )
+
+
 def is_cancelled(request) -> bool:
     check = getattr(request, "is_cancelled", None)  # python_backend >= 23.10
     return bool(check and check())
@@ -603,20 +624,38 @@ class TritonPythonModel:
             values["stop"] = tuple(s for s in decode_texts(stop, 1024))
         return generation.Sampling(**values)
 
+    def _prompt(self, request, options: dict[str, Any]) -> list[int]:
+        """The prompt's token ids from `text` (chat template applied as configured) or `messages` (always
+        templated); prompt + max_new_tokens must fit the context."""
+        text, messages = self._optional(request, interface.TEXT), self._optional(request, interface.MESSAGES)
+        if (text is None) == (messages is None):
+            raise RequestError(f"send either '{interface.TEXT}' or '{interface.MESSAGES}' (a JSON list of {{role, content}})")
+        if text is not None:
+            texts = decode_texts(text, self.max_bytes)
+            if len(texts) != 1:
+                raise RequestError(f"a streaming model takes one prompt per request, got {len(texts)}")
+            prompt = self.engine.prompt(texts[0])
+        else:
+            prompt = chat_prompt(self.engine.tokenizer, decode_texts(messages, self.max_bytes))
+        ids = self.engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        wanted, context = options[interface.MAX_NEW_TOKENS], self.engine.max_length
+        if len(ids) + wanted > context:
+            raise RequestError(f"prompt of {len(ids)} tokens + max_new_tokens={wanted} exceeds the context of {context} tokens")
+        return ids
+
     def _submit(self, request) -> None:
         sender = request.get_response_sender()
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            texts, options = self._parse(request)
-            if len(texts) != 1:
-                raise RequestError(f"a streaming model takes one prompt per request, got {len(texts)}")
+            raw = {name: self._optional(request, name) for name in (interface.MAX_NEW_TOKENS, interface.TEMPERATURE)}
+            options = generation_options(raw, self.defaults)
             sampling = self._sampling(request, options)
+            prompt_ids = self._prompt(request, options)
             stream_flag = self._optional(request, interface.STREAM)
             stream = bool(stream_flag.reshape(-1)[0]) if stream_flag is not None else True
         except RequestError as err:
             sender.send(error_response(str(err)), flags=final)
             return
-        prompt_ids = self.engine.tokenizer(self.engine.prompt(texts[0]), add_special_tokens=False)["input_ids"]
         pieces: list[str] = []
 
         def emit(text: str, finish) -> None:

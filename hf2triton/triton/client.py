@@ -103,11 +103,14 @@ def input_arrays(
     per tensor, `stop` a list of strings."""
     encoded = [t.encode("utf-8") if isinstance(t, str) else t for t in texts]
     shape = (1,) if one_prompt else (len(encoded), 1)
-    arrays = [(interface.TEXT, interface.TEXT_TENSOR.datatype, np.array(encoded, dtype=np.object_).reshape(shape))]
+    arrays = [(interface.TEXT, interface.TEXT_TENSOR.datatype, np.array(encoded, dtype=np.object_).reshape(shape))] if encoded else []
     for name, value in (options or {}).items():
         if value is None:
             continue
         tensor = OPTION_TENSORS[name]
+        if name == interface.MESSAGES:  # the chat form, instead of text
+            arrays.append((name, tensor.datatype, np.array([json.dumps(value, ensure_ascii=False).encode("utf-8")], dtype=np.object_)))
+            continue
         if name == interface.STOP:
             arrays.append((name, tensor.datatype, np.array([s.encode("utf-8") for s in value], dtype=np.object_)))
             continue
@@ -134,9 +137,12 @@ def is_loopback(host: str) -> bool:
 # --- streaming generation (decoupled models) ------------------------------------------------------------
 
 
-def stream_generate(grpc_url: str, model: str, text: str, options: dict[str, Any] | None = None, timeout_s: float = 300) -> dict[str, Any]:
-    """One prompt through gRPC ModelStreamInfer: {"pieces": [...], "text", "finish_reason", "prompt_tokens",
-    "completion_tokens", "first_piece_s", "piece_times_s"}; raises the server's error."""
+def stream_generate(
+    grpc_url: str, model: str, text: str | list[dict[str, str]], options: dict[str, Any] | None = None, timeout_s: float = 300
+) -> dict[str, Any]:
+    """One prompt (a text, or chat messages [{"role", "content"}, ...]) through gRPC ModelStreamInfer:
+    {"pieces": [...], "text", "finish_reason", "prompt_tokens", "completion_tokens", "first_piece_s",
+    "piece_times_s"}; raises the server's error."""
     import queue
     import time
 
@@ -147,7 +153,8 @@ def stream_generate(grpc_url: str, model: str, text: str, options: dict[str, Any
     triton.start_stream(callback=lambda result, error: events.put((result, error, time.perf_counter())))
     started = time.perf_counter()
     try:
-        triton.async_stream_infer(model, build_inputs(grpcclient, [text], options, one_prompt=True), enable_empty_final_response=False)
+        texts, options = ([text], options) if isinstance(text, str) else ([], {**(options or {}), interface.MESSAGES: text})
+        triton.async_stream_infer(model, build_inputs(grpcclient, texts, options, one_prompt=True), enable_empty_final_response=False)
         out: dict[str, Any] = {"pieces": [], "piece_times_s": []}
         while True:
             result, error, at = events.get(timeout=timeout_s)
