@@ -8,6 +8,11 @@ tokens/s, time to first token (static: a request's first token comes with its wh
 continuous answer equals its solo generate() text.
 
     .venv/bin/python benchmarks/continuous_batching.py [--requests 16] [--max-batch-size 4] [--out results.json]
+
+On a GPU (the H200 run, benchmarks/h200/README.md): `--random-from DIR` builds the model with random weights
+from DIR's config.json + tokenizer (written by benchmarks/gpu/prepare_generation.sh from the shipped SmolLM2),
+`--device cuda` (fp16), and `--closed-loop C` also runs a closed loop of C clients (each submits its next
+request when its last one finished) through the continuous batcher: tokens/s and TTFT p50/p99 at that load.
 """
 
 from __future__ import annotations
@@ -92,6 +97,61 @@ def continuous(engine: GenerationEngine, prompts: list[str], budgets: list[int],
     }
 
 
+def closed_loop(engine: GenerationEngine, prompts: list[str], budgets: list[int], clients: int, max_sequences: int) -> dict:
+    """`clients` sequences always in flight (a finished one is replaced at once) until every prompt is answered."""
+    batcher = ContinuousBatcher(engine.model, engine.tokenizer, engine.device, max_sequences, len(prompts), engine.max_length)
+    ids = [engine.tokenizer(engine.prompt(p), add_special_tokens=False)["input_ids"] for p in prompts]
+    submitted: dict[int, float] = {}
+    first_at: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    finished: list[int] = []
+
+    def submit(index: int) -> None:
+        def emit(text, finish):
+            first_at.setdefault(index, time.perf_counter())
+            if finish is not None:
+                counts[index] = finish.completion_tokens
+                finished.append(index)
+
+        submitted[index] = time.perf_counter()
+        batcher.submit(Sequence(ids[index], Sampling(max_new_tokens=budgets[index]), emit))
+
+    started = time.perf_counter()
+    queue = list(range(len(prompts)))
+    for _ in range(min(clients, len(queue))):
+        submit(queue.pop(0))
+    while batcher.running or batcher.waiting:
+        batcher.step()
+        while finished:
+            finished.pop()
+            if queue:
+                submit(queue.pop(0))
+    elapsed = time.perf_counter() - started
+    ttft = sorted(first_at[i] - submitted[i] for i in first_at)
+    tokens = sum(counts.values())
+    return {
+        "clients": clients,
+        "requests": len(prompts),
+        "seconds": round(elapsed, 2),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / elapsed, 1),
+        "ttft_p50_ms": round(1000 * ttft[len(ttft) // 2], 1),
+        "ttft_p99_ms": round(1000 * ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))], 1),
+    }
+
+
+def random_model(source: Path, target: Path) -> str:
+    """Random weights from `source`'s config.json, saved with its tokenizer (the real architecture and sizes)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.from_pretrained(source)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(target)
+    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    return str(target)
+
+
 def p50(values: list[float]) -> float:
     return round(sorted(values)[len(values) // 2], 3)
 
@@ -102,18 +162,31 @@ def main() -> int:
     parser.add_argument("--max-batch-size", type=int, default=4, help="the static model's max_batch_size (config default 4)")
     parser.add_argument("--max-sequences", type=int, default=16)
     parser.add_argument("--out", default="")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--random-from", default="", help="a folder with config.json + tokenizer: random weights (say so)")
+    parser.add_argument("--closed-loop", type=int, nargs="*", default=[], help="client counts for closed-loop runs")
+    parser.add_argument("--closed-loop-requests", type=int, default=128)
     args = parser.parse_args()
     rng = random.Random(0)  # noqa: S311 - a fixed workload
     prompts = bench_texts(args.requests, max_words=40)
     budgets = [rng.choice([16, 32, 64, 128]) for _ in prompts]
+    loop_prompts = bench_texts(args.closed_loop_requests, max_words=40)
+    loop_budgets = [rng.choice([16, 32, 64, 128]) for _ in loop_prompts]
     with tempfile.TemporaryDirectory(prefix="hf2triton-cb-") as tmp:
-        engine = GenerationEngine(saved_model(Path(tmp)), num_threads=0)
+        model_dir = random_model(Path(args.random_from), Path(tmp) / "random") if args.random_from else saved_model(Path(tmp))
+        engine = GenerationEngine(model_dir, num_threads=0, device=args.device)
         engine.run(prompts[:1], max_new_tokens=4)  # warm-up
         fixed = static(engine, prompts, budgets, args.max_batch_size)
         rolling = continuous(engine, prompts, budgets, args.max_sequences)
         solo = [engine.run([p], max_new_tokens=b)["text_output"][0].decode() for p, b in zip(prompts, budgets)]
+        loops = [closed_loop(engine, loop_prompts, loop_budgets, c, max(c, args.max_sequences)) for c in args.closed_loop]
+        lone = static(engine, loop_prompts[:8], loop_budgets[:8], 1)  # generate() one request at a time
     identical = sum(a == b for a, b in zip(rolling.pop("texts"), solo))
     result = {
+        "device": args.device,
+        "weights": f"random, from {args.random_from}/config.json" if args.random_from else "the shipped SmolLM2 (real weights)",
+        "closed_loop": loops,
+        "generate_one_at_a_time_tokens_per_s": lone["tokens_per_s"],
         "requests": args.requests,
         "max_new_tokens": budgets,
         "static": {**fixed, "ttft_p50_s": p50(fixed["ttft_s"])},

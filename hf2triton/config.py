@@ -189,7 +189,7 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].backend = 'tensorrt': not supported for text-generation",
                 "use backend: onnx (KV-cache decoder) for it",
             )
-        generation = model.get("generation")
+        generation = model.get("generation") if model["task"] == "text-generation" else None
         if generation is not None and "streaming" not in generation:
             # streaming (continuous batching) runs on the torch engine; the ONNX decoder answers per request
             generation["streaming"] = model["backend"] == "python"
@@ -286,6 +286,12 @@ def _check_tune(cfg: dict) -> None:
     for name in tune["models"]:
         if name not in names:
             raise UserError(f"config.tune.models: no model named {name!r}", "use one of " + ", ".join(names))
+        if names[name]["task"] == "text-generation" and names[name]["generation"].get("streaming"):
+            raise UserError(
+                f"config.tune.models: {name!r} streams (continuous batching), and tune sweeps the dynamic batching of static models",
+                f"remove {name!r} from tune.models (its running batch is generation.max_sequences; `make bench` measures it), "
+                "or set its generation.streaming: false",
+            )
     for key, (low, high) in TUNE_BOUNDS.items():
         for value in tune[key]:
             if not low <= value <= high:

@@ -31,7 +31,7 @@ class GenerationSpec:
     max_new_tokens: int = DEFAULTS.max_new_tokens
     temperature: float = DEFAULTS.temperature
     chat_template: bool = DEFAULTS.chat_template
-    streaming: bool = DEFAULTS.streaming
+    streaming: bool = True  # the config default for backend python (onnx: false)
     max_sequences: int = DEFAULTS.max_sequences
     max_queue: int = DEFAULTS.max_queue
     max_new_tokens_limit: int = DEFAULTS.max_new_tokens_limit
@@ -111,7 +111,7 @@ class BenchSpec:
     max_requests: int = 20000
     max_new_tokens: int = 16
     generation_max_new_tokens: tuple[int, ...] = (16, 32, 64, 128)
-    generation_requests: int = 2
+    generation_requests: int = 4
     static_baseline: bool = True
     tool: str = "auto"
     inprocess_backends: bool = True

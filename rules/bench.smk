@@ -12,6 +12,7 @@ rule bench_model:
         work=WORK,
         repository=repository_of,
         bench=to_param(PROJECT.bench),
+        model=lambda wildcards: to_param(PROJECT.model(wildcards.model)),
     log:
         logs("bench"),
     localrule: True

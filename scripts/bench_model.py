@@ -13,5 +13,6 @@ run_step(
     work=params.work,
     repository=params.repository,
     bench=params.bench,
+    model=params.model,
     output_json=snakemake.output[0],
 )

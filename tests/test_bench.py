@@ -13,7 +13,15 @@ from hf2triton.config import load_config
 
 pytestmark = pytest.mark.integration
 
-TINY_BENCH = {"concurrency": [1, 2], "seconds": 0.5, "warmup_s": 0.1, "max_requests": 200, "max_new_tokens": 4}
+TINY_BENCH = {
+    "concurrency": [1, 2],
+    "seconds": 0.5,
+    "warmup_s": 0.1,
+    "max_requests": 200,
+    "max_new_tokens": 4,
+    "generation_max_new_tokens": [4, 12],
+    "generation_requests": 2,
+}
 TINY_TUNE = {"models": ["embed"], "max_batch_size": [2, 4], "instances": [1], "max_queue_delay_us": [0], "concurrency": 4, "seconds": 0.5}
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -35,7 +43,7 @@ def test_bench_writes_json_plots_report_and_ratios(measured):
     assert set(measured.jobs_run(result)) == {"bench_model", "bench"}, "nothing of the serve chain reruns"
     assert measured.state()["pid"] == pid, "bench uses the running server"
     out = measured.directory / "results" / "bench"
-    for name, task in (("embed", "feature-extraction"), ("classify", "text-classification"), ("generate", "text-generation")):
+    for name, task in (("embed", "feature-extraction"), ("classify", "text-classification")):
         data = json.loads((out / f"{name}.json").read_text())
         assert data["task"] == task and data["max_batch_size"] == 4
         assert "tritonclient" in data["tool"] or "perf_analyzer" in data["tool"]
@@ -53,8 +61,12 @@ def test_bench_writes_json_plots_report_and_ratios(measured):
             assert ratios[protocol]["served_batch4_c1_vs_raw"] > 0 and ratios[protocol]["single_text_c2_vs_raw_batch4"] > 0
         for kind in ("throughput", "latency"):
             assert (out / "plots" / f"{name}-{kind}.png").read_bytes().startswith(PNG)
+    check_streaming_generation(json.loads((out / "generate.json").read_text()))
+    for kind in ("throughput", "latency"):
+        assert (out / "plots" / f"generate-{kind}.png").read_bytes().startswith(PNG)
     report = (out / "report.md").read_text()
     assert report.count("![throughput](plots/") == 3 and "| grpc | 4 | 2 |" in report
+    assert "| stream | 2 | 4 |" in report and "| static | 2 | 4 |" in report and "TTFT p50" in report
     summary = json.loads((out / "summary" / "ratios.json").read_text())
     assert set(summary["models"]) == {"embed", "classify", "generate"} and len(summary["lines"]) >= 6
     assert "single-text x2 / in-process batch 4" in result.stdout + result.stderr, "ratios printed at the end"
@@ -63,6 +75,21 @@ def test_bench_writes_json_plots_report_and_ratios(measured):
     measured.config["bench"] = {**TINY_BENCH, "seconds": 0.6}
     dry = measured.jobs_run(measured.run("-n", "bench"))
     assert sorted(dry) == ["bench", "bench_model", "bench_model", "bench_model"], "bench settings reach the rule as params"
+
+
+def check_streaming_generation(data: dict) -> None:
+    """The streaming model's cells: streamed and static (scratch server) over the same mixed load."""
+    assert data["task"] == "text-generation" and data["streaming"] and data["inprocess"]["items_per_s"] > 0
+    for mode in ("stream", "static"):
+        cells = sorted(data[mode], key=lambda c: c["concurrency"])
+        assert [(c["mode"], c["concurrency"], c["requests"]) for c in cells] == [(mode, 1, 2), (mode, 2, 4)]
+        for cell in cells:
+            assert cell["errors"] == 0 and cell["items_per_s"] > 0, cell
+            assert 0 < cell["ttft_ms"]["p50"] <= cell["latency_ms"]["p50"] + 1e-6 or mode == "static"
+            assert cell["ttft_ms"]["p50"] <= cell["ttft_ms"]["p99"]
+    assert all(c["itl_ms"]["p50"] > 0 for c in data["stream"]), "streams arrive in pieces"
+    ratios = data["ratios"]
+    assert ratios["stream_c1_vs_inprocess"] > 0 and set(ratios["stream_vs_static"]) == {"1", "2"} and ratios["ttft_p50_ms_c2"] > 0
 
 
 def test_tune_writes_an_overlay_the_config_accepts(measured):

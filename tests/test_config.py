@@ -195,3 +195,19 @@ def test_specs_are_built_once_with_every_default(tmp_path):
     assert project.model("g").generation == GenerationSpec() and project.model("e").generation is None
     assert project.server.http_port == 8000 and project.bench.concurrency == (1, 4, 16) and project.work == ".hf2triton"
     assert [m.name for m in project.tuned_models()] == ["e"]
+
+
+def test_streaming_is_the_default_on_python_and_refused_with_onnx():
+    generation = {"source": "org/llm", "task": "text-generation"}
+    assert validate_config(with_model(**generation))["models"][0]["generation"]["streaming"] is True
+    assert validate_config(with_model(**generation, backend="onnx"))["models"][0]["generation"]["streaming"] is False
+    with pytest.raises(UserError) as info:
+        validate_config(with_model(**generation, backend="onnx", generation={"streaming": True}))
+    assert "generation.streaming = true: needs backend python (backend is onnx)" in info.value.message
+    cfg = with_model(**generation)
+    cfg["tune"] = {"models": ["m"]}
+    with pytest.raises(UserError) as info:
+        validate_config(cfg)
+    assert "'m' streams (continuous batching)" in info.value.message and "streaming: false" in info.value.fix
+    cfg["models"][0]["generation"] = {"streaming": False}
+    validate_config(cfg)

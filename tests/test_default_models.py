@@ -6,7 +6,6 @@ import time
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.helpers import Workflow, minilm_dir, server_block
@@ -34,13 +33,16 @@ def test_default_config_serves_and_validates(default_workflow):
 
 
 def test_smollm2_knows_the_capital_of_france(default_workflow):
+    from hf2triton.triton import client
+
     settings = default_workflow.settings()
-    for module, url in ((httpclient, settings.url()), (grpcclient, settings.url("grpc_port"))):
-        client = module.InferenceServerClient(url)
-        text = module.InferInput("text", [1, 1], "BYTES")
-        text.set_data_from_numpy(np.array([[b"What is the capital of France?"]], dtype=np.object_))
-        answer = client.infer("smollm2", [text]).as_numpy("text_output")[0][0].decode()
-        assert "Paris" in answer, answer
+    question = "What is the capital of France?"
+    status, answer = client.http_generate(settings.url(), "smollm2", {"text": question, "stream": False})
+    assert status == 200 and "Paris" in answer["text_output"], answer
+    streamed = client.stream_generate(settings.url("grpc_port"), "smollm2", question)
+    assert streamed["text"] == answer["text_output"] and len(streamed["pieces"]) > 1, "the same answer, arriving in pieces"
+    chat = client.stream_generate(settings.url("grpc_port"), "smollm2", [{"role": "user", "content": question}])
+    assert chat["text"] == answer["text_output"], "the chat form: the template applied in the server"
 
 
 def test_minilm_embeddings_match_in_process_sentence_embeddings(default_workflow):

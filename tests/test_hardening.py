@@ -193,8 +193,8 @@ def test_client_disconnecting_mid_request(live):
             sock.sendall(head.encode() + body[:cut])
     # a complete request whose client goes away before the answer (generation takes a while)
     with socket.create_connection(("127.0.0.1", settings.server.http_port), timeout=5) as sock:
-        gen = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["Hello"]}]}).encode()
-        sock.sendall(f"POST /v2/models/generate/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(gen)}\r\n\r\n".encode() + gen)
+        gen = json.dumps({"text": "Hello", "max_new_tokens": 8}).encode()
+        sock.sendall(f"POST /v2/models/generate/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: {len(gen)}\r\n\r\n".encode() + gen)
     time.sleep(1)
     assert http.is_server_ready() and embed_once(http).shape == (1, 32)
 

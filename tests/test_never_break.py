@@ -12,7 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -140,7 +139,8 @@ def test_too_many_texts_refused_also_without_batching(workflow):
 
 
 def test_queue_bound_refuses_at_once_instead_of_queueing(workflow, tiny_models):
-    workflow.config["models"][2].update(max_batch_size=1, queue={"max_size": 1, "timeout_s": 30})
+    # the static generation model's queue (a streaming one has generation.max_queue: tests/test_streaming.py)
+    workflow.config["models"][2].update(max_batch_size=1, queue={"max_size": 1, "timeout_s": 30}, generation={"streaming": False})
     workflow.run("serve")
     assert "max_queue_size: 1" in (workflow.directory / "model_repository" / "generate" / "config.pbtxt").read_text()
     url = workflow.settings().url("grpc_port")
@@ -198,21 +198,21 @@ def test_sampling_config_validates_and_an_impossible_default_is_refused_first(wo
     generate["generation"] = {"max_new_tokens": 8, "temperature": 0.7}
     workflow.run("serve")
     checks = {c["name"]: c for c in workflow.report()["models"]["generate"]["checks"]}
-    assert checks["http equals grpc"]["ok"] and checks["configured sampling (temperature 0.7)"]["ok"]
+    assert checks["stream equals generate"]["ok"] and checks["configured sampling (temperature 0.7)"]["ok"]
     pid = workflow.state()["pid"]
     generate["generation"] = {"max_new_tokens": 8192}
     result = workflow.run("serve", check=False)
     assert result.returncode == 1 and "generation.max_new_tokens = 8192 does not fit its context of 256 tokens" in result.stderr
     assert workflow.state()["pid"] == pid
-    grpc = grpcclient.InferenceServerClient(workflow.settings().url("grpc_port"))
-    out = grpc.infer("generate", client.build_inputs(grpcclient, ["hello"], {"max_new_tokens": 4}))
-    assert np.asarray(out.as_numpy("text_output")).size == 1, "the previous version still answers"
+    answer = client.stream_generate(workflow.settings().url("grpc_port"), "generate", "hello", {"max_new_tokens": 4})
+    assert answer["completion_tokens"] >= 1, "the previous version still answers"
 
 
 def test_request_whose_client_gave_up_is_not_computed(workflow):
     """A queued request whose client is gone (here: its gRPC deadline passed) gets no compute: Triton or
-    model.py (request.is_cancelled) drops it, so the server's success count grows only by the one that waited."""
-    workflow.config["models"][2].update(max_batch_size=1)
+    model.py (request.is_cancelled) drops it, so the server's success count grows only by the one that waited.
+    (The static generation model; a streaming one's cancellation: tests/test_streaming.py.)"""
+    workflow.config["models"][2].update(max_batch_size=1, generation={"streaming": False})
     workflow.run("serve")
     url = workflow.settings().url("grpc_port")
     grpc = grpcclient.InferenceServerClient(url)

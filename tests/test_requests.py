@@ -92,41 +92,41 @@ def test_triton_rejects_malformed_requests(clients):
     assert http.is_server_ready()
 
 
-def test_generation_options_per_request(clients):
-    http, grpc = clients
+def test_generation_options_per_request(tiny_workflow):
+    """The text-generation model streams (the default): /generate answers whole, gRPC streams; options and
+    their errors are per request."""
+    from hf2triton.triton import client
 
-    def generate(max_new_tokens=None, temperature=None, module=httpclient, client=http):
-        inputs = [text_input(module, [[b"Hello"]])]
-        if max_new_tokens is not None:
-            inputs.append(text_input(module, np.array([[max_new_tokens]], dtype=np.int32), name="max_new_tokens", datatype="INT32"))
-        if temperature is not None:
-            inputs.append(text_input(module, np.array([[temperature]], dtype=np.float32), name="temperature", datatype="FP32"))
-        return client.infer("generate", inputs).as_numpy("text_output")[0][0].decode()
+    settings = tiny_workflow.settings()
+    http_url, grpc_url = settings.url(), settings.url("grpc_port")
+
+    def generate(**options):
+        status, answer = client.http_generate(http_url, "generate", {"text": "Hello", **options, "stream": False})
+        return answer["text_output"] if status == 200 else f"HTTP {status}: {answer.get('error')}"
 
     short, default = generate(max_new_tokens=2), generate()
-    assert len(short) <= len(default)
-    assert generate(module=grpcclient, client=grpc) == default, "greedy: same text over gRPC"
-    generate(temperature=0.7)
-    expect_error(lambda: generate(max_new_tokens=-3), "max_new_tokens=-3")
-    expect_error(lambda: generate(temperature=math.nan), "temperature=nan")
-    expect_error(lambda: generate(max_new_tokens=250), "exceeds the context")
-    assert http.is_model_ready("generate")
+    assert len(short) <= len(default) and not default.startswith("HTTP")
+    assert client.stream_generate(grpc_url, "generate", "Hello")["text"] == default, "greedy: the same text streamed over gRPC"
+    assert not generate(temperature=0.7).startswith("HTTP")
+    assert generate(max_new_tokens=-3).startswith("HTTP 400") and "max_new_tokens=-3" in generate(max_new_tokens=-3)
+    assert "exceeds the context" in generate(max_new_tokens=250)
+    with pytest.raises(InferenceServerException, match="temperature=nan"):
+        client.stream_generate(grpc_url, "generate", "Hello", {"temperature": math.nan})
+    assert httpclient.InferenceServerClient(http_url).is_model_ready("generate")
 
 
-def test_denormal_temperature_is_a_bad_request_not_a_server_error(clients):
+def test_denormal_temperature_is_a_bad_request_not_a_server_error(tiny_workflow):
     """temperature 1e-45 (a float32 denormal) used to reach sampling, which divides by it: a 500."""
-    http, grpc = clients
+    from hf2triton.triton import client
 
-    def generate(module, client, temperature):
-        inputs = [text_input(module, [[b"Hello"]])]
-        inputs.append(text_input(module, np.array([[temperature]], dtype=np.float32), name="temperature", datatype="FP32"))
-        return client.infer("generate", inputs)
-
+    settings = tiny_workflow.settings()
     for t in (1e-45, 0.001):
-        expect_error(lambda: generate(httpclient, http, t), "400", "not allowed", "0 (greedy)", "between 0.01 and 100")  # noqa: B023
-        expect_error(lambda: generate(grpcclient, grpc, t), "INVALID_ARGUMENT", "not allowed", "between 0.01 and 100")  # noqa: B023
-    generate(httpclient, http, 0.01)  # the minimum itself (0.0099999998 as float32) is allowed
-    assert http.is_model_ready("generate")
+        status, answer = client.http_generate(settings.url(), "generate", {"text": "Hello", "temperature": t, "stream": False})
+        assert status == 400 and "not allowed" in answer["error"] and "between 0.01 and 100" in answer["error"], answer
+        with pytest.raises(InferenceServerException, match="between 0.01 and 100"):
+            client.stream_generate(settings.url("grpc_port"), "generate", "Hello", {"temperature": t})
+    status, _ = client.http_generate(settings.url(), "generate", {"text": "Hello", "temperature": 0.01, "stream": False})
+    assert status == 200, "the minimum itself (0.0099999998 as float32) is allowed"
 
 
 def test_classification_labels(clients):

@@ -9,7 +9,7 @@ from typing import Any
 
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
 
-GOALS = {"served_vs_raw": 0.95, "singles_vs_raw": 0.9}
+GOALS = {"served_vs_raw": 0.95, "singles_vs_raw": 0.9, "stream_vs_static": 1.5, "stream_c1_vs_inprocess": 0.95}
 
 
 def _pyplot():
@@ -79,6 +79,49 @@ def plot_latency(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_generation(result: dict[str, Any], paths: dict[str, Path]) -> None:
+    """Streaming model: tokens/s (streamed vs static, in-process dashed) and TTFT / inter-token latency."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for mode in ("stream", "static"):
+        cells = sorted(result[mode], key=lambda c: c["concurrency"])
+        if cells:
+            ax.plot([c["concurrency"] for c in cells], [c["items_per_s"] for c in cells], marker="o", label=f"{mode}")
+    ax.axhline(result["inprocess"]["items_per_s"], linestyle="--", linewidth=1, color="grey", label="in-process generate(), one by one")
+    levels = result["bench"]["concurrency"]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("generated tokens/s")
+    ax.set_title(f"{result['model']}: streaming (continuous batching) vs static")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(paths["throughput"], dpi=100)
+    plt.close(fig)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
+    for mode, color in (("stream", "tab:blue"), ("static", "tab:orange")):
+        cells = sorted(result[mode], key=lambda c: c["concurrency"])
+        xs = [c["concurrency"] for c in cells]
+        for key, style in (("p50", "-o"), ("p99", "--^")):
+            top.plot(xs, [c["ttft_ms"][key] for c in cells], style, color=color, label=f"{mode} TTFT {key}")
+            if mode == "stream":
+                bottom.plot(xs, [c["itl_ms"][key] for c in cells], style, color=color, label=f"inter-token {key}")
+    top.set_yscale("log")
+    top.set_ylabel("time to first token (ms)")
+    top.set_title(f"{result['model']}: time to first token and between tokens")
+    bottom.set_ylabel("inter-token latency (ms)")
+    bottom.set_xscale("log", base=2)
+    bottom.set_xticks(levels, [str(c) for c in levels])
+    bottom.set_xlabel("concurrent requests")
+    for axis in (top, bottom):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(paths["latency"], dpi=100)
+    plt.close(fig)
+
+
 def plot_tune_grid(name: str, entry: dict[str, Any], budget_ms: float, path: Path) -> None:
     """Throughput of every variant (bars), green inside the p99 budget, with p99 written on each bar."""
     plt = _pyplot()
@@ -104,8 +147,55 @@ def _fmt(value: Any) -> str:
     return "–" if value is None else (f"{value:,.2f}" if isinstance(value, float) else str(value))
 
 
+def generation_ratio_lines(result: dict[str, Any]) -> list[str]:
+    r, name = result["ratios"], result["model"]
+    top = max(result["bench"]["concurrency"])
+    lines = [
+        f"{name} stream: TTFT p50 at concurrency {top} = {_fmt(r[f'ttft_p50_ms_c{top}'])} ms; lone stream / in-process generate() = "
+        f"{_fmt(r['stream_c1_vs_inprocess'])} (goal >= {GOALS['stream_c1_vs_inprocess']})"
+    ]
+    if r["stream_vs_static"]:
+        per_level = ", ".join(f"c{c}: {_fmt(v)}" for c, v in r["stream_vs_static"].items())
+        lines.append(f"{name} stream / static tokens/s = {per_level} (goal >= {GOALS['stream_vs_static']} at c{top})")
+    if r["errors"]:
+        lines.append(f"{name}: {r['errors']} requests failed during the run (see first_error in the JSON)")
+    return lines
+
+
+def generation_section(result: dict[str, Any], plots: dict[str, str]) -> list[str]:
+    lines = [
+        f"## {result['model']} — streaming generation (continuous batching, max_sequences {result['max_sequences']}), "
+        f"{result['instances']} x {', '.join(result['instance_kind'])}",
+        "",
+        f"Measured on {result['host']['name']} ({result['host']['cpus']} CPUs, GPU: {result['host']['gpu']}) by {result['tool']}; "
+        f"{result['corpus']['prompts']} corpus prompts, max_new_tokens cycled from {result['corpus']['max_new_tokens']}, "
+        f"{result['bench']['generation_requests']} prompts per client per cell. The static baseline is the same model with "
+        f"streaming: false (max_batch_size {result['static_max_batch_size']}) on a scratch server: its first token is its whole answer. "
+        "The load generator runs on the same machine as the server.",
+        "",
+        f"![throughput]({plots['throughput']})",
+        f"![latency]({plots['latency']})",
+        "",
+        f"In-process generate(), the same requests one by one: {_fmt(result['inprocess']['items_per_s'])} tokens/s "
+        f"({result['inprocess']['tokens']} tokens).",
+        "",
+        "| mode | clients | requests | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | total p50 ms | p99 ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in (*result["stream"], *result["static"]):
+        t, i, lat = c["ttft_ms"], c["itl_ms"], c["latency_ms"]
+        lines.append(
+            f"| {c['mode']} | {c['concurrency']} | {c['requests']} | {_fmt(c['items_per_s'])} | {_fmt(t['p50'])} | {_fmt(t['p99'])} "
+            f"| {_fmt(i['p50'])} | {_fmt(i['p99'])} | {_fmt(lat['p50'])} | {_fmt(lat['p99'])} | {c['errors']} |"
+        )
+    lines += ["", "Ratios:", "", *[f"- {line}" for line in generation_ratio_lines(result)], ""]
+    return lines
+
+
 def ratio_lines(result: dict[str, Any]) -> list[str]:
     """The ratios of one model, one line each, with the goal where the issue set one."""
+    if result.get("streaming"):
+        return generation_ratio_lines(result)
     r, big = result["ratios"], result["max_batch_size"]
     top = max(result["bench"]["concurrency"])
     lines = []
@@ -186,10 +276,14 @@ def bench_step(results: list[str], output_md: str, output_summary: str, plot_dir
     summary: dict[str, Any] = {"models": {}, "lines": []}
     for path, result in zip(results, loaded):
         plots = {kind: plot_root / f"{Path(path).stem}-{kind}.png" for kind in ("throughput", "latency")}
-        plot_throughput(result, plots["throughput"])
-        plot_latency(result, plots["latency"])
         relative = {k: str(Path(v).relative_to(Path(output_md).parent)) for k, v in plots.items()}
-        lines += model_section(result, relative)
+        if result.get("streaming"):
+            plot_generation(result, plots)
+            lines += generation_section(result, relative)
+        else:
+            plot_throughput(result, plots["throughput"])
+            plot_latency(result, plots["latency"])
+            lines += model_section(result, relative)
         summary["models"][Path(path).stem] = result["ratios"]
         summary["lines"] += ratio_lines(result)
     atomic_write_text(output_md, "\n".join(lines) + "\n")

@@ -41,7 +41,9 @@ EXPECTED_REJECTIONS = {
     "oversized": "exceeds max_input_bytes",
     "bad-max-new-tokens": f"{interface.MAX_NEW_TOKENS}=-1",
 }
-BAD_REQUEST_STATUSES = ("StatusCode.INVALID_ARGUMENT", "400")  # gRPC, HTTP
+# A gRPC stream's error response carries the message but no status code: that the server sent one is its answer.
+STREAM_ERROR = "error response in the stream"
+BAD_REQUEST_STATUSES = ("StatusCode.INVALID_ARGUMENT", "400", STREAM_ERROR)  # gRPC, HTTP, gRPC stream
 # The server did not answer at all (gRPC UNAVAILABLE: refused, reset, socket closed; HTTP: no connection).
 UNREACHABLE = re.compile(r"UNAVAILABLE|failed to connect|connection refused|connection reset|socket closed|broken pipe", re.I)
 
@@ -92,25 +94,56 @@ def _request(rng: random.Random, models: dict[str, str], bad_share: float, limit
 
 @dataclass(frozen=True)
 class Mix:
-    """The traffic: the gRPC address, task -> model, model -> max_input_bytes, share of bad requests."""
+    """The traffic: the gRPC address, task -> model, model -> max_input_bytes, share of bad requests, and the
+    streaming (decoupled) models, which answer over gRPC streams."""
 
     url: str
     models: dict[str, str]
     limits: dict[str, int]
     bad_share: float
+    streaming: frozenset[str] = frozenset()
+
+
+def _send(triton, mix: Mix, model: str, texts: list[bytes], extra: dict[str, Any]) -> None:
+    if model not in mix.streaming:
+        triton.infer(model, client.build_inputs(_grpc(), texts, extra), client_timeout=120)
+        return
+    try:
+        client.stream_generate(mix.url, model, texts[0], extra, timeout_s=120)
+    except Exception as err:  # noqa: BLE001 - the server's answer, unless it never answered
+        if UNREACHABLE.search(str(err)):
+            raise
+        raise StreamError(str(err)) from None
+
+
+class StreamError(Exception):
+    def status(self) -> str:
+        return STREAM_ERROR
+
+
+def _grpc():
+    import tritonclient.grpc as grpcclient
+
+    return grpcclient
+
+
+def streaming_models(grpc_url: str, names: list[str]) -> frozenset[str]:
+    """The decoupled (streaming) models among `names`, from the server's model configs."""
+    triton = _grpc().InferenceServerClient(grpc_url)
+    try:
+        return frozenset(n for n in names if triton.get_model_config(n).config.model_transaction_policy.decoupled)
+    finally:
+        triton.close()
 
 
 def _worker(mix: Mix, deadline: float, seed: int, out: list[Sample], lock: threading.Lock) -> None:
-    import tritonclient.grpc as grpcclient
-
-    triton = grpcclient.InferenceServerClient(mix.url)
+    triton = _grpc().InferenceServerClient(mix.url)
     rng = random.Random(seed)  # noqa: S311 - load generation, not cryptography
     while time.monotonic() < deadline:
         kind, model, texts, extra, expected_ok = _request(rng, mix.models, mix.bad_share, mix.limits)
-        inputs = client.build_inputs(grpcclient, texts, extra)
         started = time.monotonic()
         try:
-            triton.infer(model, inputs, client_timeout=120)
+            _send(triton, mix, model, texts, extra)
             ok, error, status = True, "", ""
         except Exception as err:  # noqa: BLE001 - every outcome is recorded
             status = err.status() if callable(getattr(err, "status", None)) else ""
@@ -269,7 +302,7 @@ def run_soak(
     `server_pid` finds the server's pid at each reading (e.g. find_server_pid: follows a restart); a plain pid
     is read while that process lives."""
     locate = server_pid if callable(server_pid) else (lambda: server_pid)
-    mix = Mix(grpc_url, models, limits or {}, bad_share)
+    mix = Mix(grpc_url, models, limits or {}, bad_share, streaming_models(grpc_url, list(models.values())))
     samples: list[Sample] = []
     memory: list[dict[str, Any]] = []
     lock = threading.Lock()

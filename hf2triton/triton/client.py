@@ -138,7 +138,7 @@ def is_loopback(host: str) -> bool:
 
 
 def stream_generate(
-    grpc_url: str, model: str, text: str | list[dict[str, str]], options: dict[str, Any] | None = None, timeout_s: float = 300
+    grpc_url: str, model: str, text: str | bytes | list[dict[str, str]], options: dict[str, Any] | None = None, timeout_s: float = 300
 ) -> dict[str, Any]:
     """One prompt (a text, or chat messages [{"role", "content"}, ...]) through gRPC ModelStreamInfer:
     {"pieces": [...], "text", "finish_reason", "prompt_tokens", "completion_tokens", "first_piece_s",
@@ -153,7 +153,7 @@ def stream_generate(
     triton.start_stream(callback=lambda result, error: events.put((result, error, time.perf_counter())))
     started = time.perf_counter()
     try:
-        texts, options = ([text], options) if isinstance(text, str) else ([], {**(options or {}), interface.MESSAGES: text})
+        texts, options = ([text], options) if isinstance(text, (str, bytes)) else ([], {**(options or {}), interface.MESSAGES: text})
         triton.async_stream_infer(model, build_inputs(grpcclient, texts, options, one_prompt=True), enable_empty_final_response=False)
         out: dict[str, Any] = {"pieces": [], "piece_times_s": []}
         while True:
