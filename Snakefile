@@ -32,6 +32,7 @@ rule serve:
         models=MODELS,
         work=WORK,
         repository=REPOSITORY,
+        openai=to_param(PROJECT.openai),
     log:
         logs("serve", per_model=False),
     localrule: True

@@ -132,12 +132,20 @@ class TuneSpec:
 
 
 @dataclass(frozen=True)
+class OpenAISpec:
+    enabled: bool = False
+    port: int = 9000
+    api_key_env: str = "HF2TRITON_API_KEY"
+
+
+@dataclass(frozen=True)
 class ProjectSpec:
     models: tuple[ModelSpec, ...]
     server: ServerSpec = ServerSpec()
     work: str = ".hf2triton"
     bench: BenchSpec = BenchSpec()
     tune: TuneSpec = TuneSpec()
+    openai: OpenAISpec = OpenAISpec()
 
     @property
     def names(self) -> list[str]:
@@ -179,6 +187,7 @@ def project_spec(cfg: dict[str, Any]) -> ProjectSpec:
         work=cfg["paths"]["work"],
         bench=BenchSpec(**_tuples(cfg["bench"])),
         tune=TuneSpec(**_tuples(cfg["tune"])),
+        openai=OpenAISpec(**cfg["openai"]),
     )
 
 

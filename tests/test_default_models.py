@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from hf2triton import host
 from tests.helpers import Workflow, minilm_dir, server_block
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -16,7 +17,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def default_workflow(tmp_path_factory):
     # Only server ports and the work directory are overridden: the models come from config.yaml.
-    workflow = Workflow(tmp_path_factory.mktemp("default-config"), {"server": server_block(), "paths": {"work": ".hf2triton"}})
+    config = {"server": server_block(), "paths": {"work": ".hf2triton"}, "openai": {"port": host.free_ports(1)[0]}}
+    workflow = Workflow(tmp_path_factory.mktemp("default-config"), config)
     started = time.monotonic()
     workflow.first_run = workflow.run("serve", timeout=1500)
     workflow.first_run_s = time.monotonic() - started
@@ -43,6 +45,18 @@ def test_smollm2_knows_the_capital_of_france(default_workflow):
     assert streamed["text"] == answer["text_output"] and len(streamed["pieces"]) > 1, "the same answer, arriving in pieces"
     chat = client.stream_generate(settings.url("grpc_port"), "smollm2", [{"role": "user", "content": question}])
     assert chat["text"] == answer["text_output"], "the chat form: the template applied in the server"
+
+
+def test_openai_gateway_answers_paris_and_embeds_384_dims(default_workflow):
+    """The shipped config enables the gateway: the official client against it."""
+    from openai import OpenAI
+
+    api = OpenAI(base_url=f"http://127.0.0.1:{default_workflow.config['openai']['port']}/v1", api_key="unused", max_retries=0)
+    stream = api.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}], stream=True
+    )
+    assert "Paris" in "".join(event.choices[0].delta.content or "" for event in stream if event.choices)
+    assert len(api.embeddings.create(model="minilm", input=["hi"]).data[0].embedding) == 384
 
 
 def test_minilm_embeddings_match_in_process_sentence_embeddings(default_workflow):

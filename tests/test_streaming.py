@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import threading
 import time
 import urllib.request
@@ -16,7 +15,7 @@ import urllib.request
 import pytest
 
 from hf2triton.triton import client
-from tests.helpers import make_workflow, tiny_model_entries
+from tests.helpers import long_context_copy, make_workflow, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 
@@ -28,10 +27,7 @@ PROMPTS = ["What is the capital of France?", "Hi", "Tell me a very long story ab
 
 @pytest.fixture(scope="module")
 def streaming(tmp_path_factory, tiny_models):
-    long_context = tmp_path_factory.mktemp("long-context") / "tiny-generate"
-    shutil.copytree(tiny_models["text-generation"], long_context)
-    config = json.loads((long_context / "config.json").read_text())
-    (long_context / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))  # rotary: no weights change
+    long_context = long_context_copy(tiny_models["text-generation"], tmp_path_factory.mktemp("long-context"))
     entries = tiny_model_entries({"text-generation": long_context})
     entries[0]["generation"] = {"max_new_tokens": 16, "max_sequences": 2, "max_queue": 2, "max_new_tokens_limit": 3000}
     workflow = make_workflow(tmp_path_factory.mktemp("streaming"), entries)

@@ -7,7 +7,8 @@ import sys
 from typing import Any
 
 from hf2triton.errors import UserError
-from hf2triton.specs import ServerSpec, from_param
+from hf2triton.gateway.process import ensure_gateway, gateway_status, stop_gateway
+from hf2triton.specs import OpenAISpec, ServerSpec, from_param
 from hf2triton.triton.process import Settings, ensure_server, server_status, stop_server
 
 
@@ -16,9 +17,15 @@ def settings_from_params(server: dict[str, Any], models: list[str], work: str, r
     return Settings.of(from_param(ServerSpec, server), models, work, repository)
 
 
-def serve_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> dict[str, Any]:
-    """Target `serve`: ensure the server is up and current, then say where and what it serves."""
+def serve_step(server: dict[str, Any], models: list[str], work: str, repository: str, openai: dict[str, Any]) -> dict[str, Any]:
+    """Target `serve`: ensure the server (and the OpenAI gateway when enabled) is up and current, then say
+    where and what it serves."""
     settings = settings_from_params(server, models, work, repository)
+    gateway_spec = from_param(OpenAISpec, openai)
+    if gateway_spec.enabled:
+        from hf2triton.gateway.process import check_key_policy
+
+        check_key_policy(settings, gateway_spec)  # before anything running is touched
     state = ensure_server(settings)
     status = server_status(settings)
     not_ready = [name for name, ok in status.get("models", {}).items() if not ok]
@@ -29,16 +36,25 @@ def serve_step(server: dict[str, Any], models: list[str], work: str, repository:
         f"{status['metrics']}; server {state['action']} ({state['reason']}); stop with `make stop`",
         file=sys.stderr,
     )
+    if gateway_spec.enabled:
+        gateway = ensure_gateway(settings, gateway_spec)
+        print(f"hf2triton: OpenAI-compatible API at http://{gateway['url']}/v1 (gateway {gateway['action']})", file=sys.stderr)
+        status["openai"] = gateway_status(settings, gateway_spec)
+    else:
+        stop_gateway(settings)  # disabled since the last serve
     return status
 
 
-def status_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> dict[str, Any]:
-    status = server_status(settings_from_params(server, models, work, repository))
+def status_step(server: dict[str, Any], models: list[str], work: str, repository: str, openai: dict[str, Any]) -> dict[str, Any]:
+    settings = settings_from_params(server, models, work, repository)
+    status = server_status(settings)
+    status["openai"] = gateway_status(settings, from_param(OpenAISpec, openai))
     print(json.dumps(status, indent=2))
     return status
 
 
 def stop_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> str:
-    message = stop_server(settings_from_params(server, models, work, repository))
+    settings = settings_from_params(server, models, work, repository)
+    message = f"{stop_gateway(settings)}; {stop_server(settings)}"
     print(f"hf2triton: {message}", file=sys.stderr)
     return message

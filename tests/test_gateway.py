@@ -1,0 +1,207 @@
+"""The OpenAI-compatible gateway: the official `openai` client (sync, async, streaming) against the real gateway
+in front of a real tritonserver serving tiny models; errors as OpenAI error objects with their status; the API
+key; a closed stream frees its generation slot; the gateway managed by serve/stop/status and restored after it
+is killed."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from hf2triton import host
+from hf2triton.gateway.process import state_file
+from hf2triton.triton import client
+from tests.helpers import long_context_copy, make_workflow, tiny_model_entries
+
+pytestmark = pytest.mark.integration
+
+KEY = "test-key-not-a-secret"
+QUESTION = "What is the capital of France?"
+ASK = [{"role": "user", "content": "x"}]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, tiny_models):
+    models = {**tiny_models, "text-generation": long_context_copy(tiny_models["text-generation"], tmp_path_factory.mktemp("long"))}
+    entries = [e for e in tiny_model_entries(models) if e["name"] != "classify"]
+    for entry in entries:
+        if entry["name"] == "generate":
+            entry["generation"] = {"max_new_tokens": 12, "max_sequences": 1, "max_queue": 1, "max_new_tokens_limit": 3000}
+    workflow = make_workflow(tmp_path_factory.mktemp("gateway"), entries)
+    workflow.config["openai"] = {"enabled": True, "port": host.free_ports(1)[0], "api_key_env": "HF2TRITON_TEST_KEY"}
+    workflow.run("serve")
+    yield workflow
+    workflow.stop()
+
+
+def base_url(workflow) -> str:
+    return f"http://127.0.0.1:{workflow.config['openai']['port']}/v1"
+
+
+def openai_client(workflow, key: str = "unused"):
+    from openai import OpenAI
+
+    return OpenAI(base_url=base_url(workflow), api_key=key, max_retries=0, timeout=60)
+
+
+def post(workflow, path: str, body: dict, key: str | None = None) -> tuple[int, dict]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    status, text = client.http_post(f"{base_url(workflow)}{path}", headers=headers, body=body)
+    return status, json.loads(text) if text.startswith("{") else {"raw": text}
+
+
+def test_models_chat_and_completions_equal_tritons_own_answer(gateway):
+    api = openai_client(gateway)
+    listed = {m.id for m in api.models.list().data}
+    assert listed == {"embed", "generate"}
+    direct = client.stream_generate(gateway.settings().url("grpc_port"), "generate", [{"role": "user", "content": QUESTION}])
+    chat = api.chat.completions.create(model="generate", messages=[{"role": "user", "content": QUESTION}])
+    assert chat.choices[0].message.content == direct["text"] and chat.choices[0].finish_reason in ("stop", "length")
+    assert chat.usage.prompt_tokens == direct["prompt_tokens"] and chat.usage.completion_tokens == direct["completion_tokens"]
+    pieces, finish = [], None
+    stream = api.chat.completions.create(
+        model="generate", messages=[{"role": "user", "content": QUESTION}], stream=True, stream_options={"include_usage": True}
+    )
+    usage = None
+    for event in stream:
+        if event.choices:
+            pieces.append(event.choices[0].delta.content or "")
+            finish = event.choices[0].finish_reason or finish
+        usage = event.usage or usage
+    assert "".join(pieces) == direct["text"] and len(pieces) > 2 and finish in ("stop", "length") and usage.total_tokens > 0
+    completion = api.completions.create(model="generate", prompt=QUESTION, max_tokens=6)
+    assert (
+        completion.choices[0].text
+        == client.stream_generate(gateway.settings().url("grpc_port"), "generate", QUESTION, {"max_new_tokens": 6})["text"]
+    )
+    seeded = [
+        api.chat.completions.create(model="generate", messages=[{"role": "user", "content": "Hi"}], temperature=1.0, seed=7, max_tokens=8)
+        .choices[0]
+        .message.content
+        for _ in range(2)
+    ]
+    assert seeded[0] == seeded[1], "same seed, same text"
+
+
+def test_async_client_and_embeddings_equal_tritons(gateway):
+    import tritonclient.http as httpclient
+    from openai import AsyncOpenAI
+
+    texts = ["hello there", "a second, longer sentence about serving models", "你好"]
+    http = httpclient.InferenceServerClient(gateway.settings().url())
+    direct = http.infer("embed", client.build_inputs(httpclient, texts[:2])).as_numpy("embedding")
+    direct = np.concatenate([direct, http.infer("embed", client.build_inputs(httpclient, texts[2:])).as_numpy("embedding")])
+
+    async def ask():
+        api = AsyncOpenAI(base_url=base_url(gateway), api_key="unused", max_retries=0)
+        floats = await api.embeddings.create(model="embed", input=texts)
+        packed = await api.embeddings.create(model="embed", input="hello there", encoding_format="base64")
+        await api.close()
+        return floats, packed
+
+    floats, packed = asyncio.run(ask())
+    served = np.array([d.embedding for d in floats.data], dtype=np.float32)
+    assert served.shape == direct.shape and np.allclose(served, direct, atol=1e-6)
+    assert floats.usage.prompt_tokens > 0
+    status, raw = post(gateway, "/embeddings", {"model": "embed", "input": "hello there", "encoding_format": "base64"})
+    assert status == 200 and np.allclose(
+        np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype=np.float32), direct[0], atol=1e-6
+    )
+    assert packed.data[0].embedding is not None
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "words"),
+    [
+        ("/chat/completions", {"model": "nope", "messages": ASK}, 404, "not served here"),
+        ("/chat/completions", {"model": "generate", "messages": ASK, "n": 2}, 400, "n = 1"),
+        (
+            "/chat/completions",
+            {"model": "generate", "messages": ASK, "tools": [{"type": "function"}]},
+            400,
+            "'tools'",
+        ),
+        ("/chat/completions", {"model": "generate", "messages": []}, 400, "'messages'"),
+        ("/chat/completions", {"model": "generate", "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0]"),
+        ("/chat/completions", {"model": "generate", "messages": ASK, "max_tokens": 0}, 400, "max_tokens"),
+        (
+            "/chat/completions",
+            {"model": "generate", "messages": ASK, "temperature": "hot"},
+            400,
+            "temperature",
+        ),
+        ("/chat/completions", {"model": "generate", "messages": ASK, "max_tokens": 5000}, 400, "exceeds"),
+        ("/chat/completions", {"model": "embed", "messages": ASK}, 400, "feature-extraction"),
+        ("/embeddings", {"model": "embed", "input": [1, 2, 3]}, 400, "token arrays"),
+        ("/embeddings", {"model": "embed", "input": "x", "encoding_format": "hex"}, 400, "encoding_format"),
+        ("/embeddings", {"model": "embed", "input": "x" * 70000}, 413, "max_input_bytes"),
+        ("/completions", {"model": "generate", "prompt": ""}, 400, "'prompt'"),
+    ],
+)
+def test_bad_requests_get_openai_errors_never_a_500(gateway, path, body, status, words):
+    got, answer = post(gateway, path, body)
+    assert got == status and words in answer["error"]["message"], (got, answer)
+    assert set(answer["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_closed_stream_frees_its_generation_slot_and_a_full_queue_is_429(gateway):
+    # max_sequences 1, max_queue 1: a long stream holds the slot; one more waits; the third is refused
+    body = {"model": "generate", "messages": [{"role": "user", "content": "Tell me a story"}], "stream": True, "max_tokens": 2000}
+    body.update(temperature=1.0, seed=1)  # sampled: runs its 2000 tokens (seconds on the tiny model)
+    request = urllib.request.Request(f"{base_url(gateway)}/chat/completions", data=json.dumps(body).encode(), method="POST")  # noqa: S310
+    request.add_header("Content-Type", "application/json")
+    holder = urllib.request.urlopen(request, timeout=60)  # noqa: S310 - loopback
+    assert holder.readline().startswith(b"data:"), "the stream started"
+    waiting: list = []
+    queued = threading.Thread(target=lambda: waiting.append(urllib.request.urlopen(request, timeout=60)))  # noqa: S310
+    queued.start()  # waits for the slot (its response starts with its first token)
+    time.sleep(1.0)
+    status, answer = post(gateway, "/chat/completions", {**body, "stream": False, "max_tokens": 4})
+    assert status == 429 and answer["error"]["code"] == "busy", answer
+    holder.close()  # the client goes away: the queued one gets the slot at once
+    queued.join(timeout=30)
+    assert waiting, "the queued stream started when the first one's client left"
+    waiting[0].close()
+    time.sleep(1.0)
+    started = time.monotonic()
+    status, answer = post(gateway, "/chat/completions", {**body, "stream": False, "max_tokens": 4})
+    assert status == 200 and time.monotonic() - started < 10, "the slot was freed"
+
+
+def test_key_status_restore_and_stop(gateway):
+    pid = json.loads(state_file(gateway.settings()).read_text())["pid"]
+    status = json.loads(gateway.run("status").stdout)
+    assert status["openai"]["running"] and status["openai"]["healthy"] and status["openai"]["current"]
+    # the key: set in the environment, the gateway restarts with it and refuses requests without it
+    gateway.env["HF2TRITON_TEST_KEY"] = KEY
+    gateway.run("serve")
+    keyed = json.loads(state_file(gateway.settings()).read_text())["pid"]
+    assert keyed != pid
+    got, answer = post(gateway, "/models", {})  # POST: 405 is fine too, but never without the key
+    assert got in (401, 405)
+    request = urllib.request.Request(f"{base_url(gateway)}/models")  # noqa: S310
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)  # noqa: S310
+    assert info.value.code == 401
+    assert [m.id for m in openai_client(gateway, KEY).models.list().data]
+    assert KEY not in (gateway.work / "server" / "gateway.log").read_text(), "the key is never logged"
+    # killed: the next serve restores it
+    os.kill(keyed, signal.SIGKILL)
+    time.sleep(0.5)
+    result = gateway.run("serve")
+    assert "gateway started" in result.stderr
+    restored = json.loads(state_file(gateway.settings()).read_text())["pid"]
+    assert restored != keyed and openai_client(gateway, KEY).models.list().data
+    gateway.env.pop("HF2TRITON_TEST_KEY")
+    # a non-loopback host without a key is refused before anything running is touched
+    assert "stopped the gateway" in gateway.run("stop").stderr
+    assert host.process_cmdline(restored) is None
