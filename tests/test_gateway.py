@@ -10,6 +10,8 @@ import base64
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -20,7 +22,7 @@ import pytest
 from hf2triton import host
 from hf2triton.gateway.process import state_file
 from hf2triton.triton import client
-from tests.helpers import long_context_copy, make_workflow, tiny_model_entries
+from tests.helpers import ROOT, long_context_copy, make_workflow, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 
@@ -175,6 +177,32 @@ def test_a_closed_stream_frees_its_generation_slot_and_a_full_queue_is_429(gatew
     started = time.monotonic()
     status, answer = post(gateway, "/chat/completions", {**body, "stream": False, "max_tokens": 4})
     assert status == 200 and time.monotonic() - started < 10, "the slot was freed"
+
+
+def hf2triton_cli(workflow, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    settings = workflow.settings()
+    urls = ["--http", settings.url(), "--grpc", settings.url("grpc_port")]
+    command = [sys.executable, "-m", "hf2triton", args[0], *urls, *args[1:]]
+    return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
+
+
+def test_client_command_for_each_task(gateway):
+    models = hf2triton_cli(gateway, "models")
+    assert models.returncode == 0 and "generate" in models.stdout and "(streaming)" in models.stdout, models.stderr
+    embedded = json.loads(hf2triton_cli(gateway, "embed", "embed", "hello", "world").stdout)
+    assert np.asarray(embedded["embeddings"]).shape == (2, 32)
+    assert "[32 dims]" in hf2triton_cli(gateway, "infer", "embed", "hello").stdout
+    direct = client.stream_generate(gateway.settings().url("grpc_port"), "generate", QUESTION, {"max_new_tokens": 8})["text"]
+    streamed = hf2triton_cli(gateway, "infer", "generate", QUESTION, "--stream", "--max-tokens", "8")
+    assert streamed.returncode == 0 and streamed.stdout.strip() == direct.strip(), streamed.stderr
+    answer = json.loads(hf2triton_cli(gateway, "infer", "generate", QUESTION, "--json", "--max-tokens", "8").stdout)
+    assert answer["text"] == direct and answer["finish_reason"] in ("stop", "length")
+    chat = hf2triton_cli(gateway, "chat", "generate", "--max-tokens", "4", stdin="Hi\nAnd again?\n")
+    assert chat.returncode == 0 and chat.stdout.count("generate> ") == 2 and "Traceback" not in chat.stderr, chat.stderr
+    unknown = hf2triton_cli(gateway, "infer", "nope", "x")
+    assert unknown.returncode == 1 and "model 'nope' is not served" in unknown.stderr and "use one of: embed, generate" in unknown.stderr
+    too_long = hf2triton_cli(gateway, "infer", "generate", "x", "--max-tokens", "5000")
+    assert too_long.returncode == 1 and "max_new_tokens=5000" in too_long.stderr and "Traceback" not in too_long.stderr
 
 
 def test_key_status_restore_and_stop(gateway):

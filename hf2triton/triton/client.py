@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -138,7 +138,12 @@ def is_loopback(host: str) -> bool:
 
 
 def stream_generate(
-    grpc_url: str, model: str, text: str | bytes | list[dict[str, str]], options: dict[str, Any] | None = None, timeout_s: float = 300
+    grpc_url: str,
+    model: str,
+    text: str | bytes | list[dict[str, str]],
+    options: dict[str, Any] | None = None,
+    timeout_s: float = 300,
+    on_piece: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """One prompt (a text, or chat messages [{"role", "content"}, ...]) through gRPC ModelStreamInfer:
     {"pieces": [...], "text", "finish_reason", "prompt_tokens", "completion_tokens", "first_piece_s",
@@ -162,6 +167,8 @@ def stream_generate(
                 raise error
             piece = result.as_numpy(interface.TEXT_OUTPUT)
             out["pieces"].append(piece.reshape(-1)[0].decode("utf-8") if piece is not None else "")
+            if on_piece is not None:
+                on_piece(out["pieces"][-1])
             out["piece_times_s"].append(at - started)
             reason = result.as_numpy(interface.FINISH_REASON)
             if reason is not None:
