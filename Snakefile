@@ -33,6 +33,7 @@ rule serve:
         work=WORK,
         repository=REPOSITORY,
         openai=to_param(PROJECT.openai),
+        gateway_report=results("validation/gateway"),
     log:
         logs("serve", per_model=False),
     localrule: True

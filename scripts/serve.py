@@ -5,5 +5,12 @@ from hf2triton.pipeline.steps import run_step
 
 params = snakemake.params
 run_step(
-    snakemake, serve_step, server=params.server, models=params.models, work=params.work, repository=params.repository, openai=params.openai
+    snakemake,
+    serve_step,
+    server=params.server,
+    models=params.models,
+    work=params.work,
+    repository=params.repository,
+    openai=params.openai,
+    gateway_report=params.gateway_report,
 )

@@ -76,6 +76,8 @@ class Workflow:
         return self.directory / "test-config.yaml"
 
     def write_config(self) -> None:
+        # config.yaml (which enables the OpenAI gateway on port 9000) merges under this file: tests ask for it
+        self.config.setdefault("openai", {"enabled": False})
         self.config_file.write_text(yaml.safe_dump(self.config, sort_keys=False))
 
     def command(self, *args: str) -> list[str]:

@@ -61,6 +61,14 @@ def post(workflow, path: str, body: dict, key: str | None = None) -> tuple[int, 
     return status, json.loads(text) if text.startswith("{") else {"raw": text}
 
 
+def test_serve_checks_the_gateway_against_triton(gateway):
+    report = json.loads((gateway.directory / "results" / "validation" / "gateway.json").read_text())
+    names = {c["name"] for c in report["checks"]}
+    expected = {"generate: chat equals Triton", "generate: streamed chat equals Triton", "embed: embeddings equal Triton"}
+    assert report["ok"] and names == expected, report
+    assert "PASS" in (gateway.directory / "results" / "validation" / "gateway.md").read_text()
+
+
 def test_models_chat_and_completions_equal_tritons_own_answer(gateway):
     api = openai_client(gateway)
     listed = {m.id for m in api.models.list().data}

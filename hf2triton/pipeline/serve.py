@@ -17,7 +17,9 @@ def settings_from_params(server: dict[str, Any], models: list[str], work: str, r
     return Settings.of(from_param(ServerSpec, server), models, work, repository)
 
 
-def serve_step(server: dict[str, Any], models: list[str], work: str, repository: str, openai: dict[str, Any]) -> dict[str, Any]:
+def serve_step(
+    server: dict[str, Any], models: list[str], work: str, repository: str, openai: dict[str, Any], gateway_report: str = ""
+) -> dict[str, Any]:
     """Target `serve`: ensure the server (and the OpenAI gateway when enabled) is up and current, then say
     where and what it serves."""
     settings = settings_from_params(server, models, work, repository)
@@ -40,9 +42,32 @@ def serve_step(server: dict[str, Any], models: list[str], work: str, repository:
         gateway = ensure_gateway(settings, gateway_spec)
         print(f"hf2triton: OpenAI-compatible API at http://{gateway['url']}/v1 (gateway {gateway['action']})", file=sys.stderr)
         status["openai"] = gateway_status(settings, gateway_spec)
+        if gateway_report:
+            check_served_gateway(settings, gateway_spec, f"http://{gateway['url']}/v1", gateway_report)
     else:
         stop_gateway(settings)  # disabled since the last serve
     return status
+
+
+def check_served_gateway(settings: Settings, spec: OpenAISpec, base: str, report_stem: str) -> None:
+    """The gateway answers as Triton does (results/validation/gateway.{json,md}); a failed check stops `serve`."""
+    from hf2triton.gateway.checks import api_key, check_gateway, write_report
+    from hf2triton.triton.commands import model_facts
+
+    grpc_url = settings.url("grpc_port")
+    facts = {name: model_facts(grpc_url, name) for name in settings.models}
+    report = check_gateway(base, grpc_url, settings.url(), facts, api_key(spec.api_key_env))
+    write_report(report, report_stem)
+    if not report["ok"]:
+        failed = "; ".join(f"{c['name']}: {c['detail']}" for c in report["checks"] if not c["ok"])
+        raise UserError(f"the OpenAI gateway answers unlike Triton: {failed}", f"read {report_stem}.md and {gateway_log(settings)}")
+    print(f"hf2triton: gateway checked ({len(report['checks'])} checks ok): {report_stem}.md", file=sys.stderr)
+
+
+def gateway_log(settings: Settings) -> str:
+    from hf2triton.gateway.process import log_file
+
+    return str(log_file(settings))
 
 
 def status_step(server: dict[str, Any], models: list[str], work: str, repository: str, openai: dict[str, Any]) -> dict[str, Any]:

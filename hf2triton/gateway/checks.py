@@ -1,0 +1,93 @@
+"""What `serve` checks once the gateway is up (results/validation/gateway.{json,md}): chat through the gateway
+(one answer and streamed) equals Triton's own streamed answer; embeddings through it equal Triton's."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hf2triton.fsutil import atomic_write_json, atomic_write_text
+from hf2triton.serving import interface
+from hf2triton.triton import client
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+OPTIONS = {"max_tokens": 24, "temperature": 0}
+TEXTS = ["The weather is lovely today.", "Ein Mann isst Essen.", "你好，世界"]
+
+
+def check(name: str, ok: bool, detail: str) -> dict[str, Any]:
+    return {"name": name, "ok": bool(ok), "detail": detail}
+
+
+def _post(url: str, body: dict[str, Any], key: str | None) -> urllib.request.Request:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")  # noqa: S310 - our own gateway
+    request.add_header("Content-Type", "application/json")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    return request
+
+
+def _answer(request: urllib.request.Request) -> dict[str, Any]:
+    with urllib.request.urlopen(request, timeout=300) as response:  # noqa: S310 - loopback
+        return json.loads(response.read())
+
+
+def _streamed_chat(base: str, model: str, key: str | None) -> str:
+    request = _post(f"{base}/chat/completions", {"model": model, "messages": QUESTION, "stream": True, **OPTIONS}, key)
+    pieces = []
+    with urllib.request.urlopen(request, timeout=300) as response:  # noqa: S310 - loopback
+        for line in response:
+            line = line.decode().strip()
+            if line.startswith("data:") and line != "data: [DONE]":
+                event = json.loads(line[5:])
+                pieces += [c["delta"].get("content") or "" for c in event.get("choices", [])]
+    return "".join(pieces)
+
+
+def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dict[str, Any]], key: str | None) -> dict[str, Any]:
+    """`models`: name -> {"task", "streaming"}; `base`: http://host:port/v1."""
+    import tritonclient.http as httpclient
+
+    checks = []
+    for name, facts in models.items():
+        try:
+            if facts["task"] == interface.GENERATION and facts["streaming"]:
+                greedy = {interface.MAX_NEW_TOKENS: OPTIONS["max_tokens"], interface.TEMPERATURE: 0.0}
+                direct = client.stream_generate(grpc_url, name, QUESTION, greedy)["text"]
+                whole = _answer(_post(f"{base}/chat/completions", {"model": name, "messages": QUESTION, **OPTIONS}, key))
+                whole = whole["choices"][0]["message"]["content"]
+                checks.append(check(f"{name}: chat equals Triton", whole == direct, f"gateway {whole!r} vs Triton {direct!r}"))
+                streamed = _streamed_chat(base, name, key)
+                checks.append(check(f"{name}: streamed chat equals Triton", streamed == direct, f"gateway {streamed!r}"))
+            elif facts["task"] == interface.FEATURE_EXTRACTION:
+                direct = (
+                    httpclient.InferenceServerClient(http_url)
+                    .infer(name, client.build_inputs(httpclient, TEXTS[:1]))
+                    .as_numpy("embedding")[0]
+                )
+                answer = _answer(_post(f"{base}/embeddings", {"model": name, "input": TEXTS[:1]}, key))
+                served = np.asarray(answer["data"][0]["embedding"], dtype=np.float32)
+                cosine = float(served @ direct / (np.linalg.norm(served) * np.linalg.norm(direct)))
+                checks.append(check(f"{name}: embeddings equal Triton", cosine >= 0.99999, f"cosine {cosine:.6f} ({served.size} dims)"))
+        except Exception as err:  # noqa: BLE001 - a failed check, reported
+            checks.append(check(f"{name}: gateway", False, f"{type(err).__name__}: {err}"))
+    return {"ok": all(c["ok"] for c in checks), "base_url": base, "checks": checks, "checked_at": time.time()}
+
+
+def write_report(report: dict[str, Any], stem: str) -> None:
+    atomic_write_json(f"{stem}.json", report)
+    lines = [f"# hf2triton gateway check: {'PASS' if report['ok'] else 'FAIL'}", "", f"OpenAI-compatible API at {report['base_url']}", ""]
+    lines += ["| check | result | detail |", "|---|---|---|"]
+    lines += [f"| {c['name']} | {'ok' if c['ok'] else '**FAIL**'} | {c['detail'].replace('|', '/')} |" for c in report["checks"]]
+    Path(stem).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(f"{stem}.md", "\n".join(lines) + "\n")
+
+
+def api_key(env_name: str) -> str | None:
+    return os.environ.get(env_name) or None
