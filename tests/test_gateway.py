@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -185,6 +186,45 @@ def test_a_closed_stream_frees_its_generation_slot_and_a_full_queue_is_429(gatew
     started = time.monotonic()
     status, answer = post(gateway, "/chat/completions", {**body, "stream": False, "max_tokens": 4})
     assert status == 200 and time.monotonic() - started < 10, "the slot was freed"
+
+
+def test_fuzzed_requests_never_get_a_5xx_and_the_server_stays_ready(gateway):
+    """Property-based (hypothesis): bodies of known keys with values of any JSON shape, raw bytes that are not
+    JSON, any path; bounded to 150 examples. Every answer is < 500 with an OpenAI error object when it fails."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20)
+    values = st.recursive(
+        scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=6
+    )
+    known = st.sampled_from(["generate", "embed", [{"role": "user", "content": "hi"}], "hi", 4, 0.5, True, "base64"])
+    keys = st.sampled_from(
+        ["model", "messages", "prompt", "input", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
+         "stream", "stream_options", "n", "encoding_format", "tools", "logprobs", "dimensions", "user"]
+    )  # fmt: skip
+    bodies = st.dictionaries(keys, values | known, max_size=6)
+    paths = st.sampled_from(["/chat/completions", "/completions", "/embeddings", "/models", "/nothing"])
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(path=paths, body=bodies | st.binary(max_size=40))
+    def answers_without_a_server_error(path, body):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(f"{base_url(gateway)}{path}", data=data, method="POST")  # noqa: S310
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310 - loopback
+                response.read()
+                status = response.status
+        except urllib.error.HTTPError as err:
+            status, answer = err.code, err.read()
+            assert status < 500, (path, body, answer[:300])
+            assert b'"error"' in answer or status in (404, 405), answer[:300]  # unknown paths / methods: FastAPI's own
+        assert status < 500
+
+    answers_without_a_server_error()
+    assert openai_client(gateway).models.list().data, "the gateway still answers"
+    assert client.model_ready(gateway.settings().url(), "generate")
 
 
 def hf2triton_cli(workflow, *args: str, stdin: str = "") -> subprocess.CompletedProcess:

@@ -48,7 +48,8 @@ class ApiError(Exception):
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        message = self.message.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate from the request cannot be sent
+        return {"error": {"message": message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 def triton_error(err: Exception) -> ApiError:
@@ -284,7 +285,7 @@ class Gateway:
 
 
 def sse(data: Any) -> bytes:
-    return f"data: {json.dumps(data, ensure_ascii=False) if not isinstance(data, str) else data}\n\n".encode()
+    return f"data: {json.dumps(data, ensure_ascii=False) if not isinstance(data, str) else data}\n\n".encode("utf-8", "replace")
 
 
 def create_app(gateway: Gateway) -> FastAPI:
@@ -368,7 +369,10 @@ def create_app(gateway: Gateway) -> FastAPI:
                 else {"index": 0, "text": answer, **ending}
             )
             return {"id": ident, "object": kind, "created": created, "model": served.name, "choices": [choice], "usage": usage}
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        stream_options = body.get("stream_options") or {}
+        if not isinstance(stream_options, dict):
+            raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+        include_usage = bool(stream_options.get("include_usage"))
         # The first piece is awaited before the response starts, so an early error (busy, bad prompt) is a status code.
         first = await pieces.__anext__()
 
