@@ -114,7 +114,7 @@ def main() -> int:
         }
         print(json.dumps({k: row[k] for k in ("clients", "tokens_per_s_ratio", "ttft_p50_added_ms")}), flush=True)
         result["generation"].append(row)
-    texts = [t.decode() for t in bench_texts(512, max_words=90)]
+    texts = bench_texts(512, max_words=90)
     load = loadgen.Load("grpc", urls, encoder, [t.encode() for t in texts], 32, 4, args.seconds, 100000)
     direct_texts = loadgen.measure_tritonclient(load, warmup_s=1.0).items_per_s
     gateway_texts = asyncio.run(_gateway_embeddings(base, encoder, texts, 4, args.seconds))

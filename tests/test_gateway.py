@@ -35,7 +35,7 @@ ASK = [{"role": "user", "content": "x"}]
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory, tiny_models):
     models = {**tiny_models, "text-generation": long_context_copy(tiny_models["text-generation"], tmp_path_factory.mktemp("long"))}
-    entries = [e for e in tiny_model_entries(models) if e["name"] != "classify"]
+    entries = tiny_model_entries(models)
     for entry in entries:
         if entry["name"] == "generate":
             entry["generation"] = {"max_new_tokens": 12, "max_sequences": 1, "max_queue": 1, "max_new_tokens_limit": 3000}
@@ -73,7 +73,7 @@ def test_serve_checks_the_gateway_against_triton(gateway):
 def test_models_chat_and_completions_equal_tritons_own_answer(gateway):
     api = openai_client(gateway)
     listed = {m.id for m in api.models.list().data}
-    assert listed == {"embed", "generate"}
+    assert listed == {"embed", "classify", "generate"}
     direct = client.stream_generate(gateway.settings().url("grpc_port"), "generate", [{"role": "user", "content": QUESTION}])
     chat = api.chat.completions.create(model="generate", messages=[{"role": "user", "content": QUESTION}])
     assert chat.choices[0].message.content == direct["text"] and chat.choices[0].finish_reason in ("stop", "length")
@@ -240,6 +240,8 @@ def test_client_command_for_each_task(gateway):
     embedded = json.loads(hf2triton_cli(gateway, "embed", "embed", "hello", "world").stdout)
     assert np.asarray(embedded["embeddings"]).shape == (2, 32)
     assert "[32 dims]" in hf2triton_cli(gateway, "infer", "embed", "hello").stdout
+    labels = json.loads(hf2triton_cli(gateway, "infer", "classify", "great", "awful", "--json").stdout)
+    assert set(labels["labels"]) <= {"negative", "positive"} and len(labels["scores"]) == 2
     direct = client.stream_generate(gateway.settings().url("grpc_port"), "generate", QUESTION, {"max_new_tokens": 8})["text"]
     streamed = hf2triton_cli(gateway, "infer", "generate", QUESTION, "--stream", "--max-tokens", "8")
     assert streamed.returncode == 0 and streamed.stdout.strip() == direct.strip(), streamed.stderr
@@ -248,7 +250,8 @@ def test_client_command_for_each_task(gateway):
     chat = hf2triton_cli(gateway, "chat", "generate", "--max-tokens", "4", stdin="Hi\nAnd again?\n")
     assert chat.returncode == 0 and chat.stdout.count("generate> ") == 2 and "Traceback" not in chat.stderr, chat.stderr
     unknown = hf2triton_cli(gateway, "infer", "nope", "x")
-    assert unknown.returncode == 1 and "model 'nope' is not served" in unknown.stderr and "use one of: embed, generate" in unknown.stderr
+    assert unknown.returncode == 1 and "model 'nope' is not served" in unknown.stderr
+    assert "use one of: classify, embed, generate" in unknown.stderr
     too_long = hf2triton_cli(gateway, "infer", "generate", "x", "--max-tokens", "5000")
     assert too_long.returncode == 1 and "max_new_tokens=5000" in too_long.stderr and "Traceback" not in too_long.stderr
 
