@@ -280,7 +280,8 @@ class Gateway:
         except Exception as err:  # noqa: BLE001 - Triton's answer becomes an OpenAI error
             raise triton_error(err) from None
         for result in results:
-            parts.append(result.as_numpy(interface.EMBEDDING).reshape(-1, result.as_numpy(interface.EMBEDDING).shape[-1]))
+            vectors = result.as_numpy(interface.EMBEDDING)
+            parts.append(vectors.reshape(-1, vectors.shape[-1]))
         return np.concatenate(parts).astype(np.float32)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.specs import OpenAISpec
 from hf2triton.triton import client
-from hf2triton.triton.process import Settings
+from hf2triton.triton.process import Settings, terminate
 
 READY_TIMEOUT_S = 60
 
@@ -112,20 +111,7 @@ def stop_gateway(settings: Settings) -> str:
             if cmd[1:5] == marker:
                 pids.append(int(entry.name))
     for pid in pids:
-        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and host.process_cmdline(pid) is not None:
-                try:
-                    os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-                time.sleep(0.1)
-            if host.process_cmdline(pid) is None:
-                break
+        terminate(pid, host.process_cmdline(pid))
     state_file(settings).unlink(missing_ok=True)
     return f"stopped the gateway (pid {', '.join(map(str, pids))})" if pids else "no gateway of ours is running"
 

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from hf2triton.errors import UserError
-from hf2triton.gateway.process import ensure_gateway, gateway_status, stop_gateway
+from hf2triton.gateway.process import check_key_policy, ensure_gateway, gateway_status, log_file, stop_gateway
 from hf2triton.specs import OpenAISpec, ServerSpec, from_param
 from hf2triton.triton.process import Settings, ensure_server, server_status, stop_server
 
@@ -25,8 +25,6 @@ def serve_step(
     settings = settings_from_params(server, models, work, repository)
     gateway_spec = from_param(OpenAISpec, openai)
     if gateway_spec.enabled:
-        from hf2triton.gateway.process import check_key_policy
-
         check_key_policy(settings, gateway_spec)  # before anything running is touched
     state = ensure_server(settings)
     status = server_status(settings)
@@ -60,14 +58,8 @@ def check_served_gateway(settings: Settings, spec: OpenAISpec, base: str, report
     write_report(report, report_stem)
     if not report["ok"]:
         failed = "; ".join(f"{c['name']}: {c['detail']}" for c in report["checks"] if not c["ok"])
-        raise UserError(f"the OpenAI gateway answers unlike Triton: {failed}", f"read {report_stem}.md and {gateway_log(settings)}")
+        raise UserError(f"the OpenAI gateway answers unlike Triton: {failed}", f"read {report_stem}.md and {log_file(settings)}")
     print(f"hf2triton: gateway checked ({len(report['checks'])} checks ok): {report_stem}.md", file=sys.stderr)
-
-
-def gateway_log(settings: Settings) -> str:
-    from hf2triton.gateway.process import log_file
-
-    return str(log_file(settings))
 
 
 def status_step(server: dict[str, Any], models: list[str], work: str, repository: str, openai: dict[str, Any]) -> dict[str, Any]:

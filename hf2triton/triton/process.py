@@ -326,8 +326,8 @@ def _check_ports(settings: Settings, held_by_us: set[int] | None = None, note: s
             )
 
 
-def _terminate(pid: int, cmdline: list[str] | None) -> None:
-    """Stop our server (process group), politely first."""
+def terminate(pid: int, cmdline: list[str] | None) -> None:
+    """Stop a process of ours and its process group (server + stubs, or the gateway), politely first."""
     if cmdline is not None and host.process_cmdline(pid) != cmdline:
         return
     for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5)):
@@ -421,11 +421,11 @@ def stop_server(settings: Settings) -> str:
     state = read_state(settings)
     stopped = []
     if state and state.get("boot_id") == host.boot_id() and host.process_cmdline(int(state["pid"])) == state.get("cmdline"):
-        _terminate(int(state["pid"]), state.get("cmdline"))
+        terminate(int(state["pid"]), state.get("cmdline"))
         stopped.append(int(state["pid"]))
     for pid in find_ours(settings).servers:
         if pid not in stopped:
-            _terminate(pid, host.process_cmdline(pid))
+            terminate(pid, host.process_cmdline(pid))
             stopped.append(pid)
     settings.state_file.unlink(missing_ok=True)
     cleaned = end_orphans(settings)
@@ -518,12 +518,12 @@ def wait_until_ready(settings: Settings, process: subprocess.Popen) -> None:
             serving = [m for m in settings.models if client.model_ready(settings.url(), m)]
             if len(serving) + len(failed) == len(settings.models):
                 if not serving:
-                    _terminate(process.pid, None)
+                    terminate(process.pid, None)
                 what = f"model {', '.join(failed)} failed to load" + (f"; {', '.join(serving)} serving" if serving else "")
                 raise _failure(settings, what)
         elapsed = time.monotonic() - started
         if elapsed > settings.server.startup_timeout_s:
-            _terminate(process.pid, None)
+            terminate(process.pid, None)
             raise _failure(settings, f"tritonserver not ready after {settings.server.startup_timeout_s} s (server.startup_timeout_s)")
         if time.monotonic() - last_report >= 10:
             text = settings.log_file.read_text(errors="replace")
@@ -592,7 +592,7 @@ def ensure_server(settings: Settings) -> dict[str, Any]:
         check_can_listen(settings, held_by_replaced=replaced)
         for pid in replaced:
             log.info("stopping tritonserver pid %d", pid)
-            _terminate(pid, host.process_cmdline(pid))
+            terminate(pid, host.process_cmdline(pid))
         end_orphans(settings)
         state = start_server(settings, install)
     return {**state, "action": decision.action, "reason": decision.reason}
