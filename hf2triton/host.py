@@ -98,12 +98,24 @@ def process_cmdline(pid: int) -> list[str] | None:
     return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
 
 
-def parent_pid(pid: int) -> int | None:
-    """The parent of `pid` from /proc/<pid>/stat (None if it is gone)."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name (field 3 onwards), None if the process is gone."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of `pid` (None if it is gone)."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields else None
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time `pid` has used so far (None if it is gone)."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else None
 
 
 def pids() -> list[int]:
@@ -152,3 +164,21 @@ def gpu_free_memory_bytes() -> int | None:
         return int(result.stdout.strip().splitlines()[0]) * 1024**2 if result.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None
+
+
+def gpu_memory_of(pids: list[int]) -> int:
+    """GPU memory the processes `pids` hold, from nvidia-smi's compute apps (0 where it cannot tell)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi or not pids:
+        return 0
+    try:
+        query = [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+        result = subprocess.run(query, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    wanted, total = set(pids), 0
+    for line in result.stdout.splitlines() if result.returncode == 0 else []:
+        pid, _, used = line.partition(",")
+        if pid.strip().isdigit() and int(pid) in wanted and used.strip().isdigit():
+            total += int(used) * 1024**2
+    return total

@@ -57,6 +57,7 @@ class ModelSpec:
     instances: int = 1
     device: str = "auto"
     dtype: str = "auto"
+    cuda_graphs: bool = DEFAULTS.cuda_graphs
     max_input_bytes: int = DEFAULTS.max_input_bytes
     max_queue_delay_us: int = 2000
     max_texts_per_request: int = DEFAULTS.max_texts_per_request
@@ -72,8 +73,11 @@ class ModelSpec:
         return self.backend in ("onnx", "tensorrt")
 
     def footprint(self) -> Footprint:
-        """What preflight needs of the model (so e.g. a max_batch_size change does not rerun it)."""
-        return Footprint(self.name, self.source, self.task, self.device, self.dtype, self.instances, self.backend)
+        """What preflight needs of the model: its memory at its limits (a queue setting does not rerun it)."""
+        sequences = self.generation.max_sequences if self.generation and self.generation.streaming else 0
+        return Footprint(
+            self.name, self.source, self.task, self.device, self.dtype, self.instances, self.backend, self.max_batch_size, sequences
+        )
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class Footprint:
     dtype: str
     instances: int
     backend: str
+    max_batch_size: int = 1
+    max_sequences: int = 0  # streaming generation: sequences decoded together (its KV cache)
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,8 @@ class BenchSpec:
     generation_max_new_tokens: tuple[int, ...] = (16, 32, 64, 128)
     generation_requests: int = 4
     static_baseline: bool = True
+    openai_concurrency: tuple[int, ...] = (1, 4)
+    openai_rounds: int = 2
     tool: str = "auto"
     inprocess_backends: bool = True
 
@@ -212,6 +220,7 @@ class ServingValues:
     instances: int
     kind: str  # KIND_CPU | KIND_GPU
     dtype: str
+    cuda_graphs: bool
     num_threads: int
     max_queue_delay_us: int
     max_input_bytes: int
@@ -239,6 +248,7 @@ def serving_values(model: ModelSpec, gpu_available: bool, cpus: int) -> ServingV
         instances=model.instances,
         kind=instance_kind(model.device, gpu_available),
         dtype=model.dtype,
+        cuda_graphs=model.cuda_graphs,
         num_threads=threads_per_instance(model.instances, cpus),
         max_queue_delay_us=model.max_queue_delay_us,
         max_input_bytes=model.max_input_bytes,

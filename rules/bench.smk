@@ -13,6 +13,7 @@ rule bench_model:
         repository=repository_of,
         bench=to_param(PROJECT.bench),
         model=lambda wildcards: to_param(PROJECT.model(wildcards.model)),
+        openai=to_param(PROJECT.openai),
     log:
         logs("bench"),
     localrule: True

@@ -166,7 +166,7 @@ def repository_inputs(wildcards):
 
 
 def preflight_models():
-    """Only what preflight uses of each model, so e.g. a max_batch_size change does not rerun it."""
+    """Only what preflight uses of each model (its memory at its limits), so e.g. a queue setting does not rerun it."""
     return [to_param(model.footprint()) for model in PROJECT.models]
 
 

@@ -14,5 +14,6 @@ run_step(
     repository=params.repository,
     bench=params.bench,
     model=params.model,
+    openai=params.openai,
     output_json=snakemake.output[0],
 )

@@ -65,3 +65,39 @@ def test_busy_port_and_gpu_device_fail_with_both_reasons(tmp_path):
     assert "port:metrics_port" in message and "in use by another program" in message and "server.metrics_port" in message
     assert "device: gpu but this host has no GPU" in message
     assert not (tmp_path / "preflight.json").exists()
+
+
+SMOLLM2 = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30,
+           "max_position_embeddings": 8192, "vocab_size": 49152}  # fmt: skip
+
+
+def test_gpu_budget_counts_weights_working_memory_and_a_context_per_instance(tmp_path, monkeypatch):
+    """The GPU memory budget: a config that does not fit is refused before launch, naming the numbers."""
+    from hf2triton import host
+    from hf2triton.pipeline import preflight as pf
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "hf2triton.json").write_text(json.dumps({"parameters": 134_515_008}))
+    (saved / "config.json").write_text(json.dumps(SMOLLM2))
+    cfg = config(tmp_path)
+    model = cfg.models[0].footprint()
+    generation = type(model)(**{**model.__dict__, "name": "mini", "task": "text-generation", "instances": 4, "max_sequences": 32})
+    kv_cache = 2 * 30 * 3 * 64 * 2 * 8192 * 32  # K and V, layers, kv heads, head dim, float16, context, sequences
+    assert pf.working_bytes(generation, SMOLLM2, "float16") == kv_cache + 32 * 49152 * 4
+    need, lines = pf.gpu_budget([generation], {"mini": str(saved)})
+    assert need == 4 * (134_515_008 * 2 + kv_cache + 32 * 49152 * 4 + pf.CUDA_CONTEXT_BYTES)
+    assert lines[0].startswith("mini: 4 x (weights 256.6 MB + working 5.6 GB + CUDA context 600.0 MB) = 25.9 GB")
+    encoder = pf.working_bytes(model, {"hidden_size": 384, "num_attention_heads": 12, "max_position_embeddings": 512}, "float16")
+    assert 0 < encoder < 512 * 1024**2, "an encoder's batch is small next to a generator's KV cache"
+
+    monkeypatch.setattr(host, "gpu_free_memory_bytes", lambda: 8 * 1024**3)
+    settings = Settings.of(cfg.server, cfg.names, cfg.work)
+    with pytest.raises(UserError) as info:
+        run_preflight([generation], settings, cfg.work, {"mini": str(saved)}, True, str(tmp_path / "preflight.json"))
+    message = info.value.render()
+    assert "gpu-memory" in message and "at their limits, GPU 0 has 8.0 GB free" in message and "mini: 4 x (weights" in message
+    assert "generation.max_sequences" in message, "the fix names the settings that shrink the budget"
+    fits = type(model)(**{**generation.__dict__, "instances": 1, "max_sequences": 4})
+    report = run_preflight([fits], settings, cfg.work, {"mini": str(saved)}, True, str(tmp_path / "preflight.json"))
+    assert next(c for c in report["checks"] if c["name"] == "gpu-memory")["ok"]

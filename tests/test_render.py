@@ -20,7 +20,7 @@ def parse(text: str) -> mc.ModelConfig:
 @pytest.mark.parametrize(
     "task,inputs,outputs",
     [
-        ("feature-extraction", ["text"], ["embedding"]),
+        ("feature-extraction", ["text"], ["embedding", "prompt_tokens"]),
         ("text-classification", ["text"], ["label", "score"]),
         ("text-generation", ["text", "max_new_tokens", "temperature"], ["text_output"]),
     ],

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from hf2triton.serving import interface
 from hf2triton.serving.model import (
     ClassificationEngine,
     EmbeddingEngine,
@@ -164,3 +165,36 @@ def test_model_reads_its_parameters_through_the_interface():
     parsed = interface.ModelParameters.from_strings({"task": "text-generation", "model_dir": "/m", "chat_template": "false"})
     assert parsed.max_new_tokens == interface.DEFAULTS.max_new_tokens and parsed.chat_template is False
     assert interface.ModelParameters.from_strings(parsed.to_strings()) == parsed
+
+
+def test_cuda_graph_buckets_pad_small_batches_and_leave_big_ones_eager():
+    from hf2triton.serving.model import CudaGraphs
+
+    graphs = CudaGraphs(None, None, "cuda:0", ("input_ids", "attention_mask"), max_length=256, pad_id=0)
+    assert graphs.bucket(1, 9) == (1, 16)
+    assert graphs.bucket(3, 40) == (4, 64)
+    assert graphs.bucket(5, 200) == (8, 256), "widths stop at the model's max_length"
+    assert graphs.bucket(32, 256) == (32, 256)
+    assert graphs.bucket(64, 200) is None, "more than MAX_TOKENS tokens: compute-bound, eager"
+    assert graphs.bucket(65, 8) is None
+
+
+def _gpu_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _gpu_available(), reason="CUDA graphs need a CUDA GPU (run on the H200: benchmarks/h200/README.md)")
+def test_cuda_graphs_answer_like_eager_and_like_float32_on_the_cpu():
+    texts = [*TEXTS, *(f"sentence number {i} " * (i % 7 + 1) for i in range(29))]
+    graphed = EmbeddingEngine(str(minilm_dir()), device="cuda:0", cuda_graphs=True)
+    eager = EmbeddingEngine(str(minilm_dir()), device="cuda:0", cuda_graphs=False)
+    reference = EmbeddingEngine(str(minilm_dir()), device="cpu", dtype="float32")
+    for size in (1, 3, 17, 32):
+        got = graphed.run(texts[:size])[interface.EMBEDDING]
+        for other in (eager, reference):
+            want = other.run(texts[:size])[interface.EMBEDDING]
+            assert (got * want).sum(axis=1).min() >= 0.999, size
+    assert graphed.graphs.graphs and not graphed.graphs.failed, graphed.graphs.failed
+    assert eager.graphs is None

@@ -88,14 +88,15 @@ def test_changing_max_batch_size_rebuilds_only_that_model(tiny_workflow):
             model["max_batch_size"] = 8
     # (snakemake 9.27's --list-changes params lists every output, changed or not; the dry run's reasons are exact)
     dry = tiny_workflow.run("-n", "serve")
-    assert sorted(tiny_workflow.jobs_run(dry)) == ["lint", "repository", "serve", "validate"]
+    # preflight too: the GPU memory budget depends on max_batch_size (it is cheap and rebuilds nothing)
+    assert sorted(tiny_workflow.jobs_run(dry)) == ["lint", "preflight", "repository", "serve", "validate"]
     assert "model_repository/embed" in dry.stderr + dry.stdout
     reason = next(line for line in dry.stdout.splitlines() if "Params have changed since last execution" in line)
     before, now = reason.split(" before: ")[1].split(" now: ")
     assert "'max_batch_size': 4" in before and "'max_batch_size': 8" in now and "'name': 'embed'" in now
     result = tiny_workflow.run("serve")
     jobs = tiny_workflow.jobs_run(result)
-    assert sorted(jobs) == ["lint", "repository", "serve", "validate"]
+    assert sorted(jobs) == ["lint", "preflight", "repository", "serve", "validate"]
     assert "fetch" not in jobs and "pretrained" not in jobs
     assert "max_batch_size: 8" in (tiny_workflow.directory / "model_repository" / "embed" / "config.pbtxt").read_text()
     assert tiny_workflow.state()["pid"] == pid, "only the changed model is reloaded; the server keeps running"

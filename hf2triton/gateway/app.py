@@ -22,7 +22,6 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,7 +70,6 @@ class ServedModel:
     task: str
     streaming: bool
     max_batch_size: int
-    tokenizer_file: str  # for embeddings usage counts ("" when the model has none)
 
 
 def _number(body: dict[str, Any], key: str, kind: type, low: float, high: float) -> Any:
@@ -157,7 +155,6 @@ class Gateway:
         self.grpc_url, self.api_key, self.names = grpc_url, api_key or None, models
         self.models: dict[str, ServedModel] = {}
         self.created = int(time.time())
-        self._tokenizers: dict[str, Any] = {}
 
     async def triton(self):
         import tritonclient.grpc.aio as aio
@@ -178,15 +175,8 @@ class Gateway:
             except Exception as err:  # noqa: BLE001 - a model that is not loaded is not listed
                 log.info("model %s not listed: %s", name, err)
                 continue
-            params = model_parameters(config)
-            tokenizer = Path(params.model_dir) / "tokenizer.json" if params.model_dir else None
-            found[name] = ServedModel(
-                name,
-                params.task,
-                bool(config.model_transaction_policy.decoupled),
-                config.max_batch_size,
-                str(tokenizer) if tokenizer and tokenizer.is_file() else "",
-            )
+            decoupled = bool(config.model_transaction_policy.decoupled)
+            found[name] = ServedModel(name, model_parameters(config).task, decoupled, config.max_batch_size)
         self.models = found
 
     def check_key(self, authorization: str | None) -> None:
@@ -212,15 +202,6 @@ class Gateway:
             message = f"model {name!r} is served static (generation.streaming: false); the gateway needs a streaming model"
             raise ApiError(400, message, param="model")
         return served
-
-    def count_tokens(self, served: ServedModel, texts: list[str]) -> int:
-        if not served.tokenizer_file:
-            return 0
-        if served.name not in self._tokenizers:
-            from tokenizers import Tokenizer
-
-            self._tokenizers[served.name] = Tokenizer.from_file(served.tokenizer_file)
-        return sum(len(e.ids) for e in self._tokenizers[served.name].encode_batch(texts))
 
     # ------------------------------------------------------------------ generation
 
@@ -267,7 +248,8 @@ class Gateway:
 
     # ------------------------------------------------------------------ embeddings
 
-    async def embed(self, served: ServedModel, texts: list[str]) -> np.ndarray:
+    async def embed(self, served: ServedModel, texts: list[str]) -> tuple[np.ndarray, int]:
+        """The texts' embeddings and the tokens they became (the model's own count: no second tokenisation)."""
         import tritonclient.grpc as grpcclient
 
         triton = await self.triton()
@@ -279,10 +261,13 @@ class Gateway:
             )
         except Exception as err:  # noqa: BLE001 - Triton's answer becomes an OpenAI error
             raise triton_error(err) from None
+        tokens = 0
         for result in results:
             vectors = result.as_numpy(interface.EMBEDDING)
             parts.append(vectors.reshape(-1, vectors.shape[-1]))
-        return np.concatenate(parts).astype(np.float32)
+            counts = result.as_numpy(interface.PROMPT_TOKENS)
+            tokens += int(counts.sum()) if counts is not None else 0
+        return np.concatenate(parts).astype(np.float32), tokens
 
 
 def sse(data: Any) -> bytes:
@@ -385,13 +370,23 @@ def create_app(gateway: Gateway) -> FastAPI:
                 choice = {"index": 0, "text": piece, "finish_reason": info and info["finish_reason"], "logprobs": None}
             return {"id": ident, "object": f"{kind}.chunk" if chat else kind, "created": created, "model": served.name, "choices": [choice]}
 
+        # Every middle piece differs only in its text: its event is rendered once around a marker and each token
+        # costs one string escape instead of a whole dict -> JSON.
+        marker = "\u0000piece\u0000"
+        head, tail = sse(chunk(marker, None)).decode().split(json.dumps(marker, ensure_ascii=False))
+
+        def piece_event(piece: str, info: dict | None) -> bytes:
+            if info is not None or not piece:
+                return sse(chunk(piece, info))
+            return f"{head}{json.dumps(piece, ensure_ascii=False)}{tail}".encode("utf-8", "replace")
+
         async def events():
             try:
                 piece, info = first
                 yield sse(chunk(piece, info, role=True))
                 while info is None:
                     piece, info = await pieces.__anext__()
-                    yield sse(chunk(piece, info))
+                    yield piece_event(piece, info)
                 if include_usage:
                     usage = {"prompt_tokens": info["prompt_tokens"], "completion_tokens": info["completion_tokens"]}
                     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
@@ -422,7 +417,7 @@ def create_app(gateway: Gateway) -> FastAPI:
             raise ApiError(400, "'encoding_format' must be float or base64", param="encoding_format")
         if body.get("dimensions") is not None:
             raise ApiError(400, "'dimensions' is not supported (the model's size is fixed)", param="dimensions")
-        vectors = await gateway.embed(served, texts)
+        vectors, tokens = await gateway.embed(served, texts)
         data = [
             {
                 "object": "embedding",
@@ -431,7 +426,6 @@ def create_app(gateway: Gateway) -> FastAPI:
             }
             for i, v in enumerate(vectors)
         ]
-        tokens = gateway.count_tokens(served, texts)
         return {"object": "list", "data": data, "model": served.name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     return app

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import platform
 import time
 from pathlib import Path
@@ -24,13 +25,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
-from hf2triton.perf import loadgen
+from hf2triton.perf import gateway_cost, loadgen
 from hf2triton.perf.corpus import bench_texts
+from hf2triton.perf.gateway_cost import GatewayTarget
 from hf2triton.perf.scratch import scratch_server
 from hf2triton.pipeline.serve import settings_from_params
 from hf2triton.serving import interface
-from hf2triton.serving.interface import GENERATION, ModelParameters
-from hf2triton.specs import BenchSpec, ModelSpec, from_param, with_variant
+from hf2triton.serving.interface import FEATURE_EXTRACTION, GENERATION, ModelParameters
+from hf2triton.specs import BenchSpec, ModelSpec, OpenAISpec, from_param, with_variant
 from hf2triton.triton import client
 from hf2triton.triton.modelconfig import model_parameters, read_model_config, uses_gpu
 from hf2triton.triton.process import ensure_server
@@ -159,12 +161,13 @@ def ratios(result: dict) -> dict[str, Any]:
             "best_at_concurrency": best["concurrency"],
             f"single_text_c{top}_vs_raw_batch{big}": round(singles["items_per_s"] / yardstick, 3) if singles else None,
         }
-    # A served figure well above the engine it runs means the yardstick was not measured stably.
+    # A served figure well above the engines it runs (one per instance) means the yardstick was not measured stably.
+    ceiling = PLAUSIBLE_SERVED_RATIO * max(result.get("instances", 1), 1)
     out["implausible"] = [
         f"{protocol} {key} = {value}"
         for protocol in result["bench"]["protocols"]
         for key, value in out[protocol].items()
-        if key.endswith(("_vs_raw", f"_vs_raw_batch{big}")) and value is not None and value > PLAUSIBLE_SERVED_RATIO
+        if key.endswith(("_vs_raw", f"_vs_raw_batch{big}")) and value is not None and value > ceiling
     ]
     python = raw.get("python", {}).get(str(big), {}).get("items_per_s")
     if python:
@@ -180,14 +183,57 @@ def bench_model_step(
     repository: str,
     bench: dict[str, Any],
     model: dict[str, Any],
+    openai: dict[str, Any],
     output_json: str,
 ) -> dict[str, Any]:
-    """Rule bench_model: make sure the server is up and current (as `serve` does), then measure `name`."""
+    """Rule bench_model: make sure the server (and the gateway when openai.enabled) is up and current, as
+    `serve` does, then measure `name`."""
     settings = settings_from_params(server, models, work, repository)
     state = ensure_server(settings)
     log.info("server %s (%s)", state["action"], state["reason"])
-    spec = from_param(ModelSpec, model)
-    return bench_served_model(name, settings.urls, repository, from_param(BenchSpec, bench), output_json, spec, settings.server)
+    spec, gateway = from_param(ModelSpec, model), None
+    gateway_spec = from_param(OpenAISpec, openai)
+    if gateway_spec.enabled:
+        from hf2triton.gateway.process import ensure_gateway
+
+        started = ensure_gateway(settings, gateway_spec)
+        gateway = GatewayTarget(f"http://{started['url']}/v1", os.environ.get(gateway_spec.api_key_env) or None, started["pid"])
+    bench_spec = from_param(BenchSpec, bench)
+    return bench_served_model(name, settings.urls, repository, bench_spec, output_json, spec, settings.server, gateway)
+
+
+def openai_cost(
+    name: str, urls: dict[str, str], params: ModelParameters, bench: BenchSpec, gateway: GatewayTarget, big: int
+) -> dict[str, Any]:
+    """The gateway next to direct gRPC, same load (hf2triton.perf.gateway_cost)."""
+    generation = params.task == GENERATION
+    probe = b"What is the capital of France?" if generation else b"a short sentence to embed"
+    idle = gateway_cost.idle_overhead(urls, gateway, name, probe, generation)
+    rows = []
+    for concurrency in bench.openai_concurrency:
+        if params.task == GENERATION:
+            prompts = [t.encode() for t in bench_texts(64, max_words=40)]
+            count = min(concurrency * bench.generation_requests, bench.max_requests)
+            plan = loadgen.generation_plan(prompts, bench.generation_max_new_tokens, count)
+            rows.append(gateway_cost.generation_cost(urls, gateway, name, plan, concurrency, bench.openai_rounds))
+        else:
+            texts = bench_texts(512, max_words=90)
+            rows.append(gateway_cost.embeddings_cost(urls, gateway, name, texts, big, concurrency, bench.seconds, bench.openai_rounds))
+    return {"endpoint": "/v1/completions (streamed)" if generation else "/v1/embeddings (base64)", "alone": idle, "cells": rows}
+
+
+def openai_ratios(cost: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"alone_added_p50_ms": cost["alone"]["added_p50_ms"]}
+    for row in cost["cells"]:
+        key = f"c{row['concurrency']}"
+        if "tokens_per_s_ratio" in row:
+            out[key] = {"tokens_per_s_ratio": row["tokens_per_s_ratio"], "ttft_p50_added_ms": row["ttft_p50_added_ms"]}
+        else:
+            out[key] = {"texts_per_s_ratio": row["texts_per_s_ratio"]}
+        cpu = [r["gateway"]["gateway_cpu_ms_per_request"] for r in row["rounds"] if r["gateway"]["gateway_cpu_ms_per_request"] is not None]
+        out[key]["gateway_cpu_ms_per_request"] = round(sum(cpu) / len(cpu), 3) if cpu else None
+        out[key]["errors"] = row["errors"]
+    return out
 
 
 def host_facts() -> dict[str, Any]:
@@ -287,14 +333,26 @@ def bench_streaming_model(
 
 
 def bench_served_model(
-    name: str, urls: dict[str, str], repository: str, bench: BenchSpec, output_json: str, spec: ModelSpec | None = None, server=None
+    name: str,
+    urls: dict[str, str],
+    repository: str,
+    bench: BenchSpec,
+    output_json: str,
+    spec: ModelSpec | None = None,
+    server=None,
+    gateway: GatewayTarget | None = None,
 ) -> dict[str, Any]:
-    """Measure `name` as served at `urls` (http/grpc/metrics host:port) next to its in-process engine."""
+    """Measure `name` as served at `urls` (http/grpc/metrics host:port) next to its in-process engine (and
+    through the OpenAI gateway, when one is given and the model is one it serves)."""
     config = read_model_config(Path(repository) / name / "config.pbtxt")
     params = model_parameters(config)
+    with_gateway = gateway is not None and bench.openai_concurrency and (params.task == FEATURE_EXTRACTION or params.streaming)
     if params.task == GENERATION and params.streaming:
         scratch = Path(output_json).parent / "scratch" / name
         result = bench_streaming_model(name, urls, config, params, bench, spec, server, scratch)
+        if with_gateway:
+            result["openai"] = openai_cost(name, urls, params, bench, gateway, 1)
+            result["ratios"]["openai"] = openai_ratios(result["openai"])
         atomic_write_json(output_json, result)
         log.info("bench %s: %s", name, result["ratios"])
         return result
@@ -332,6 +390,9 @@ def bench_served_model(
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     result["ratios"] = ratios(result)
+    if with_gateway:
+        result["openai"] = openai_cost(name, urls, params, bench, gateway, big)
+        result["ratios"]["openai"] = openai_ratios(result["openai"])
     atomic_write_json(output_json, result)
     log.info("bench %s: %s", name, result["ratios"])
     return result

@@ -232,7 +232,7 @@ class Answer:
     error: str = ""
 
 
-async def _stream_one(triton, model: str, prompt: bytes, max_new_tokens: int) -> Answer:
+async def stream_one(triton, model: str, prompt: bytes, max_new_tokens: int) -> Answer:
     import tritonclient.grpc as grpcclient
 
     inputs = client.build_inputs(grpcclient, [prompt], {interface.MAX_NEW_TOKENS: max_new_tokens}, one_prompt=True)
@@ -268,49 +268,45 @@ async def _static_one(triton, model: str, prompt: bytes, max_new_tokens: int, co
     return answer
 
 
-async def _generation_loop(url: str, model: str, plan: list[tuple[bytes, int]], concurrency: int, stream: bool, count_tokens):
-    import tritonclient.grpc.aio as aio
-
-    triton = aio.InferenceServerClient(url)
+async def run_plan(one, plan: list[tuple[bytes, int]], concurrency: int) -> tuple[list[Answer], float]:
+    """`concurrency` workers take (prompt, max_new_tokens) from `plan` in order, `one(prompt, n)` -> Answer each."""
     answers: list[Answer] = []
     queue = list(plan)
 
     async def worker() -> None:
         while queue:
-            prompt, max_new_tokens = queue.pop(0)
-            one = (
-                _stream_one(triton, model, prompt, max_new_tokens)
-                if stream
-                else _static_one(triton, model, prompt, max_new_tokens, count_tokens)
-            )
-            answers.append(await one)
+            answers.append(await one(*queue.pop(0)))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return answers, time.perf_counter() - started
+
+
+async def _generation_loop(url: str, model: str, plan: list[tuple[bytes, int]], concurrency: int, stream: bool, count_tokens):
+    import tritonclient.grpc.aio as aio
+
+    triton = aio.InferenceServerClient(url)
+
+    async def one(prompt: bytes, max_new_tokens: int) -> Answer:
+        if stream:
+            return await stream_one(triton, model, prompt, max_new_tokens)
+        return await _static_one(triton, model, prompt, max_new_tokens, count_tokens)
 
     try:
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return answers, time.perf_counter() - started
+        return await run_plan(one, plan, concurrency)
     finally:
         await triton.close()
 
 
-def measure_generation(
-    urls: dict[str, str], model: str, plan: list[tuple[bytes, int]], concurrency: int, stream: bool, count_tokens=None
-) -> Cell:
-    """One generation cell over gRPC: `concurrency` clients work through `plan` (closed loop); tokens/s over
-    the whole cell, TTFT per request, inter-token latency per gap between a stream's responses."""
-    url = urls["grpc"]
-    check_loopback(url)
-    asyncio.run(_generation_loop(url, model, plan[:concurrency], concurrency, stream, count_tokens))  # warm-up
-    before = model_statistics(urls["http"], model)
-    answers, elapsed = asyncio.run(_generation_loop(url, model, plan, concurrency, stream, count_tokens))
-    breakdown = server_breakdown(before, model_statistics(urls["http"], model))
+def generation_cell(answers: list[Answer], elapsed: float, concurrency: int, mode: str, protocol: str, server: dict[str, float]) -> Cell:
+    """Tokens/s over the whole cell, TTFT per request, inter-token latency per gap between a stream's pieces."""
     done = [a for a in answers if not a.error]
     errors = [a.error for a in answers if a.error]
     tokens = sum(a.tokens for a in done)
     gaps = [later - earlier for a in done for earlier, later in zip(a.piece_times, a.piece_times[1:])]
     return Cell(
-        tool="tritonclient",
-        protocol="grpc",
+        tool="tritonclient" if protocol == "grpc" else "aiohttp",
+        protocol=protocol,
         request_texts=1,
         concurrency=concurrency,
         requests=len(done),
@@ -319,12 +315,25 @@ def measure_generation(
         requests_per_s=round(len(done) / elapsed, 3) if elapsed else 0.0,
         items_per_s=round(tokens / elapsed, 2) if elapsed else 0.0,
         latency_ms=percentiles([a.piece_times[-1] - a.started for a in done]),
-        server=breakdown,
+        server=server,
         first_error=errors[0] if errors else "",
-        mode="stream" if stream else "static",
+        mode=mode,
         ttft_ms=percentiles([a.piece_times[0] - a.started for a in done]),
         itl_ms=percentiles(gaps),
     )
+
+
+def measure_generation(
+    urls: dict[str, str], model: str, plan: list[tuple[bytes, int]], concurrency: int, stream: bool, count_tokens=None
+) -> Cell:
+    """One generation cell over gRPC: `concurrency` clients work through `plan` (closed loop)."""
+    url = urls["grpc"]
+    check_loopback(url)
+    asyncio.run(_generation_loop(url, model, plan[:concurrency], concurrency, stream, count_tokens))  # warm-up
+    before = model_statistics(urls["http"], model)
+    answers, elapsed = asyncio.run(_generation_loop(url, model, plan, concurrency, stream, count_tokens))
+    breakdown = server_breakdown(before, model_statistics(urls["http"], model))
+    return generation_cell(answers, elapsed, concurrency, "stream" if stream else "static", "grpc", breakdown)
 
 
 # --- perf_analyzer ---------------------------------------------------------------------------------------

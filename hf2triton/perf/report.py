@@ -9,7 +9,15 @@ from typing import Any
 
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
 
-GOALS = {"served_vs_raw": 0.95, "singles_vs_raw": 0.9, "stream_vs_static": 1.5, "stream_c1_vs_inprocess": 0.95}
+GOALS = {
+    "served_vs_raw": 0.95,
+    "singles_vs_raw": 0.9,
+    "stream_vs_static": 1.5,
+    "stream_c1_vs_inprocess": 0.95,
+    "openai_tokens_per_s": 0.95,
+    "openai_ttft_added_ms": 10.0,
+    "openai_texts_per_s": 0.9,
+}
 
 
 def _pyplot():
@@ -188,14 +196,67 @@ def generation_section(result: dict[str, Any], plots: dict[str, str]) -> list[st
             f"| {c['mode']} | {c['concurrency']} | {c['requests']} | {_fmt(c['items_per_s'])} | {_fmt(t['p50'])} | {_fmt(t['p99'])} "
             f"| {_fmt(i['p50'])} | {_fmt(i['p99'])} | {_fmt(lat['p50'])} | {_fmt(lat['p99'])} | {c['errors']} |"
         )
-    lines += ["", "Ratios:", "", *[f"- {line}" for line in generation_ratio_lines(result)], ""]
+    lines += ["", *openai_section(result), "Ratios:", "", *[f"- {line}" for line in ratio_lines(result)], ""]
     return lines
+
+
+def openai_ratio_lines(result: dict[str, Any]) -> list[str]:
+    ratios = result["ratios"].get("openai") or {}
+    if not ratios:
+        return []
+    alone = result["openai"]["alone"]
+    lines = [
+        f"{result['model']} OpenAI gateway alone ({alone['measures']}): {alone['added_p50_ms']:+.1f} ms at p50 "
+        f"({alone['direct_p50_ms']:.1f} -> {alone['gateway_p50_ms']:.1f} ms)"
+    ]
+    for level, r in ratios.items():
+        if not level.startswith("c"):
+            continue
+        cpu = f"; gateway CPU {_fmt(r['gateway_cpu_ms_per_request'])} ms per request"
+        if "tokens_per_s_ratio" in r:
+            lines.append(
+                f"{result['model']} OpenAI gateway / direct gRPC at {level}: tokens/s {_fmt(r['tokens_per_s_ratio'])} "
+                f"(goal >= {GOALS['openai_tokens_per_s']}), TTFT p50 {r['ttft_p50_added_ms']:+.1f} ms "
+                f"(goal <= +{GOALS['openai_ttft_added_ms']:.0f}){cpu}"
+            )
+        else:
+            lines.append(
+                f"{result['model']} OpenAI gateway / direct gRPC at {level}: texts/s {_fmt(r['texts_per_s_ratio'])} "
+                f"(goal >= {GOALS['openai_texts_per_s']}){cpu}"
+            )
+    return lines
+
+
+def openai_section(result: dict[str, Any]) -> list[str]:
+    """The gateway's cells next to direct gRPC, round by round."""
+    cost = result.get("openai")
+    if not cost:
+        return []
+    generation = "tokens_per_s_ratio" in cost["cells"][0]
+    unit = "tokens/s" if generation else "texts/s"
+    lines = [
+        f"### Through the OpenAI gateway ({cost['endpoint']}) vs direct gRPC: same load, rounds alternate which goes first; "
+        + ("p50 = time to first token" if generation else "p50 = request latency"),
+        "",
+        f"| clients | round | direct {unit} | gateway {unit} | ratio | direct p50 ms | gateway p50 ms | gateway CPU ms/request |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in cost["cells"]:
+        for r in row["rounds"]:
+            d, g = r["direct"], r["gateway"]
+            key = "ttft_ms" if generation else "latency_ms"
+            ratio = r["tokens_per_s_ratio" if generation else "texts_per_s_ratio"]
+            lines.append(
+                f"| {row['concurrency']} | {r['round']} | {_fmt(d['items_per_s'])} | {_fmt(g['items_per_s'])} | {_fmt(ratio)} "
+                f"| {_fmt(d[key]['p50'])} | {_fmt(g[key]['p50'])} | {_fmt(g['gateway_cpu_ms_per_request'])} |"
+            )
+    return [*lines, ""]
 
 
 def ratio_lines(result: dict[str, Any]) -> list[str]:
     """The ratios of one model, one line each, with the goal where the issue set one."""
     if result.get("streaming"):
-        return generation_ratio_lines(result)
+        return [*generation_ratio_lines(result), *openai_ratio_lines(result)]
     r, big = result["ratios"], result["max_batch_size"]
     top = max(result["bench"]["concurrency"])
     lines = []
@@ -221,7 +282,7 @@ def ratio_lines(result: dict[str, Any]) -> list[str]:
     for backend, speedup in (r.get("inprocess_speedup_vs_python") or {}).items():
         if backend != "python":
             lines.append(f"{result['model']}: in-process {backend} / python at batch {big} = {speedup}")
-    return lines
+    return [*lines, *openai_ratio_lines(result)]
 
 
 def model_section(result: dict[str, Any], plots: dict[str, str]) -> list[str]:
@@ -263,7 +324,7 @@ def model_section(result: dict[str, Any], plots: dict[str, str]) -> list[str]:
             f"| {_fmt(s.get('compute_input_us'))} | {_fmt(s.get('compute_infer_us'))} | {_fmt(s.get('compute_output_us'))} "
             f"| {_fmt(s.get('avg_batch_texts'))} |"
         )
-    lines += ["", "Ratios:", "", *[f"- {line}" for line in ratio_lines(result)], ""]
+    lines += ["", *openai_section(result), "Ratios:", "", *[f"- {line}" for line in ratio_lines(result)], ""]
     return lines
 
 

@@ -1,7 +1,9 @@
 """Step `preflight`: cheap checks of the host before any expensive work (runs first: highest priority).
 
 Python-backend stub for this Python, free disk for models still to be built, GPU presence against
-`device:`, ports free or held by our own server, estimated memory of all model instances.
+`device:`, ports free or held by our own server, estimated host memory of all model instances, and the GPU
+memory budget: weights + working memory at the configured limits + a CUDA context per GPU instance against
+the GPU's free memory.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, free_bytes, human_bytes, tree_size
 from hf2triton.pipeline.sources import parse_source, resolve_local_path
+from hf2triton.serving.interface import GENERATION
 from hf2triton.specs import Footprint, ServerSpec, from_param
 from hf2triton.triton.install import locate_tritonserver
 from hf2triton.triton.process import Settings, find_ours, listening_ports, observe, read_state
@@ -23,6 +26,7 @@ from hf2triton.triton.process import Settings, find_ours, listening_ports, obser
 log = logging.getLogger(__name__)
 
 INSTANCE_OVERHEAD_BYTES = 450 * 1024**2  # a Python stub with torch + transformers imported
+CUDA_CONTEXT_BYTES = 600 * 1024**2  # per GPU instance (own process): CUDA context, cuBLAS workspace, allocator slack
 GGUF_EXPANSION = 7.5  # Q4 GGUF -> float32 weights
 BYTES_PER_PARAM = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -52,20 +56,80 @@ def source_expansion(model: Footprint) -> float:
     return GGUF_EXPANSION if model.source.endswith(".gguf") else 1.0
 
 
-def estimate_model_memory(model: Footprint, pretrained_dir: Path, gpu: bool) -> int | None:
-    """Bytes one instance needs: weights at the serving dtype plus the stub's own overhead."""
+def serving_dtype(model: Footprint, gpu: bool) -> str:
+    return model.dtype if model.dtype != "auto" else ("float16" if gpu else "float32")
+
+
+def weight_bytes(model: Footprint, pretrained_dir: Path, gpu: bool) -> int | None:
+    """The weights at the serving dtype: from the saved model's manifest, else from the source's size."""
     manifest = pretrained_dir / "hf2triton.json"
-    dtype = model.dtype if model.dtype != "auto" else ("float16" if gpu else "float32")
+    per_param = BYTES_PER_PARAM[serving_dtype(model, gpu)]
     if manifest.is_file():
-        params = json.loads(manifest.read_text())["parameters"]
-        weights = params * BYTES_PER_PARAM[dtype]
-    else:
-        size = source_bytes(model)
-        if size is None:
-            return None
-        weights = int(size * source_expansion(model))
-        weights = weights * BYTES_PER_PARAM[dtype] // 4
-    return weights + INSTANCE_OVERHEAD_BYTES
+        return json.loads(manifest.read_text())["parameters"] * per_param
+    size = source_bytes(model)
+    return None if size is None else int(size * source_expansion(model)) * per_param // 4
+
+
+def estimate_model_memory(model: Footprint, pretrained_dir: Path, gpu: bool) -> int | None:
+    """Host bytes one instance needs: weights at the serving dtype plus the stub's own overhead."""
+    weights = weight_bytes(model, pretrained_dir, gpu)
+    return None if weights is None else weights + INSTANCE_OVERHEAD_BYTES
+
+
+def architecture(model: Footprint, pretrained_dir: Path) -> dict[str, Any] | None:
+    """The model's config.json: the saved model's, else a local source directory's (a GGUF or hub source is
+    known only once it is built)."""
+    candidates = [pretrained_dir / "config.json"]
+    source = parse_source(model.source)
+    if not source.is_hub:
+        try:
+            path = resolve_local_path(source)
+            candidates.append(path / "config.json")
+        except UserError:
+            pass
+    for candidate in candidates:
+        try:
+            return json.loads(candidate.read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def working_bytes(model: Footprint, arch: dict[str, Any] | None, dtype: str) -> int:
+    """Peak activation memory of one instance at its configured limits: streaming generation = the KV cache of
+    max_sequences sequences at the full context plus their logits; otherwise one max_batch_size batch at the
+    full length (feed-forward activations and attention scores of one layer at a time)."""
+    if not arch:
+        return 0
+    size = BYTES_PER_PARAM[dtype]
+    hidden = int(arch.get("hidden_size") or 0)
+    heads = int(arch.get("num_attention_heads") or 1)
+    context = int(arch.get("max_position_embeddings") or 512)
+    if model.task == GENERATION:
+        rows = max(model.max_sequences, model.max_batch_size)
+        kv_heads = int(arch.get("num_key_value_heads") or heads)
+        head_dim = int(arch.get("head_dim") or hidden // heads)
+        cache = 2 * int(arch.get("num_hidden_layers") or 0) * kv_heads * head_dim * size * context * rows
+        return cache + rows * int(arch.get("vocab_size") or 0) * 4
+    tokens = model.max_batch_size * context
+    intermediate = int(arch.get("intermediate_size") or 4 * hidden)
+    return tokens * (intermediate + 4 * hidden) * size + model.max_batch_size * heads * context * context * size
+
+
+def gpu_budget(models: list[Footprint], pretrained_dirs: dict[str, str]) -> tuple[int, list[str]]:
+    """Bytes the GPU instances need (weights + working memory + one CUDA context each) and one line per model."""
+    total, lines = 0, []
+    for model in models:
+        pretrained = Path(pretrained_dirs[model.name])
+        weights = weight_bytes(model, pretrained, gpu=True) or 0
+        working = working_bytes(model, architecture(model, pretrained), serving_dtype(model, gpu=True))
+        need = model.instances * (weights + working + CUDA_CONTEXT_BYTES)
+        total += need
+        lines.append(
+            f"{model.name}: {model.instances} x (weights {human_bytes(weights)} + working {human_bytes(working)} "
+            f"+ CUDA context {human_bytes(CUDA_CONTEXT_BYTES)}) = {human_bytes(need)}"
+        )
+    return total, lines
 
 
 def preflight_step(
@@ -139,15 +203,19 @@ def run_preflight(
             "fewer instances, a smaller dtype, or fewer models",
         )
     )
-    gpu_need = instance_bytes([m for m in models if on_gpu[m.name]], estimates)
-    gpu_free = host.gpu_free_memory_bytes() if gpu_need else None
+    gpu_models = [m for m in models if on_gpu[m.name]]
+    gpu_free = host.gpu_free_memory_bytes() if gpu_models else None
     if gpu_free is not None:
+        gpu_need, lines = gpu_budget(gpu_models, pretrained_dirs)
+        held = host.gpu_memory_of([int(state["pid"]), *host.descendants(int(state["pid"]))]) if ours else 0
         checks.append(
             _check(
                 "gpu-memory",
-                gpu_need <= gpu_free,
-                f"estimated {human_bytes(gpu_need)} on GPU 0, {human_bytes(gpu_free)} free",
-                "fewer GPU instances, float16, or device: cpu for some models",
+                gpu_need <= gpu_free + held,
+                f"the GPU models need {human_bytes(gpu_need)} at their limits, GPU 0 has {human_bytes(gpu_free)} free"
+                + (f" + {human_bytes(held)} held by our running server" if held else "")
+                + f" ({'; '.join(lines)})",
+                "fewer GPU instances, a lower generation.max_sequences or max_batch_size, float16, or device: cpu for some models",
             )
         )
     shm = Path("/dev/shm")  # noqa: S108 - only measured

@@ -46,6 +46,7 @@ def model_parameters_for(serving: ServingValues, pretrained: str, onnx_dir: str 
         backend=serving.backend,
         model_dir=str(Path(pretrained).resolve()),
         dtype=serving.dtype,
+        cuda_graphs=serving.cuda_graphs,
         num_threads=serving.num_threads,
         max_input_bytes=serving.max_input_bytes,
         max_texts_per_request=serving.max_texts_per_request,

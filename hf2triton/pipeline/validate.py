@@ -177,9 +177,11 @@ def reference_device(config: mc.ModelConfig) -> str:
     return "cpu"
 
 
-def reference_outputs(config: mc.ModelConfig, texts: list[str], backend: str | None = None) -> dict[str, np.ndarray]:
+def reference_outputs(
+    config: mc.ModelConfig, texts: list[str], backend: str | None = None, float32_cpu: bool = False
+) -> dict[str, np.ndarray]:
     """The saved model run in-process with the same engine model.py uses (no Triton involved);
-    `backend="python"` gives the torch reference for the parity gate."""
+    `backend="python"` gives the torch reference for the parity gate, `float32_cpu` the full-precision one."""
     import dataclasses
 
     from hf2triton.serving.model import engine_from_parameters
@@ -187,8 +189,22 @@ def reference_outputs(config: mc.ModelConfig, texts: list[str], backend: str | N
     params: ModelParameters = model_parameters(config)
     if backend:
         params = dataclasses.replace(params, backend=backend)
-    engine = engine_from_parameters(params, reference_device(config))
+    if float32_cpu:
+        params = dataclasses.replace(params, dtype="float32")
+    engine = engine_from_parameters(params, "cpu" if float32_cpu else reference_device(config))
     return engine.run(texts, **(VALIDATION_OPTIONS if params.task == GENERATION else {}))
+
+
+def half_precision_check(rendered: mc.ModelConfig, served: dict[str, np.ndarray], texts: list[str]) -> dict[str, Any] | None:
+    """A model served in half precision on a GPU against the same saved model in float32 on the CPU: the
+    precision the user chose costs no more than COSINE_FLOOR (embeddings; greedy text and classifier scores may
+    rightly differ by more than their exact-match tolerances)."""
+    params = model_parameters(rendered)
+    half = params.dtype != "float32" and reference_device(rendered) != "cpu"
+    if params.task != "feature-extraction" or params.backend != "python" or not half:
+        return None
+    ok, detail = compare_outputs(params.task, served, reference_outputs(rendered, texts, float32_cpu=True))
+    return check("half precision on GPU vs float32 on CPU", ok, detail)
 
 
 def infer_in_chunks(
@@ -250,6 +266,9 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     checks.append(
         check("served equals in-process", ok, f"{detail}; in-process run {1000 * (time.perf_counter() - started):.0f} ms incl. load")
     )
+    precision = half_precision_check(rendered, http_out, texts)
+    if precision:
+        checks.append(precision)
     if task == GENERATION and params.temperature > 0:
         checks.append(sampling_check(http_client, name, texts[:1], params.temperature))
     backend = params.backend

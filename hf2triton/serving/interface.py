@@ -100,8 +100,8 @@ def task_outputs(task: str, embedding_dim: int | None = None, streaming: bool = 
     check_task(task)
     if streaming:
         return STREAMING_OUTPUTS
-    if task == FEATURE_EXTRACTION:
-        return (Tensor(EMBEDDING, "FP32", (embedding_dim or -1,)),)
+    if task == FEATURE_EXTRACTION:  # + the tokens each text became (usage counts without tokenising twice)
+        return (Tensor(EMBEDDING, "FP32", (embedding_dim or -1,)), Tensor(PROMPT_TOKENS, "INT32"))
     if task == CLASSIFICATION:
         return (Tensor(LABEL, "BYTES"), Tensor(SCORE, "FP32"))
     return (Tensor(TEXT_OUTPUT, "BYTES"),)
@@ -125,6 +125,7 @@ class ModelParameters:
     model_dir: str = ""
     backend: str = "python"
     dtype: str = "auto"
+    cuda_graphs: bool = True  # encoders on a GPU (python backend): small batches replay captured CUDA graphs
     num_threads: int = 0
     max_input_bytes: int = 65536
     max_texts_per_request: int = 256
@@ -146,6 +147,8 @@ class ModelParameters:
             keys += ["onnx_dir", "quantize"]
         if self.backend == "tensorrt":
             keys.append("trt_engine")
+        if self.task != GENERATION and self.backend == "python":
+            keys.append("cuda_graphs")
         if self.task == GENERATION:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
             if self.streaming:

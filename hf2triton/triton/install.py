@@ -51,6 +51,9 @@ def locate_tritonserver() -> Installation:
             f"the Triton wheel has no Python-backend stub for Python {python_stub_dir()} (it has {', '.join(available) or 'none'})",
             "create .venv with one of those Python versions",
         )
+    for program in (root / "bin" / "tritonserver", stub):
+        if not os.access(program, os.X_OK):  # e.g. unpacked by a tool that drops file modes
+            raise UserError(f"{program} is not executable", f"chmod +x {program}, or reinstall nvidia-pytriton (`make serve` does)")
     wheel_libs = root.parent.parent / "nvidia_pytriton.libs"
     return Installation(
         binary=str(root / "bin" / "tritonserver"),
