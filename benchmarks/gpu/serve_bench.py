@@ -4,7 +4,7 @@ served by the nvidia-pytriton tritonserver (KIND_GPU, float16), measured by hf2t
 yardstick + served cells) and hf2triton.perf.tune (instances x queue delay), reported by hf2triton.perf.report.
 Snakemake is not installed there, so the rule functions are called directly.
 
-    benchmarks/gpu/setup.sh .gpu-assets && /tmp/v/bin/python benchmarks/gpu/serve_bench.py .gpu-assets $OUT
+    bash benchmarks/gpu/device.sh setup && /tmp/v/bin/python benchmarks/gpu/serve_bench.py ASSETS_DIR $OUT   (see benchmarks/h200/README.md)
 """
 
 from __future__ import annotations
