@@ -209,17 +209,22 @@ def openai_cost(
     generation = params.task == GENERATION
     probe = b"What is the capital of France?" if generation else b"a short sentence to embed"
     idle = gateway_cost.idle_overhead(urls, gateway, name, probe, generation)
+    texts = bench_texts(64, max_words=40) if generation else bench_texts(512, max_words=90)
     rows = []
     for concurrency in bench.openai_concurrency:
-        if params.task == GENERATION:
-            prompts = [t.encode() for t in bench_texts(64, max_words=40)]
+        if generation:
             count = min(concurrency * bench.generation_requests, bench.max_requests)
-            plan = loadgen.generation_plan(prompts, bench.generation_max_new_tokens, count)
+            plan = loadgen.generation_plan([t.encode() for t in texts], bench.generation_max_new_tokens, count)
             rows.append(gateway_cost.generation_cost(urls, gateway, name, plan, concurrency, bench.openai_rounds))
         else:
-            texts = bench_texts(512, max_words=90)
             rows.append(gateway_cost.embeddings_cost(urls, gateway, name, texts, big, concurrency, bench.seconds, bench.openai_rounds))
     return {"endpoint": "/v1/completions (streamed)" if generation else "/v1/embeddings (base64)", "alone": idle, "cells": rows}
+
+
+def add_openai_cost(result: dict[str, Any], cost: dict[str, Any]) -> None:
+    """The gateway's cells and their ratios into a model's bench result."""
+    result["openai"] = cost
+    result["ratios"]["openai"] = openai_ratios(cost)
 
 
 def openai_ratios(cost: dict[str, Any]) -> dict[str, Any]:
@@ -351,8 +356,7 @@ def bench_served_model(
         scratch = Path(output_json).parent / "scratch" / name
         result = bench_streaming_model(name, urls, config, params, bench, spec, server, scratch)
         if with_gateway:
-            result["openai"] = openai_cost(name, urls, params, bench, gateway, 1)
-            result["ratios"]["openai"] = openai_ratios(result["openai"])
+            add_openai_cost(result, openai_cost(name, urls, params, bench, gateway, 1))
         atomic_write_json(output_json, result)
         log.info("bench %s: %s", name, result["ratios"])
         return result
@@ -391,8 +395,7 @@ def bench_served_model(
     }
     result["ratios"] = ratios(result)
     if with_gateway:
-        result["openai"] = openai_cost(name, urls, params, bench, gateway, big)
-        result["ratios"]["openai"] = openai_ratios(result["openai"])
+        add_openai_cost(result, openai_cost(name, urls, params, bench, gateway, big))
     atomic_write_json(output_json, result)
     log.info("bench %s: %s", name, result["ratios"])
     return result
