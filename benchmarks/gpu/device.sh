@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu/device.sh bench [SNAKEMAKE ARGS]      snakemake --cores 1 bench, results to $OUT/bench.tar.gz
 #   bash benchmarks/gpu/device.sh extras                      CUDA graphs vs eager in-process, the GPU tests, and an
 #                                                             over-budget config refused by preflight (server untouched)
+#   bash benchmarks/gpu/device.sh probe                       single-text load on gpu-overlay.yaml and each variant in
+#                                                             benchmarks/h200/single-text/ (served by snakemake in turn)
 #
 # `make serve` cannot run there (no package registry): `setup` replaces its install step (the same pinned
 # versions, from carried wheels) and the venv recipe of shared/reference/environment.md (numpy 1.26.4 first,
@@ -16,7 +18,7 @@
 set -euo pipefail
 STORE=/tmp/gpu-assets
 VENV=/tmp/v
-step=${1:?stash|setup|serve|bench|extras}
+step=${1:?stash|setup|serve|bench|extras|probe}
 
 case "$step" in
 stash)
@@ -81,6 +83,24 @@ extras)
   "$VENV/bin/snakemake" --cores 1 status --configfile benchmarks/h200/gpu-overlay.yaml > results/extras/status-after.txt 2>&1 || true
   nvidia-smi > results/extras/nvidia-smi.txt 2>&1 || true
   [ -z "${OUT:-}" ] || tar -czf "$OUT/extras.tar.gz" results/extras
+  ;;
+probe)
+  export PATH="$VENV/bin:$PATH"
+  mkdir -p results/probe
+  rm -f results/probe/single-text.json
+  for variant in base benchmarks/h200/single-text/*.yaml; do
+    files=(benchmarks/h200/gpu-overlay.yaml)
+    [ "$variant" = base ] || files+=("$variant")
+    label=$(basename "$variant" .yaml)
+    if "$VENV/bin/snakemake" --cores 1 serve --configfile "${files[@]}" > "results/probe/serve-$label.log" 2>&1; then
+      "$VENV/bin/python" benchmarks/gpu/single_text_probe.py --configfile "${files[@]}" --label "$label" \
+        --out results/probe/single-text.json >> results/probe/probe.log 2>&1 || echo "$label: probe failed" >> results/probe/probe.log
+    else
+      echo "$label: serve failed (results/probe/serve-$label.log)" >> results/probe/probe.log
+    fi
+  done
+  cat results/probe/probe.log
+  [ -z "${OUT:-}" ] || tar -czf "$OUT/probe.tar.gz" results/probe
   ;;
 *)
   echo "unknown step $step" >&2
