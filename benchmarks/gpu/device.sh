@@ -9,8 +9,8 @@
 #   bash benchmarks/gpu/device.sh bench [SNAKEMAKE ARGS]      snakemake --cores 1 bench, results to $OUT/bench.tar.gz
 #   bash benchmarks/gpu/device.sh extras                      CUDA graphs vs eager in-process, the GPU tests, and an
 #                                                             over-budget config refused by preflight (server untouched)
-#   bash benchmarks/gpu/device.sh probe                       single-text load on gpu-overlay.yaml and each variant in
-#                                                             benchmarks/h200/single-text/ (served by snakemake in turn)
+#   bash benchmarks/gpu/device.sh probe [VARIANT ...]         single-text load on gpu-overlay.yaml ("base") and each variant
+#                                                             (default: all of benchmarks/h200/single-text/), served in turn
 #
 # `make serve` cannot run there (no package registry): `setup` replaces its install step (the same pinned
 # versions, from carried wheels) and the venv recipe of shared/reference/environment.md (numpy 1.26.4 first,
@@ -87,8 +87,10 @@ extras)
 probe)
   export PATH="$VENV/bin:$PATH"
   mkdir -p results/probe
-  rm -f results/probe/single-text.json
-  for variant in base benchmarks/h200/single-text/*.yaml; do
+  rm -f results/probe/single-text.json results/probe/probe.log
+  variants=("${@:2}")
+  [ ${#variants[@]} -gt 0 ] || variants=(base benchmarks/h200/single-text/*.yaml)
+  for variant in "${variants[@]}"; do
     files=(benchmarks/h200/gpu-overlay.yaml)
     [ "$variant" = base ] || files+=("$variant")
     label=$(basename "$variant" .yaml)

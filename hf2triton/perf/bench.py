@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 RAW_MIN_SECONDS = 3.0  # an in-process cell runs at least this long ...
 RAW_MIN_CALLS = 10  # ... and at least this many calls, so one slow call on a shared machine decides nothing
+RAW_WARMUP = (8, 2.0)  # up to this many calls / seconds first: every length-bucket shape seen (CUDA graphs captured)
 PLAUSIBLE_SERVED_RATIO = 1.15  # served faster than the engine it runs by more than this: a measurement fault
 
 
@@ -67,7 +68,12 @@ def token_counter(tokenizer):
 def raw_throughput(engine, texts: list[str], batch: int, seconds: float, options: dict[str, Any], count_tokens=None) -> dict[str, float]:
     """Closed loop over the corpus in batches of `batch`, in this process: items/s and per-call latency."""
     chunks = [texts[i : i + batch] for i in range(0, len(texts) - batch + 1, batch)] or [texts[:batch]]
-    engine.run(chunks[0], **options)  # warm-up (lazy init, allocator)
+    warmup_calls, warmup_s = RAW_WARMUP
+    warm_started = time.perf_counter()
+    for chunk in chunks[:warmup_calls]:  # lazy init, allocator, and on a GPU one graph capture per new shape
+        engine.run(chunk, **options)
+        if time.perf_counter() - warm_started > warmup_s:
+            break
     calls, items, started, latencies = 0, 0, time.perf_counter(), []
     while calls < RAW_MIN_CALLS or time.perf_counter() - started < max(seconds, RAW_MIN_SECONDS):
         chunk = chunks[calls % len(chunks)]
