@@ -298,6 +298,17 @@ def _check_tune(cfg: dict) -> None:
                 raise UserError(f"config.tune.{key}: {value} is out of range", f"use values between {low} and {high}")
 
 
+def _unshared(value: Any) -> Any:
+    """A copy in which no mapping or list appears twice. YAML anchors (`generation: *defaults`) load as one
+    object shared by several models, and deepcopy keeps the sharing: filling one model's derived defaults
+    would then change the others'."""
+    if isinstance(value, dict):
+        return {key: _unshared(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_unshared(item) for item in value]
+    return copy.copy(value)
+
+
 def validate_config(raw: Any) -> dict:
     """Validate a parsed config and return it completed with defaults (input is not modified)."""
     if not isinstance(raw, dict):
@@ -305,7 +316,7 @@ def validate_config(raw: Any) -> dict:
             f"config: the top level is a {type(raw).__name__}, not a mapping",
             "start config.yaml with 'models:' (see README 'Configuration')",
         )
-    cfg = copy.deepcopy(raw)
+    cfg = _unshared(raw)
     for key in cfg:
         if not isinstance(key, str):
             raise UserError(f"config: key {key!r} is not a string", "use plain names as keys")

@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hf2triton.config import load_config, read_yaml, validate_config
 from hf2triton.errors import UserError
@@ -195,6 +196,19 @@ def test_specs_are_built_once_with_every_default(tmp_path):
     assert project.model("g").generation == GenerationSpec() and project.model("e").generation is None
     assert project.server.http_port == 8000 and project.bench.concurrency == (1, 4, 16) and project.work == ".hf2triton"
     assert [m.name for m in project.tuned_models()] == ["e"]
+
+
+def test_a_generation_block_shared_through_a_yaml_anchor_is_derived_per_model():
+    """Regression: an anchored block is one object for both models; the python model's derived
+    streaming: true leaked into the onnx model, which was then refused."""
+    text = """
+models:
+  - {name: a, source: org/llm, task: text-generation, generation: &gen {max_new_tokens: 8}}
+  - {name: b, source: org/llm, task: text-generation, backend: onnx, generation: *gen}
+"""
+    models = validate_config(yaml.safe_load(text))["models"]
+    assert [m["generation"]["streaming"] for m in models] == [True, False]
+    assert all(m["generation"]["max_new_tokens"] == 8 for m in models)
 
 
 def test_streaming_is_the_default_on_python_and_refused_with_onnx():
