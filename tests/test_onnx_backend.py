@@ -52,3 +52,13 @@ def test_changing_quantize_reexports_without_refetching(onnx_workflow):
     assert "server: reload (changed: embed)" in result.stderr
     report = onnx_workflow.report()
     assert report["ok"] and report["models"]["embed"]["parity"]["floor"] == 0.9
+
+
+def test_onnx_runtime_threads_sleep_instead_of_spinning_and_keep_the_instance_share():
+    """Served, spinning pool threads took the cores Triton's frontend needs: ONNX served at 0.62x its
+    in-process speed; with sleeping threads 0.83-0.93x (benchmarks/backends-2cpu.md)."""
+    from hf2triton.serving.model import ort_session_options
+
+    options = ort_session_options(2)
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (2, 1)

@@ -104,6 +104,9 @@ def ort_session_options(num_threads: int):
     if num_threads > 0:
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
+    # Idle pool threads sleep instead of spinning: in a server they would spin on the cores that Triton's
+    # frontend and this stub need to receive the next request and send the last answer.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 
