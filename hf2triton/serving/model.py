@@ -283,7 +283,9 @@ class Engine:
         import transformers
 
         if device == "cpu" and num_threads > 0:
-            torch.set_num_threads(num_threads)
+            # torch only pools and converts around ONNX Runtime / TensorRT: one thread, so no idle OpenMP worker
+            # spins on the cores the engine's own pool needs (measured: benchmarks/bench-2cpu/README.md)
+            torch.set_num_threads(num_threads if backend == "python" else 1)
         if num_threads > 0:  # the Rust tokenizer's thread pool: this instance's share of the cores, not all of them
             os.environ.setdefault("RAYON_NUM_THREADS", str(num_threads))
         self.torch = torch
