@@ -62,3 +62,22 @@ def test_onnx_runtime_threads_sleep_instead_of_spinning_and_keep_the_instance_sh
     options = ort_session_options(2)
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert (options.intra_op_num_threads, options.inter_op_num_threads) == (2, 1)
+
+
+def test_torch_runs_on_one_thread_beside_onnx_runtime(onnx_workflow):
+    """In an ONNX stub torch only pools and converts: one thread, so no idle OpenMP worker spins beside
+    ONNX Runtime's pool (measured: benchmarks/bench-2cpu/README.md); a torch engine keeps its share."""
+    import subprocess
+    import sys
+
+    models = onnx_workflow.work / "models" / "embed8"
+    probe = (
+        "import sys, torch; from hf2triton.serving.model import EmbeddingEngine; "
+        "EmbeddingEngine(sys.argv[1], num_threads=2, **({'backend': 'onnx', 'onnx_dir': sys.argv[2]} if sys.argv[2] else {})); "
+        "print(torch.get_num_threads())"
+    )
+    for onnx_dir, threads in ((str(models / "onnx"), "1"), ("", "2")):
+        done = subprocess.run(  # noqa: S603 - this interpreter, fixed code
+            [sys.executable, "-c", probe, str(models / "pretrained"), onnx_dir], capture_output=True, text=True, check=True
+        )
+        assert done.stdout.split()[-1] == threads, (onnx_dir, done.stdout, done.stderr[-500:])
