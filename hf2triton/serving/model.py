@@ -656,8 +656,8 @@ class TritonPythonModel:
         self.max_bytes = self.params.max_input_bytes
         self.defaults = {interface.MAX_NEW_TOKENS: self.params.max_new_tokens, interface.TEMPERATURE: self.params.temperature}
         # Triton's dynamic batcher drops requests cancelled or timed out while queued, right before it hands a
-        # batch over; asking again here costs a round trip to the server process per request (~0.1 ms: the
-        # largest per-request cost of single-text load, benchmarks/h200/README.md). Without a batcher, ask.
+        # batch over; asking again here is one round trip to the server process per request for nothing.
+        # Without a batcher, ask.
         self.check_cancelled = "dynamic_batching" not in config and "sequence_batching" not in config
         self.batcher = None
         if self.task == interface.GENERATION and self.params.streaming:
