@@ -198,9 +198,16 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].generation.streaming = true: needs backend python (backend is {model['backend']})",
                 "use backend: python, or streaming: false (the ONNX decoder answers each request whole)",
             )
-        if model["onnx"]["quantize"] != "none" and model["task"] == "text-generation":
+        quantize = model["onnx"]["quantize"]
+        if quantize == "dynamic-int8" and model["task"] == "text-generation":
             raise UserError(
-                f"config.models[{index}].onnx.quantize: int8 is for encoder tasks only", "use quantize: none for text-generation"
+                f"config.models[{index}].onnx.quantize: int8 is for encoder tasks only",
+                "use quantize: none, or gguf-blocks for a GGUF source (lossless 4-bit)",
+            )
+        if quantize == "gguf-blocks" and not (model.get("gguf_file") or str(model["source"]).endswith(".gguf")):
+            raise UserError(
+                f"config.models[{index}].onnx.quantize = 'gguf-blocks': source {model['source']!r} is not a GGUF file",
+                "use a .gguf source (or gguf_file:), or quantize: none / dynamic-int8",
             )
         if ".." in model["revision"].split("/"):
             raise UserError(f"config.models[{index}].revision = {model['revision']!r}: '..' not allowed", "use a branch, tag or commit")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -79,7 +80,8 @@ def test_minilm_embeddings_match_in_process_sentence_embeddings(default_workflow
 
 
 def test_default_models_on_the_onnx_backend(tmp_path_factory):
-    """Both shipped models switched to backend onnx (one line each): served, validated, parity with torch."""
+    """Both shipped models switched to backend onnx (SmolLM2 with its GGUF's 4-bit blocks kept): served,
+    validated, parity with torch -- the re-packed decoder says exactly what torch says."""
     workflow = Workflow(
         tmp_path_factory.mktemp("default-onnx"),
         {
@@ -90,6 +92,7 @@ def test_default_models_on_the_onnx_backend(tmp_path_factory):
                     "task": "text-generation",
                     "max_batch_size": 4,
                     "backend": "onnx",
+                    "onnx": {"quantize": "gguf-blocks"},
                 },
                 {
                     "name": "minilm",
@@ -110,5 +113,7 @@ def test_default_models_on_the_onnx_backend(tmp_path_factory):
         assert report["models"]["minilm"]["parity"]["cosine_min"] >= 0.999
         assert report["models"]["smollm2"]["parity"]["greedy_identical"] == report["models"]["smollm2"]["parity"]["prompts"]
         assert "Paris" in report["models"]["smollm2"]["sample"]["output"]
+        export = json.loads((workflow.work / "models/smollm2/onnx/export.json").read_text())
+        assert export["gguf_blocks"]["packed_4bit"] == 210 and export["gguf_blocks"]["kept_float32"] == 1  # all layers; not the Q8_0 head
     finally:
         workflow.stop()

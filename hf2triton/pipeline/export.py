@@ -1,7 +1,7 @@
 """Step `export_onnx`: the saved pretrained model -> ONNX (Hugging Face Optimum), optionally fused by ONNX
-Runtime's transformer optimizer and dynamically quantised to int8. Only for models with backend onnx or
-tensorrt. The output directory (model.onnx or the decoder files, config, tokenizer, export.json) is
-written atomically.
+Runtime's transformer optimizer and dynamically quantised to int8, or with a GGUF source's 4-bit weight
+blocks re-packed (`weight_blocks.py`). Only for models with backend onnx or tensorrt. The output directory
+(model.onnx or the decoder files, config, tokenizer, export.json) is written atomically.
 
 Why eager attention for encoders: with the default SDPA attention ONNX Runtime fuses nothing; exported
 from eager attention its BERT optimizer fuses attention, SkipLayerNorm and GELU (measured: 1.24x torch,
@@ -76,6 +76,26 @@ def _quantize(onnx_path: Path) -> list[str]:
     return keep_fp32
 
 
+def _pack_gguf_blocks(onnx_path: Path) -> dict[str, int]:
+    from hf2triton.pipeline.weight_blocks import pack_gguf_blocks
+
+    log.info("re-packing the GGUF's 4-bit weight blocks (lossless, checked bit for bit)")
+    report = pack_gguf_blocks(onnx_path)
+    log.info(
+        "%d MatMul weights back in 4-bit blocks (%s of float32 -> %s), %d kept in float32",
+        report["packed_4bit"],
+        human_bytes(report["float32_bytes_replaced"]),
+        human_bytes(report["packed_bytes"]),
+        report["kept_float32"],
+    )
+    if not report["packed_4bit"]:
+        log.warning(
+            "onnx.quantize gguf-blocks: no weight of this model is in Q4_1-style 4-bit blocks (other GGUF types such as "
+            "Q4_K or Q8_0 are not re-packed); it is served in float32, as with quantize: none"
+        )
+    return report
+
+
 def export_onnx_step(pretrained: str, task: str, opset: int, optimize: str, quantize: str, output: str) -> dict[str, Any]:
     """Export `pretrained` for `task` into `output` (directory), then fuse/quantise as configured."""
     from optimum.exporters.onnx import onnx_export_from_model
@@ -85,7 +105,7 @@ def export_onnx_step(pretrained: str, task: str, opset: int, optimize: str, quan
 
     config = json.loads((Path(pretrained) / "config.json").read_text())
     encoder = task != GENERATION
-    if quantize != "none" and not encoder:
+    if quantize == "dynamic-int8" and not encoder:
         raise UserError("onnx.quantize: dynamic-int8 is supported for encoder tasks only", "use quantize: none for text-generation")
     started = time.monotonic()
     log.info("exporting %s to ONNX (task %s, opset %d); this takes ~10-60 s", pretrained, OPTIMUM_TASKS[task], opset)
@@ -102,12 +122,16 @@ def export_onnx_step(pretrained: str, task: str, opset: int, optimize: str, quan
         if quantize == "dynamic-int8":
             log.info("quantising to int8 (dynamic, per channel)")
             _quantize(tmp / "model.onnx")
+        blocks: dict[str, int] = {}
+        if quantize == "gguf-blocks":
+            blocks = _pack_gguf_blocks(tmp / "model.onnx")
         manifest = {
             "task": task,
             "opset": opset,
             "optimize": optimize,
             "quantize": quantize,
             "fused_operators": fused,
+            **({"gguf_blocks": blocks} if blocks else {}),
             "source": str(pretrained),
         }
         (tmp / "export.json").write_text(json.dumps(manifest, indent=2) + "\n")
