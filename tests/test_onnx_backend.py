@@ -81,3 +81,21 @@ def test_torch_runs_on_one_thread_beside_onnx_runtime(onnx_workflow):
             [sys.executable, "-c", probe, str(models / "pretrained"), onnx_dir], capture_output=True, text=True, check=True
         )
         assert done.stdout.split()[-1] == threads, (onnx_dir, done.stdout, done.stderr[-500:])
+
+
+def test_onnx_decoder_loop_answers_like_torch_generate(onnx_workflow):
+    """The ONNX decoder's own loop (KV cache kept in ONNX Runtime values) picks the same greedy tokens as
+    torch's `generate`, for left-padded batches of different prompt lengths; sampling draws valid tokens."""
+    from hf2triton.serving.model import GenerationEngine
+
+    models = onnx_workflow.work / "models" / "generate"
+    torch_engine = GenerationEngine(str(models / "pretrained"), num_threads=1)
+    onnx_engine = GenerationEngine(str(models / "pretrained"), num_threads=1, backend="onnx", onnx_dir=str(models / "onnx"))
+    prompts = ["hello", "a much longer prompt with many more words in it than the first", "x y z"]
+    for max_new_tokens in (1, 7, 24):
+        expected = torch_engine.run(prompts, max_new_tokens=max_new_tokens)["text_output"].tolist()
+        assert onnx_engine.run(prompts, max_new_tokens=max_new_tokens)["text_output"].tolist() == expected
+    batch = onnx_engine.tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="np")
+    sampled = onnx_engine.model.generate(batch["input_ids"], batch["attention_mask"], 5, onnx_engine.tokenizer.pad_token_id, 0.9)
+    assert sampled.shape[0] == 3 and 1 <= sampled.shape[1] <= 5
+    assert ((sampled >= 0) & (sampled < onnx_engine.model.config.vocab_size)).all()

@@ -138,6 +138,74 @@ class OrtEncoder:
         return SimpleNamespace(**{self.output_name: torch.from_numpy(output)})
 
 
+class OrtDecoder:
+    """optimum's text-generation-with-past export driven by a lean loop instead of optimum + HF `generate`
+    (which cost 6-8 ms per token on 2 cores, 15-20% of a step: benchmarks/generation-2cpu/decoder-steps.md).
+    The KV cache stays in ONNX Runtime's own values from step to step; only the last logits come to numpy.
+    Same choices as `generate(do_sample=temperature > 0, top_k=None, top_p=None)`: argmax, or a draw from
+    softmax(logits / temperature); a row that produced an end-of-sequence token is padded from then on."""
+
+    def __init__(self, onnx_dir: str, num_threads: int):
+        from transformers import AutoConfig, GenerationConfig
+
+        self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads)
+        self.config = AutoConfig.from_pretrained(onnx_dir)
+        try:
+            eos = GenerationConfig.from_pretrained(onnx_dir).eos_token_id
+        except OSError:  # no generation_config.json: the model config's
+            eos = self.config.eos_token_id
+        self.eos = np.array([t for t in (eos if isinstance(eos, list) else [eos]) if t is not None], dtype=np.int64)
+        inputs = self.session.get_inputs()
+        self.input_names = {i.name for i in inputs}
+        # (name, heads, head size, dtype) of every past key / value input
+        self.past = [
+            (i.name, i.shape[1], i.shape[3], np.float16 if "16" in i.type else np.float32)
+            for i in inputs
+            if i.name.startswith("past_key_values")
+        ]
+        self.outputs = ["logits", *(name.replace("past_key_values", "present") for name, *_ in self.past)]
+
+    def _feeds(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list) -> dict[str, Any]:
+        import onnxruntime as ort
+
+        arrays = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        feeds = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items() if k in self.input_names}
+        return {**feeds, **dict(zip((name for name, *_ in self.past), past))}
+
+    def generate(self, ids: np.ndarray, mask: np.ndarray, max_new_tokens: int, pad_id: int, temperature: float = 0.0) -> np.ndarray:
+        """New token ids [batch, <= max_new_tokens] for left-padded prompts `ids` / `mask`."""
+        import onnxruntime as ort
+
+        rows = ids.shape[0]
+        mask = mask.astype(np.int64)
+        positions = np.where(mask == 0, 1, mask.cumsum(-1) - 1)
+        past = [ort.OrtValue.ortvalue_from_numpy(np.zeros((rows, heads, 0, dim), dtype)) for _, heads, dim, dtype in self.past]
+        feeds = self._feeds(ids.astype(np.int64), mask, positions, past)
+        finished, picked = np.zeros(rows, dtype=bool), []
+        rng = np.random.default_rng() if temperature > 0 else None
+        for _ in range(max_new_tokens):
+            logits, *past = self.session.run_with_ort_values(self.outputs, feeds)
+            last = logits.numpy()[:, -1, :].astype(np.float64)
+            tokens = np.where(finished, pad_id, _next_tokens(last, temperature, rng))
+            picked.append(tokens)
+            finished |= np.isin(tokens, self.eos)
+            if finished.all():
+                break
+            mask = np.concatenate([mask, np.ones((rows, 1), dtype=np.int64)], axis=1)
+            positions = positions[:, -1:] + 1
+            feeds = self._feeds(tokens[:, None], mask, positions, past)
+        return np.stack(picked, axis=1) if picked else np.zeros((rows, 0), dtype=np.int64)
+
+
+def _next_tokens(logits: np.ndarray, temperature: float, rng) -> np.ndarray:
+    if rng is None:
+        return logits.argmax(axis=-1)
+    scaled = logits / temperature
+    probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return np.array([rng.choice(len(row), p=row) for row in probs], dtype=np.int64)
+
+
 class TrtEncoder:
     """A TensorRT engine (built by hf2triton.pipeline.tensorrt from the ONNX export) run on torch CUDA buffers,
     answering like a transformers model. Needs the `tensorrt` package and a CUDA GPU."""
@@ -503,10 +571,7 @@ class GenerationEngine(Engine):
             self.tokenizer.pad_token = self.tokenizer.eos_token
 
     def load_onnx(self, onnx_dir: str, num_threads: int):
-        """optimum's decoder with KV cache (text-generation-with-past export)."""
-        from optimum.onnxruntime import ORTModelForCausalLM
-
-        return ORTModelForCausalLM.from_pretrained(onnx_dir, session_options=ort_session_options(num_threads), use_cache=True)
+        return OrtDecoder(onnx_dir, num_threads)
 
     def prompt(self, text: str) -> str:
         if self.options.get("chat_template", interface.DEFAULTS.chat_template) and getattr(self.tokenizer, "chat_template", None):
@@ -528,17 +593,25 @@ class GenerationEngine(Engine):
         temperature: float = interface.DEFAULTS.temperature,
         **_: Any,
     ) -> dict[str, np.ndarray]:
-        torch = self.torch
-        batch = self.tokenizer([self.prompt(t) for t in texts], padding=True, add_special_tokens=False, return_tensors="pt")
+        prompts = [self.prompt(t) for t in texts]
+        if isinstance(self.model, OrtDecoder):
+            batch = self.tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="np")
+            pad_id = self.tokenizer.pad_token_id
+            new_tokens = self.model.generate(batch["input_ids"], batch["attention_mask"], max_new_tokens, pad_id, temperature).tolist()
+        else:
+            new_tokens = self._generate_torch(prompts, max_new_tokens, temperature)
+        texts_out = [self.complete_text(ids) for ids in new_tokens]
+        return {interface.TEXT_OUTPUT: np.array([t.strip().encode("utf-8") for t in texts_out], dtype=np.object_)}
+
+    def _generate_torch(self, prompts: list[str], max_new_tokens: int, temperature: float) -> list[list[int]]:
+        batch = self.tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
         batch = {k: v.to(self.device) for k, v in batch.items()}
         sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
-        with torch.inference_mode():
+        with self.torch.inference_mode():
             out = self.model.generate(
                 **batch, max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id, top_p=None, top_k=None, **sampling
             )
-        new_tokens = out[:, batch["input_ids"].shape[1] :].tolist()
-        texts_out = [self.complete_text(ids) for ids in new_tokens]
-        return {interface.TEXT_OUTPUT: np.array([t.strip().encode("utf-8") for t in texts_out], dtype=np.object_)}
+        return out[:, batch["input_ids"].shape[1] :].tolist()
 
     def complete_text(self, ids: list[int]) -> str:
         """Decoded text without a trailing partial character: byte-level tokens can split a multi-byte
