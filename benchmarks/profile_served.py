@@ -1,7 +1,7 @@
 """Where a served model's time goes under load: py-spy samples the model's Python-backend stub process (the
 code model.py runs) while a closed-loop load of single-text (or N-text) requests runs against it; the stacks are
 folded into the share of samples per function (self and inclusive). The load generator shares this machine's
-cores with the server: its own CPU time is printed next to the server's.
+cores with the server: its own CPU time is printed next to the stubs' and tritonserver's (frontend, batcher).
 
     make serve   # then:
     .venv/bin/python benchmarks/profile_served.py [--model minilm] [--texts 1] [--concurrency 16] [--seconds 20] [--out FILE]
@@ -64,6 +64,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default="")
+    parser.add_argument("--no-spy", action="store_true", help="CPU split only: py-spy itself takes a share of the cores")
     args = parser.parse_args()
     project = load_project(args.config)
     settings = Settings.of(project.server, project.names, project.work)
@@ -97,9 +98,11 @@ def main() -> int:
                 stderr=subprocess.DEVNULL,
             )  # fmt: skip
             for pid, raw in zip(pids, raws)
+            if not args.no_spy
         ]
         time.sleep(1.0)
-        cpu_before = {pid: host.process_cpu_seconds(pid) or 0.0 for pid in [*pids, os.getpid()]}
+        server = host.parent_pid(pids[0])  # tritonserver: its gRPC/HTTP frontend and the dynamic batcher
+        cpu_before = {pid: host.process_cpu_seconds(pid) or 0.0 for pid in [*pids, os.getpid(), server]}
         cell = loadgen.measure_tritonclient(load, warmup_s=0)
         cpu = {pid: round((host.process_cpu_seconds(pid) or 0.0) - cpu_before[pid], 2) for pid in cpu_before}
         for process in spies:
@@ -112,7 +115,12 @@ def main() -> int:
         "items_per_s": cell.items_per_s,
         "latency_ms": cell.latency_ms,
         "server": cell.server,
-        "cpu_seconds": {"stubs": sum(cpu[p] for p in pids), "load_generator": cpu[os.getpid()], "measured_s": cell.seconds},
+        "cpu_seconds": {
+            "stubs": sum(cpu[p] for p in pids),
+            "tritonserver": cpu[server],
+            "load_generator": cpu[os.getpid()],
+            "measured_s": cell.seconds,
+        },
         "profile": folded,
         "note": "py-spy samples of the stub (Python frames; time in C/CUDA code counts for the Python line that called it)",
     }

@@ -375,8 +375,9 @@ class Engine:
         self.max_length = self._max_length(model_dir)
         self.pad_id = self.tokenizer.pad_token_id
         self.fast_tokenizer = self._fast_tokenizer()
-        # Smallest length bucket: GPUs want big batches, CPUs gain little beyond a few texts per pass.
-        self.min_bucket = int(options.get("min_bucket") or (64 if self.device.startswith("cuda") else 8))
+        # Smallest length bucket: GPUs want big batches; on CPUs padding costs more than small passes do
+        # (min 2 vs 8, 20-90-word texts, 2 cores: ONNX int8 +13-30%, fp32 +6-50%, torch +3-19%; bench-2cpu/README.md).
+        self.min_bucket = int(options.get("min_bucket") or (64 if self.device.startswith("cuda") else 2))
         self.pad_multiple = int(options.get("pad_multiple") or (8 if self.device.startswith("cuda") else 1))
         self.graphs = None
         if backend == "python" and self.device.startswith("cuda") and options.get("cuda_graphs") and self.fast_tokenizer is not None:
