@@ -40,8 +40,8 @@ class GenerationSpec:
 
 @dataclass(frozen=True)
 class QueueSpec:
-    max_size: int = 128
-    timeout_s: float = 60
+    max_size: int = 0  # 0: no bound (a Triton queue policy costs lone requests up to 500 ms: schema)
+    timeout_s: float = 0
 
 
 @dataclass(frozen=True)

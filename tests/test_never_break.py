@@ -210,7 +210,7 @@ def test_sampling_config_validates_and_an_impossible_default_is_refused_first(wo
 
 def test_request_whose_client_gave_up_is_not_computed(workflow):
     """A queued request whose client is gone (here: its gRPC deadline passed) gets no compute: Triton or
-    model.py (request.is_cancelled) drops it, so the server's success count grows only by the one that waited.
+    model.py (request.is_cancelled) drops it, so only the one that waited is computed.
     (The static generation model; a streaming one's cancellation: tests/test_streaming.py.)"""
     workflow.config["models"][2].update(max_batch_size=1, generation={"streaming": False})
     workflow.run("serve")
@@ -229,6 +229,8 @@ def test_request_whose_client_gave_up_is_not_computed(workflow):
         ended["at"] = time.monotonic()
 
     time.sleep(0.5)  # Triton counts a success after the response went out
+    log = workflow.work / "server" / "tritonserver.log"
+    skipped_before = log.read_text().count("cancelled by its client before compute")
     before = grpc.get_inference_statistics("generate", as_json=True)["model_stats"][0]["inference_stats"]["success"].get("count", "0")
     long_request = threading.Thread(target=ask_for_a_long_story)
     long_request.start()
@@ -248,6 +250,10 @@ def test_request_whose_client_gave_up_is_not_computed(workflow):
         pytest.skip(f"the story ({story_seconds:.2f} s alone) ended before the deadline: nothing was queued on this machine")
     time.sleep(1)
     after = grpc.get_inference_statistics("generate", as_json=True)["model_stats"][0]["inference_stats"]["success"].get("count", "0")
-    computed = int(after) - int(before)
+    answered = int(after) - int(before)
     timeline = f"story {story_seconds:.2f} s alone; ended {ended['at'] - sent - deadline:.2f} s after the deadline"
-    assert computed == 1, f"only the request whose client waited was computed, not {computed} ({timeline})"
+    # Dropped in Triton's queue (not answered), or -- prefetched into the next batch before its deadline, as
+    # Triton does without a queue policy -- answered "cancelled" by model.py without computing (Triton counts
+    # that response as a success, so the log says which).
+    skipped = log.read_text().count("cancelled by its client before compute") - skipped_before
+    assert answered - skipped == 1, f"only the waiting client's request computed: {answered} answered, {skipped} skipped ({timeline})"

@@ -45,6 +45,22 @@ def test_no_batching_makes_texts_dimension_explicit():
     assert list(config.input[0].dims) == [-1, 1] and list(config.output[0].dims) == [-1, 16]
 
 
+@pytest.mark.parametrize(
+    "queue,policy",
+    [
+        ((0, 0), None),  # the default: no policy, so Triton's batcher keeps prefetching (no 500 ms stalls)
+        ((16, 0), {"max_queue_size": 16}),
+        ((0, 2.5), {"default_timeout_microseconds": 2_500_000, "allow_timeout_override": True}),
+    ],
+)
+def test_queue_policy_only_when_a_bound_is_set(queue, policy):
+    config = build_model_config("m", "feature-extraction", 8, 1, "KIND_CPU", 500, {}, embedding_dim=16, queue=queue)
+    assert config.dynamic_batching.HasField("default_queue_policy") == (policy is not None)
+    for field, value in (policy or {}).items():
+        assert getattr(config.dynamic_batching.default_queue_policy, field) == value
+        assert config.dynamic_batching.default_queue_policy.timeout_action == mc.ModelQueuePolicy.REJECT
+
+
 def test_gpu_instance_group():
     config = build_model_config("m", "text-generation", 4, 1, "KIND_GPU", 0, {})
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU and list(config.instance_group[0].gpus) == [0]

@@ -729,10 +729,6 @@ class TritonPythonModel:
         self.task = self.params.task
         self.max_bytes = self.params.max_input_bytes
         self.defaults = {interface.MAX_NEW_TOKENS: self.params.max_new_tokens, interface.TEMPERATURE: self.params.temperature}
-        # Triton's dynamic batcher drops requests cancelled or timed out while queued, right before it hands a
-        # batch over; asking again here is one round trip to the server process per request for nothing.
-        # Without a batcher, ask.
-        self.check_cancelled = "dynamic_batching" not in config and "sequence_batching" not in config
         self.batcher = None
         if self.task == interface.GENERATION and self.params.streaming:
             self._start_batcher()
@@ -883,7 +879,11 @@ class TritonPythonModel:
         responses: list[Any] = [None] * len(requests)
         groups: dict[tuple, list[tuple[int, list[str]]]] = {}
         for index, request in enumerate(requests):
-            if self.check_cancelled and is_cancelled(request):  # the client is gone (or its deadline passed)
+            # The client is gone (or its deadline passed). Triton's batcher drops requests cancelled while queued,
+            # but without a queue policy (the default: a policy costs lone requests up to 500 ms) it prefetches the
+            # next batch while the instance is busy, so a request can be cancelled after it was handed over.
+            if is_cancelled(request):
+                self._log("hf2triton: request cancelled by its client before compute; not computed")
                 responses[index] = cancelled_response()
                 continue
             try:

@@ -36,7 +36,7 @@ def build_model_config(
     queue: tuple[int, float] | None = None,
     streaming: bool = False,
 ) -> mc.ModelConfig:
-    """`queue` = (max waiting requests, seconds a request may wait): Triton refuses requests beyond them.
+    """`queue` = (max waiting requests, seconds a request may wait; 0 = unbounded): Triton refuses requests beyond them.
     `streaming`: a decoupled generation model (one prompt per request, any number of responses; it batches
     continuously itself, so Triton does not: max_batch_size 0)."""
     if streaming:
@@ -54,12 +54,12 @@ def build_model_config(
         group.gpus.append(0)
     if max_batch_size > 0:
         config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
-        if queue:
+        if queue and any(queue):  # opt-in: any policy disables Triton's prefetching (lone requests stall up to 500 ms)
             policy = config.dynamic_batching.default_queue_policy
             policy.max_queue_size, timeout_s = queue
             policy.timeout_action = mc.ModelQueuePolicy.REJECT
-            policy.default_timeout_microseconds = max(1, round(timeout_s * 1_000_000))
-            policy.allow_timeout_override = True  # a client's own shorter timeout is honoured
+            policy.default_timeout_microseconds = round(timeout_s * 1_000_000)
+            policy.allow_timeout_override = timeout_s > 0  # a client's own shorter timeout is honoured
     for key, value in sorted(parameters.items()):
         config.parameters[key].string_value = str(value)
     return config
