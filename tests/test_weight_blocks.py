@@ -41,8 +41,10 @@ def test_anything_else_is_left_alone(weight):
     assert recover_blocks(weight) is None
 
 
-def test_a_graph_is_repacked_and_answers_the_same(tmp_path):
-    """MatMul by a Q4_1 weight, by a tied (Transpose of a Gather'd) Q4_1 embedding, and by a float32 weight."""
+@pytest.mark.parametrize("external", [False, True], ids=["one file", "external data"])
+def test_a_graph_is_repacked_and_answers_the_same(tmp_path, external):
+    """MatMul by a Q4_1 weight, by a tied (Transpose of a Gather'd) Q4_1 embedding, and by a float32 weight;
+    an export with its weights in an external data file (models over 2 GB) is rewritten the same way."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
@@ -62,7 +64,8 @@ def test_a_graph_is_repacked_and_answers_the_same(tmp_path):
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("projected", "kept", "logits")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])], outputs, inits)
     path = tmp_path / "model.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    saving = {"save_as_external_data": True, "location": "weights.bin", "size_threshold": 0} if external else {}
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path), **saving)
     ids = {"ids": np.array([[1, 5, 7], [90, 3, 0]], dtype=np.int64)}
     before = ort.InferenceSession(str(path)).run(None, ids)
 
@@ -75,6 +78,8 @@ def test_a_graph_is_repacked_and_answers_the_same(tmp_path):
     assert ops.count("MatMulNBits") == 2 and "Transpose" not in ops and "Gather" in ops
     names = {i.name for i in model.graph.initializer}
     assert names >= {"embedding", "plain"} and "projection" not in names
+    assert not (tmp_path / "weights.bin").exists()
+    assert (tmp_path / "model.onnx_data").is_file() == external
     after = ort.InferenceSession(str(path)).run(None, ids)
     for old, new in zip(before, after):
         assert np.allclose(old, new, rtol=1e-5, atol=1e-6), np.abs(old - new).max()

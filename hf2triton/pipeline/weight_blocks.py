@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 BLOCK = 32  # elements per GGUF block (Q4_0/Q4_1/Q8_0)
 MS_DOMAIN = "com.microsoft"
+PROTOBUF_LIMIT = 1_800_000_000  # bytes of weights kept inside model.onnx (protobuf refuses messages over 2 GB)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,14 @@ def pack_gguf_blocks(onnx_path: Path) -> dict[str, int]:
     import onnx
     from onnx import helper
 
+    header = onnx.load(str(onnx_path), load_external_data=False)
+    external = {
+        entry.value
+        for init in header.graph.initializer
+        if init.data_location == onnx.TensorProto.EXTERNAL
+        for entry in init.external_data
+        if entry.key == "location"
+    }
     model = onnx.load(str(onnx_path))
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
@@ -149,5 +158,20 @@ def pack_gguf_blocks(onnx_path: Path) -> dict[str, int]:
     graph.initializer.extend([*kept, *new_inits, *indicators.values()])
     if not any(op.domain == MS_DOMAIN for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
-    onnx.save(model, str(onnx_path))
+    _save(model, onnx_path, external)
     return report
+
+
+def _save(model, onnx_path: Path, old_external: set[str]) -> None:
+    """One file below protobuf's 2 GB limit, else the weights in one `<name>_data` file; the export's old
+    external data goes first (onnx appends to an existing data file)."""
+    import onnx
+
+    for name in old_external:
+        (onnx_path.parent / name).unlink(missing_ok=True)
+    weights = sum(len(i.raw_data) for i in model.graph.initializer)
+    if weights < PROTOBUF_LIMIT and not old_external:
+        onnx.save(model, str(onnx_path))
+        return
+    location = f"{onnx_path.name}_data"
+    onnx.save(model, str(onnx_path), save_as_external_data=True, all_tensors_to_one_file=True, location=location, size_threshold=1024)
