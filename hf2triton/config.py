@@ -198,6 +198,11 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].generation.streaming = true: needs backend python (backend is {model['backend']})",
                 "use backend: python, or streaming: false (the ONNX decoder answers each request whole)",
             )
+        if model["onnx"]["exporter"] == "genai-builder" and model["task"] != "text-generation":
+            raise UserError(
+                f"config.models[{index}].onnx.exporter = 'genai-builder': the builder makes decoder graphs (task is {model['task']})",
+                "use exporter: auto or optimum for encoder tasks",
+            )
         quantize = model["onnx"]["quantize"]
         if quantize == "dynamic-int8" and model["task"] == "text-generation":
             raise UserError(

@@ -19,6 +19,7 @@ from hf2triton.serving.interface import DEFAULTS, GENERATION
 @dataclass(frozen=True)
 class OnnxSpec:
     opset: int = 17
+    exporter: str = "auto"
     optimize: str = "O2"
     quantize: str = "none"
     parity_floor: float = 0.98

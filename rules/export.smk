@@ -1,4 +1,4 @@
-# Saved model -> ONNX (optimum; fused and/or int8 as configured) -> TensorRT engine. Only for models whose
+# Saved model -> ONNX (optimum, or ONNX Runtime GenAI's builder for decoders; fused and/or int8 as configured) -> TensorRT engine. Only for models whose
 # backend needs them: the repository rule asks for these outputs (see repository_inputs).
 rule export_onnx:
     input:
@@ -8,9 +8,10 @@ rule export_onnx:
     params:
         task=model_value("task"),
         opset=onnx_value("opset"),
+        exporter=onnx_value("exporter"),
         optimize=onnx_value("optimize"),
         quantize=onnx_value("quantize"),
-        exporter=EXPORT_VERSION,
+        export_version=EXPORT_VERSION,
     log:
         logs("export_onnx"),
     conda:

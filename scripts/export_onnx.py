@@ -10,6 +10,7 @@ run_step(
     pretrained=snakemake.input.pretrained,
     task=params.task,
     opset=params.opset,
+    exporter=params.exporter,
     optimize=params.optimize,
     quantize=params.quantize,
     output=snakemake.output[0],

@@ -226,3 +226,13 @@ def test_streaming_is_the_default_on_python_and_refused_with_onnx():
     assert "'m' streams (continuous batching)" in info.value.message and "streaming: false" in info.value.fix
     cfg["models"][0]["generation"] = {"streaming": False}
     validate_config(cfg)
+
+
+def test_genai_builder_is_for_decoders_only():
+    generation = {"source": "org/llm", "task": "text-generation", "backend": "onnx"}
+    assert validate_config(with_model(**generation))["models"][0]["onnx"]["exporter"] == "auto"
+    assert validate_config(with_model(**generation, onnx={"exporter": "genai-builder"}))["models"][0]["onnx"]["exporter"] == "genai-builder"
+    with pytest.raises(UserError) as info:
+        validate_config(with_model(backend="onnx", onnx={"exporter": "genai-builder"}))
+    assert "onnx.exporter = 'genai-builder'" in info.value.message and "feature-extraction" in info.value.message
+    assert "exporter: auto or optimum" in info.value.fix

@@ -114,6 +114,8 @@ def test_default_models_on_the_onnx_backend(tmp_path_factory):
         assert report["models"]["smollm2"]["parity"]["greedy_identical"] == report["models"]["smollm2"]["parity"]["prompts"]
         assert "Paris" in report["models"]["smollm2"]["sample"]["output"]
         export = json.loads((workflow.work / "models/smollm2/onnx/export.json").read_text())
-        assert export["gguf_blocks"]["packed_4bit"] == 210 and export["gguf_blocks"]["kept_float32"] == 1  # all layers; not the Q8_0 head
+        assert export["exporter"] == "genai-builder"  # auto: fused attention for decoders
+        # 30 layers x (fused q/k/v, o, gate, up, down) in 4-bit blocks; not the Q8_0 head
+        assert export["gguf_blocks"]["packed_4bit"] == 150 and export["gguf_blocks"]["kept_float32"] == 1
     finally:
         workflow.stop()

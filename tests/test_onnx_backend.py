@@ -85,12 +85,14 @@ def test_torch_runs_on_one_thread_beside_onnx_runtime(onnx_workflow):
 
 def test_onnx_decoder_loop_answers_like_torch_generate(onnx_workflow):
     """The ONNX decoder's own loop (KV cache kept in ONNX Runtime values) picks the same greedy tokens as
-    torch's `generate`, for left-padded batches of different prompt lengths; sampling draws valid tokens."""
+    torch's `generate`, for batches of different prompt lengths (the builder's graph takes them right-padded);
+    sampling draws valid tokens."""
     from hf2triton.serving.model import GenerationEngine
 
     models = onnx_workflow.work / "models" / "generate"
     torch_engine = GenerationEngine(str(models / "pretrained"), num_threads=1)
     onnx_engine = GenerationEngine(str(models / "pretrained"), num_threads=1, backend="onnx", onnx_dir=str(models / "onnx"))
+    assert onnx_engine.model.right_padded  # exporter auto: the GenAI builder's graph (GroupQueryAttention)
     prompts = ["hello", "a much longer prompt with many more words in it than the first", "x y z"]
     for max_new_tokens in (1, 7, 24):
         expected = torch_engine.run(prompts, max_new_tokens=max_new_tokens)["text_output"].tolist()

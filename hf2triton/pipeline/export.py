@@ -1,17 +1,26 @@
-"""Step `export_onnx`: the saved pretrained model -> ONNX (Hugging Face Optimum), optionally fused by ONNX
-Runtime's transformer optimizer and dynamically quantised to int8, or with a GGUF source's 4-bit weight
-blocks re-packed (`weight_blocks.py`). Only for models with backend onnx or tensorrt. The output directory
-(model.onnx or the decoder files, config, tokenizer, export.json) is written atomically.
+"""Step `export_onnx`: the saved pretrained model -> ONNX (Hugging Face Optimum, or for decoders ONNX Runtime
+GenAI's model builder), optionally fused by ONNX Runtime's transformer optimizer and dynamically quantised to
+int8, or with a GGUF source's 4-bit weight blocks re-packed (`weight_blocks.py`). Only for models with
+backend onnx or tensorrt. The output directory (model.onnx or the decoder files, config, tokenizer,
+export.json) is written atomically.
 
 Why eager attention for encoders: with the default SDPA attention ONNX Runtime fuses nothing; exported
 from eager attention its BERT optimizer fuses attention, SkipLayerNorm and GELU (measured: 1.24x torch,
 int8 per-channel on the fused graph 1.77x at cosine >= 0.987; see shared performance facts).
+
+Why the GenAI builder for decoders: optimum's decoder graph spells attention, rotary embedding and RMSNorm out
+in ~3,000 small nodes per step (SmolLM2: Unsqueeze 526, Gather 458, Concat 304, ... ~45% of a decoded token's
+kernel time); the builder emits ~340 (GroupQueryAttention with rotary inside, SkipSimplifiedLayerNorm):
+SmolLM2 float32 32 vs 42 ms per token, with gguf-blocks 22-25 vs 32-39 ms (2 cores; benchmarks/bench-2cpu).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +34,10 @@ log = logging.getLogger(__name__)
 
 # Bumped whenever the export logic changes what it produces: it is a param of the rule, so an upgrade of
 # hf2triton re-exports (Snakemake does not rerun jobs for changes in imported modules).
-EXPORT_VERSION = 3
+EXPORT_VERSION = 4
+# Written by the GenAI builder: its graphs take right-padded prompts and derive positions from the mask
+# (model.py's decoder looks for this file).
+GENAI_CONFIG = "genai_config.json"
 
 OPTIMUM_TASKS = {FEATURE_EXTRACTION: "feature-extraction", CLASSIFICATION: "text-classification", GENERATION: "text-generation-with-past"}
 ENCODER_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "distilbert": "bert", "mpnet": "bert", "electra": "bert"}
@@ -96,7 +108,35 @@ def _pack_gguf_blocks(onnx_path: Path) -> dict[str, int]:
     return report
 
 
-def export_onnx_step(pretrained: str, task: str, opset: int, optimize: str, quantize: str, output: str) -> dict[str, Any]:
+def _build_with_genai(pretrained: str, out: Path, required: bool) -> bool:
+    """ONNX Runtime GenAI's model builder (float32, CPU graph) into `out`, in a child process (it loads its own
+    heavy imports and prints per-tensor progress). False when it does not know the architecture and the
+    config did not ask for it by name (the caller then uses optimum)."""
+    log.info("building the decoder graph with ONNX Runtime GenAI's model builder (fused attention); ~10-30 s")
+    cache = out / ".builder-cache"
+    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", pretrained, "-o", str(out)]
+    command += ["-p", "fp32", "-e", "cpu", "-c", str(cache)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)  # noqa: S603 - fixed program, no shell
+    shutil.rmtree(cache, ignore_errors=True)
+    if done.returncode == 0:
+        for name in ("config.json", "generation_config.json"):  # the builder writes its own genai_config.json only
+            if (Path(pretrained) / name).is_file():
+                shutil.copy2(Path(pretrained) / name, out / name)
+        return True
+    lines = [line.strip() for line in (done.stdout + done.stderr).replace("\r", "\n").splitlines() if line.strip()]
+    if any("is not currently supported" in line for line in lines[-5:]):
+        architecture = ", ".join(json.loads((Path(pretrained) / "config.json").read_text()).get("architectures") or ["?"])
+        unknown = f"ONNX Runtime GenAI's model builder does not know the architecture {architecture}"
+        if required:
+            raise UserError(f"onnx.exporter = 'genai-builder': {unknown}", "use exporter: auto (optimum for such models) or optimum")
+        log.warning("%s; exporting with optimum", unknown)
+        for child in out.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        return False
+    raise RuntimeError(f"ONNX Runtime GenAI's model builder failed (exit {done.returncode}): " + " | ".join(lines[-6:]))
+
+
+def export_onnx_step(pretrained: str, task: str, opset: int, exporter: str, optimize: str, quantize: str, output: str) -> dict[str, Any]:
     """Export `pretrained` for `task` into `output` (directory), then fuse/quantise as configured."""
     from optimum.exporters.onnx import onnx_export_from_model
     from transformers import AutoTokenizer
@@ -107,13 +147,19 @@ def export_onnx_step(pretrained: str, task: str, opset: int, optimize: str, quan
     encoder = task != GENERATION
     if quantize == "dynamic-int8" and not encoder:
         raise UserError("onnx.quantize: dynamic-int8 is supported for encoder tasks only", "use quantize: none for text-generation")
+    if exporter == "genai-builder" and encoder:
+        raise UserError(f"onnx.exporter: genai-builder builds decoder graphs (task is {task})", "use exporter: auto or optimum")
     started = time.monotonic()
-    log.info("exporting %s to ONNX (task %s, opset %d); this takes ~10-60 s", pretrained, OPTIMUM_TASKS[task], opset)
-    # eager attention for encoders: the graph ONNX Runtime's optimizer can fuse (SDPA exports are opaque to it)
-    model = auto_model_class(task).from_pretrained(pretrained, attn_implementation="eager" if encoder else None).eval()
     tokenizer = AutoTokenizer.from_pretrained(pretrained)
     with atomic_directory(output) as tmp:
-        onnx_export_from_model(model, output=tmp, task=OPTIMUM_TASKS[task], opset=opset, do_validation=False, preprocessors=[tokenizer])
+        built_by = "optimum"
+        if not encoder and exporter != "optimum" and _build_with_genai(pretrained, tmp, required=exporter == "genai-builder"):
+            built_by = "genai-builder"
+        else:
+            log.info("exporting %s to ONNX (task %s, opset %d); this takes ~10-60 s", pretrained, OPTIMUM_TASKS[task], opset)
+            # eager attention for encoders: the graph ONNX Runtime's optimizer can fuse (SDPA exports are opaque to it)
+            model = auto_model_class(task).from_pretrained(pretrained, attn_implementation="eager" if encoder else None).eval()
+            onnx_export_from_model(model, output=tmp, task=OPTIMUM_TASKS[task], opset=opset, do_validation=False, preprocessors=[tokenizer])
         tokenizer.save_pretrained(tmp)
         fused: dict[str, int] = {}
         if encoder and optimize != "none" and config.get("model_type") in ENCODER_MODEL_TYPES:
@@ -127,7 +173,8 @@ def export_onnx_step(pretrained: str, task: str, opset: int, optimize: str, quan
             blocks = _pack_gguf_blocks(tmp / "model.onnx")
         manifest = {
             "task": task,
-            "opset": opset,
+            "exporter": built_by,
+            "opset": opset if built_by == "optimum" else None,
             "optimize": optimize,
             "quantize": quantize,
             "fused_operators": fused,

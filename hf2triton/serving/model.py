@@ -139,11 +139,16 @@ class OrtEncoder:
 
 
 class OrtDecoder:
-    """optimum's text-generation-with-past export driven by a lean loop instead of optimum + HF `generate`
-    (which cost 6-8 ms per token on 2 cores, 15-20% of a step: benchmarks/generation-2cpu/decoder-steps.md).
-    The KV cache stays in ONNX Runtime's own values from step to step; only the last logits come to numpy.
-    Same choices as `generate(do_sample=temperature > 0, top_k=None, top_p=None)`: argmax, or a draw from
-    softmax(logits / temperature); a row that produced an end-of-sequence token is padded from then on."""
+    """A KV-cache decoder export (ONNX Runtime GenAI's builder, or optimum's text-generation-with-past) driven
+    by a lean loop instead of optimum + HF `generate` (which cost 6-8 ms per token on 2 cores, 15-20% of a
+    step: benchmarks/generation-2cpu/decoder-steps.md). The KV cache stays in ONNX Runtime's own values from
+    step to step; only the last logits come to numpy. Same choices as `generate(do_sample=temperature > 0,
+    top_k=None, top_p=None)`: argmax, or a draw from softmax(logits / temperature); a row that produced an
+    end-of-sequence token is padded from then on.
+
+    The builder's GroupQueryAttention takes right-padded rows: it reads each row's length from the mask's sum
+    (its rotary positions start at the row's first token) and appends a row's new key/value right after its
+    own tokens, so prompts move to the left and each step adds a column of ones to the mask."""
 
     def __init__(self, onnx_dir: str, num_threads: int):
         from transformers import AutoConfig, GenerationConfig
@@ -164,6 +169,7 @@ class OrtDecoder:
             if i.name.startswith("past_key_values")
         ]
         self.outputs = ["logits", *(name.replace("past_key_values", "present") for name, *_ in self.past)]
+        self.right_padded = os.path.isfile(os.path.join(onnx_dir, "genai_config.json"))  # export.GENAI_CONFIG
 
     def _feeds(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list) -> dict[str, Any]:
         import onnxruntime as ort
@@ -178,14 +184,21 @@ class OrtDecoder:
 
         rows = ids.shape[0]
         mask = mask.astype(np.int64)
+        ids = ids.astype(np.int64)
+        last_prompt_token = np.full(rows, ids.shape[1] - 1)
+        if self.right_padded:  # each row's tokens first, in order (a stable sort of "is padding")
+            order = np.argsort(mask == 0, axis=1, kind="stable")
+            ids, mask = np.take_along_axis(ids, order, 1), np.take_along_axis(mask, order, 1)
+            last_prompt_token = mask.sum(axis=1) - 1
         positions = np.where(mask == 0, 1, mask.cumsum(-1) - 1)
         past = [ort.OrtValue.ortvalue_from_numpy(np.zeros((rows, heads, 0, dim), dtype)) for _, heads, dim, dtype in self.past]
-        feeds = self._feeds(ids.astype(np.int64), mask, positions, past)
+        feeds = self._feeds(ids, mask, positions, past)
         finished, picked = np.zeros(rows, dtype=bool), []
         rng = np.random.default_rng() if temperature > 0 else None
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             logits, *past = self.session.run_with_ort_values(self.outputs, feeds)
-            last = logits.numpy()[:, -1, :].astype(np.float64)
+            logits = logits.numpy()
+            last = (logits[np.arange(rows), last_prompt_token] if step == 0 else logits[:, -1, :]).astype(np.float64)
             tokens = np.where(finished, pad_id, _next_tokens(last, temperature, rng))
             picked.append(tokens)
             finished |= np.isin(tokens, self.eos)

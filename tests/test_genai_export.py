@@ -1,0 +1,41 @@
+"""onnx.exporter: decoders are built by ONNX Runtime GenAI's model builder (fused attention) where it knows
+the architecture; elsewhere auto falls back to optimum, and asking for the builder by name is a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf2triton.errors import UserError
+from hf2triton.pipeline.export import GENAI_CONFIG, export_onnx_step
+from tests.helpers import smollm2_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2(tmp_path_factory):
+    """An architecture the builder does not know (GPT-2), tiny, with a real tokenizer."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    path = tmp_path_factory.mktemp("tiny-gpt2")
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf().parent, gguf_file=smollm2_gguf().name)
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=128)
+    GPT2LMHeadModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_auto_falls_back_to_optimum_for_an_architecture_the_builder_does_not_know(tiny_gpt2, tmp_path):
+    out = tmp_path / "onnx"
+    manifest = export_onnx_step(str(tiny_gpt2), "text-generation", 17, "auto", "O2", "none", str(out))
+    assert manifest["exporter"] == "optimum" and manifest["opset"] == 17
+    assert (out / "model.onnx").is_file() and not (out / GENAI_CONFIG).exists()
+    assert json.loads((out / "export.json").read_text())["exporter"] == "optimum"
+
+
+def test_the_builder_by_name_refuses_such_an_architecture_with_the_fix(tiny_gpt2, tmp_path):
+    with pytest.raises(UserError) as info:
+        export_onnx_step(str(tiny_gpt2), "text-generation", 17, "genai-builder", "O2", "none", str(tmp_path / "onnx"))
+    assert "onnx.exporter = 'genai-builder'" in info.value.message and "GPT2LMHeadModel" in info.value.message
+    assert "exporter: auto" in info.value.fix
+    assert not (tmp_path / "onnx").exists()  # nothing half-written
