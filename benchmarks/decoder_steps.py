@@ -1,13 +1,14 @@
 """Where a decoded token's time goes (issue 14): SmolLM2 per decode step and per prefill, torch vs the ONNX
 exports, in-process on this machine, next to the memory-bandwidth floor of reading the weights once per step.
 
-    .venv/bin/python benchmarks/backends.py          # builds benchmarks/.work/ (torch, onnx, gguf-blocks)
+    .venv/bin/python benchmarks/backends.py          # builds benchmarks/.work/ (torch, onnx, gguf-blocks x 2 graphs)
     .venv/bin/python benchmarks/decoder_steps.py     # -> benchmarks/generation-2cpu/decoder-steps.{json,md}
 
-Per engine: the product's GenerationEngine.run (what a served static request runs: HF generate) in tokens/s,
+Per engine: the product's GenerationEngine.run (what a served static request runs) in tokens/s,
 the bare forward per decode step (torch with its KV cache; ONNX Runtime feeding `present` back as `past`),
-the prefill of a 40- and a 400-token prompt, the weight bytes a step reads, and for the ONNX graphs the
-share of kernel time per operator type from ONNX Runtime's profiler.
+the prefill of a 40- and a 400-token prompt (ONNX sessions with the options model.py gives a decoder), the
+weight bytes a step reads, and for the ONNX graphs the share of kernel time per operator type from ONNX
+Runtime's profiler.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ sys.path.insert(0, str(ROOT))
 from hf2triton import host  # noqa: E402
 
 PROMPT = "Write a short poem about the sea."
-ENGINES = {"torch": "smollm2_torch", "onnx float32": "smollm2_onnx", "onnx gguf-blocks": "smollm2_blocks"}
+ENGINES = {
+    "torch": "smollm2_torch",
+    "onnx float32": "smollm2_onnx",
+    "onnx gguf-blocks": "smollm2_blocks",
+    "onnx gguf-blocks, optimum's graph": "smollm2_blocks_optimum",
+}
 
 
 def bandwidth_gb_per_s(threads: int) -> float:
@@ -96,14 +102,17 @@ def torch_steps(model_dir: Path, threads: int, steps: int) -> dict:
 
 def _onnx_feeds(session, length: int, past: dict | None) -> dict:
     total = length + (next(iter(past.values())).shape[2] if past else 0)
-    feeds = {
+    arrays = {
         "input_ids": np.ones((1, length), np.int64),
         "attention_mask": np.ones((1, total), np.int64),
-        "position_ids": np.arange(total - length, total)[None],
+        "position_ids": np.arange(total - length, total)[None],  # optimum's graph; the GenAI builder's has none
     }
+    feeds = {}
     for spec in session.get_inputs():
         if spec.name.startswith("past_key_values"):
             feeds[spec.name] = past[spec.name] if past else np.zeros((1, spec.shape[1], 0, spec.shape[3]), np.float32)
+        else:
+            feeds[spec.name] = arrays[spec.name]
     return feeds
 
 
@@ -127,7 +136,7 @@ def onnx_steps(onnx_dir: Path, threads: int, steps: int) -> dict:
     from hf2triton.serving.model import ort_session_options
 
     path = str(onnx_dir / "model.onnx")
-    session = ort.InferenceSession(path, ort_session_options(threads))
+    session = ort.InferenceSession(path, ort_session_options(threads, spin_within_runs=True))
     times = _decode(session, steps)
     prefill = {}
     for length in (40, 400):
@@ -138,8 +147,12 @@ def onnx_steps(onnx_dir: Path, threads: int, steps: int) -> dict:
     weights = {n.input[1] for n in graph.node if n.op_type in ("MatMul", "MatMulNBits")}
     weights |= {i for n in graph.node if n.op_type == "MatMulNBits" for i in n.input[2:]}
     weights |= {n.input[0] for n in graph.node if n.op_type == "Transpose"}  # a tied LM head, folded at load
-    weight_bytes = sum(len(i.raw_data) for i in graph.initializer if i.name in weights)
-    options = ort_session_options(threads)
+    weight_bytes = sum(  # from the shapes: a weight may live in an external data file
+        int(np.prod(i.dims)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(i.data_type)).itemsize
+        for i in graph.initializer
+        if i.name in weights
+    )
+    options = ort_session_options(threads, spin_within_runs=True)
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as scratch:
         options.profile_file_prefix = str(Path(scratch) / "ort-profile")

@@ -54,14 +54,18 @@ def test_changing_quantize_reexports_without_refetching(onnx_workflow):
     assert report["ok"] and report["models"]["embed"]["parity"]["floor"] == 0.9
 
 
-def test_onnx_runtime_threads_sleep_instead_of_spinning_and_keep_the_instance_share():
+def test_onnx_runtime_threads_sleep_and_decoders_spin_only_inside_a_run():
     """Served, spinning pool threads took the cores Triton's frontend needs: ONNX served at ~0.5x its
-    in-process speed; with sleeping threads 0.85-0.91x (benchmarks/bench-2cpu/README.md)."""
+    in-process speed; with sleeping threads 0.85-0.91x (benchmarks/bench-2cpu/README.md). A decoder step
+    (hundreds of small kernels) spins inside a Run only, and stops when the Run ends."""
     from hf2triton.serving.model import ort_session_options
 
     options = ort_session_options(2)
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert (options.intra_op_num_threads, options.inter_op_num_threads) == (2, 1)
+    decoder = ort_session_options(2, spin_within_runs=True)
+    assert decoder.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert decoder.get_session_config_entry("session.force_spinning_stop") == "1"
 
 
 def test_torch_runs_on_one_thread_beside_onnx_runtime(onnx_workflow):

@@ -94,9 +94,16 @@ def torch_dtype(name: str, device: str):
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
-def ort_session_options(num_threads: int):
+def ort_session_options(num_threads: int, spin_within_runs: bool = False):
     """ONNX Runtime options for one instance: all graph optimisations, its share of the cores, no
-    inter-op pool (the graphs run sequentially)."""
+    inter-op pool (the graphs run sequentially).
+
+    Pool threads sleep when idle: spinning (ORT's default, also after a Run) took the cores Triton's frontend
+    and this stub need between executions, and served ONNX fell to ~0.5x its in-process speed. A decoder step
+    is the exception (`spin_within_runs`): ~340 small kernels per Run, each waking a sleeping thread, cost
+    SmolLM2 ~27 vs ~20 ms per token on 2 cores; its threads spin inside a Run and stop when it ends
+    (force_spinning_stop). Encoders served no faster that way (MiniLM, 4 runs): they keep sleeping threads
+    (benchmarks/bench-2cpu/README.md)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -104,17 +111,17 @@ def ort_session_options(num_threads: int):
     if num_threads > 0:
         options.intra_op_num_threads = num_threads
         options.inter_op_num_threads = 1
-    # Idle pool threads sleep instead of spinning: in a server they would spin on the cores that Triton's
-    # frontend and this stub need to receive the next request and send the last answer.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin_within_runs else "0")
+    if spin_within_runs:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     return options
 
 
-def ort_session(path: str, num_threads: int):
+def ort_session(path: str, num_threads: int, spin_within_runs: bool = False):
     import onnxruntime as ort
 
     providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-    return ort.InferenceSession(path, ort_session_options(num_threads), providers=providers)
+    return ort.InferenceSession(path, ort_session_options(num_threads, spin_within_runs), providers=providers)
 
 
 class OrtEncoder:
@@ -153,7 +160,7 @@ class OrtDecoder:
     def __init__(self, onnx_dir: str, num_threads: int):
         from transformers import AutoConfig, GenerationConfig
 
-        self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads)
+        self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads, spin_within_runs=True)
         self.config = AutoConfig.from_pretrained(onnx_dir)
         try:
             eos = GenerationConfig.from_pretrained(onnx_dir).eos_token_id
