@@ -116,7 +116,8 @@ def _onnx_feeds(session, length: int, past: dict | None) -> dict:
     return feeds
 
 
-def _decode(session, steps: int) -> list[float]:
+def decode_times(session, steps: int) -> list[float]:
+    """Seconds per decode step (batch 1, a 40-token prompt first), `present` fed back as `past`."""
     names = [o.name for o in session.get_outputs()]
     past, times = None, []
     for step in range(steps + 1):
@@ -137,7 +138,7 @@ def onnx_steps(onnx_dir: Path, threads: int, steps: int) -> dict:
 
     path = str(onnx_dir / "model.onnx")
     session = ort.InferenceSession(path, ort_session_options(threads, spin_within_runs=True))
-    times = _decode(session, steps)
+    times = decode_times(session, steps)
     prefill = {}
     for length in (40, 400):
         feeds = _onnx_feeds(session, length, None)
@@ -157,7 +158,7 @@ def onnx_steps(onnx_dir: Path, threads: int, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         options.profile_file_prefix = str(Path(scratch) / "ort-profile")
         profiled = ort.InferenceSession(path, options)
-        _decode(profiled, 20)
+        decode_times(profiled, 20)
         events = json.loads(Path(profiled.end_profiling()).read_text())
     kernel_us: collections.Counter = collections.Counter()
     calls: collections.Counter = collections.Counter()

@@ -5,7 +5,7 @@ alternating rounds (issue 14). What model.py ships: encoders sleep, decoders spi
     .venv/bin/python benchmarks/ort_spinning.py    # -> benchmarks/bench-2cpu/ort-spinning.json
 
 SmolLM2 (gguf-blocks, the GenAI builder's graph): the bare decode step at batch 1 (median of 32 steps after a
-5-token prompt). MiniLM ONNX int8 and fp32: the product's EmbeddingEngine at batch 32 and 4, texts/s.
+40-token prompt, decoder_steps.py's loop). MiniLM ONNX int8 and fp32: the product's EmbeddingEngine at batch 32 and 4, texts/s.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from backends import corpus  # noqa: E402
+from decoder_steps import decode_times  # noqa: E402
 
 from hf2triton import host  # noqa: E402
 from hf2triton.serving import model as served  # noqa: E402
@@ -31,26 +30,11 @@ from hf2triton.serving import model as served  # noqa: E402
 VARIANTS = {"sleep": False, "spin inside a Run": True}
 
 
-def decode_step_ms(onnx_dir: Path, spin: bool, steps: int = 32) -> float:
+def decode_step_ms(onnx_dir: Path, spin: bool) -> float:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_dir / "model.onnx"), served.ort_session_options(host.cpu_count(), spin))
-    pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values")]
-    outputs = ["logits", *(p.name.replace("past_key_values", "present") for p in pasts)]
-    ids = np.array([[1, 504, 3458, 282, 4649]], dtype=np.int64)
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-    feeds |= {p.name: np.zeros((1, p.shape[1], 0, p.shape[3]), np.float32) for p in pasts}
-    times, length = [], ids.shape[1]
-    for _ in range(steps + 1):
-        values = {k: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()}
-        started = time.perf_counter()
-        logits, *present = session.run_with_ort_values(outputs, values)
-        times.append(time.perf_counter() - started)
-        length += 1
-        token = int(logits.numpy()[0, -1].argmax())
-        feeds = {"input_ids": np.array([[token]], np.int64), "attention_mask": np.ones((1, length), np.int64)}
-        feeds |= {p.name: v for p, v in zip(pasts, present)}
-    return round(statistics.median(times[1:]) * 1e3, 2)
+    return round(statistics.median(decode_times(session, 32)) * 1e3, 2)
 
 
 def embedding_texts_per_s(models: Path, name: str, spin: bool, batch: int, texts: list[str], seconds: float) -> float:

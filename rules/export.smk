@@ -1,5 +1,6 @@
-# Saved model -> ONNX (optimum, or ONNX Runtime GenAI's builder for decoders; fused and/or int8 as configured) -> TensorRT engine. Only for models whose
-# backend needs them: the repository rule asks for these outputs (see repository_inputs).
+# Saved model -> ONNX (optimum, or ONNX Runtime GenAI's builder for decoders; fused and/or int8 as configured)
+# -> TensorRT engine. Only for models whose backend needs them: the repository rule asks for these outputs
+# (see repository_inputs).
 rule export_onnx:
     input:
         pretrained=rules.pretrained.output[0],

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from hf2triton.errors import UserError
-from hf2triton.pipeline.export import GENAI_CONFIG, export_onnx_step
+from hf2triton.pipeline.export import export_onnx_step
+from hf2triton.serving.interface import GENAI_CONFIG
 from tests.helpers import smollm2_gguf
 
 

@@ -35,9 +35,6 @@ log = logging.getLogger(__name__)
 # Bumped whenever the export logic changes what it produces: it is a param of the rule, so an upgrade of
 # hf2triton re-exports (Snakemake does not rerun jobs for changes in imported modules).
 EXPORT_VERSION = 4
-# Written by the GenAI builder: its graphs take right-padded prompts and derive positions from the mask
-# (model.py's decoder looks for this file).
-GENAI_CONFIG = "genai_config.json"
 
 OPTIMUM_TASKS = {FEATURE_EXTRACTION: "feature-extraction", CLASSIFICATION: "text-classification", GENERATION: "text-generation-with-past"}
 ENCODER_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "distilbert": "bert", "mpnet": "bert", "electra": "bert"}
@@ -108,7 +105,7 @@ def _pack_gguf_blocks(onnx_path: Path) -> dict[str, int]:
     return report
 
 
-def _build_with_genai(pretrained: str, out: Path, required: bool) -> bool:
+def _build_with_genai(pretrained: str, out: Path, architectures: list[str], required: bool) -> bool:
     """ONNX Runtime GenAI's model builder (float32, CPU graph) into `out`, in a child process (it loads its own
     heavy imports and prints per-tensor progress). False when it does not know the architecture and the
     config did not ask for it by name (the caller then uses optimum)."""
@@ -125,8 +122,7 @@ def _build_with_genai(pretrained: str, out: Path, required: bool) -> bool:
         return True
     lines = [line.strip() for line in (done.stdout + done.stderr).replace("\r", "\n").splitlines() if line.strip()]
     if any("is not currently supported" in line for line in lines[-5:]):
-        architecture = ", ".join(json.loads((Path(pretrained) / "config.json").read_text()).get("architectures") or ["?"])
-        unknown = f"ONNX Runtime GenAI's model builder does not know the architecture {architecture}"
+        unknown = f"ONNX Runtime GenAI's model builder does not know the architecture {', '.join(architectures) or '?'}"
         if required:
             raise UserError(f"onnx.exporter = 'genai-builder': {unknown}", "use exporter: auto (optimum for such models) or optimum")
         log.warning("%s; exporting with optimum", unknown)
@@ -153,7 +149,8 @@ def export_onnx_step(pretrained: str, task: str, opset: int, exporter: str, opti
     tokenizer = AutoTokenizer.from_pretrained(pretrained)
     with atomic_directory(output) as tmp:
         built_by = "optimum"
-        if not encoder and exporter != "optimum" and _build_with_genai(pretrained, tmp, required=exporter == "genai-builder"):
+        required = exporter == "genai-builder"
+        if not encoder and exporter != "optimum" and _build_with_genai(pretrained, tmp, config.get("architectures") or [], required):
             built_by = "genai-builder"
         else:
             log.info("exporting %s to ONNX (task %s, opset %d); this takes ~10-60 s", pretrained, OPTIMUM_TASKS[task], opset)

@@ -35,6 +35,11 @@ FEATURE_EXTRACTION = "feature-extraction"
 CLASSIFICATION = "text-classification"
 GENERATION = "text-generation"
 TASKS = (FEATURE_EXTRACTION, CLASSIFICATION, GENERATION)
+
+# Written into an ONNX export by ONNX Runtime GenAI's model builder: its decoder graphs take right-padded
+# prompts and derive positions from the mask (model.py's decoder looks for it).
+GENAI_CONFIG = "genai_config.json"
+
 # transformers Auto* class per task (pretrained, export and the serving engines load with the same one)
 AUTO_CLASSES = {FEATURE_EXTRACTION: "AutoModel", CLASSIFICATION: "AutoModelForSequenceClassification", GENERATION: "AutoModelForCausalLM"}
 

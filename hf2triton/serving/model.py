@@ -176,7 +176,7 @@ class OrtDecoder:
             if i.name.startswith("past_key_values")
         ]
         self.outputs = ["logits", *(name.replace("past_key_values", "present") for name, *_ in self.past)]
-        self.right_padded = os.path.isfile(os.path.join(onnx_dir, "genai_config.json"))  # export.GENAI_CONFIG
+        self.right_padded = os.path.isfile(os.path.join(onnx_dir, interface.GENAI_CONFIG))
 
     def _feeds(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list) -> dict[str, Any]:
         import onnxruntime as ort
