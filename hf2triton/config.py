@@ -338,6 +338,9 @@ def validate_config(raw: Any) -> dict:
     )
     explicit_onnx = {i for i, m in enumerate(models) if isinstance(m, dict) and "onnx" in m} if isinstance(models, list) else set()
     cfg = apply_overrides(cfg)
+    server = cfg.get("server")
+    if isinstance(server, dict) and isinstance(server.get("cuda_mps"), bool):  # YAML 1.1 reads a bare on/off as a boolean
+        server["cuda_mps"] = "on" if server["cuda_mps"] else "off"
     validator = _DefaultFillingValidator(_schema())
     errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:

@@ -103,6 +103,7 @@ class ServerSpec:
     startup_timeout_s: int = 300
     log_verbose: int = 0
     shm_default_byte_size: int = 16 * 1024 * 1024
+    cuda_mps: str = "auto"
 
     @property
     def ports(self) -> dict[str, int]:

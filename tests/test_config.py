@@ -47,6 +47,7 @@ def test_minimal_config_gets_all_defaults():
         "startup_timeout_s": 300,
         "log_verbose": 0,
         "shm_default_byte_size": 16777216,
+        "cuda_mps": "auto",
     }
     assert cfg["paths"] == {"work": ".hf2triton"}
     assert GOOD["models"][0] == {"name": "m", "source": "org/model", "task": "feature-extraction"}, "input must not be modified"

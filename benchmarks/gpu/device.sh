@@ -11,6 +11,7 @@
 #                                                             over-budget config refused by preflight (server untouched)
 #   bash benchmarks/gpu/device.sh probe [VARIANT ...]         single-text load on gpu-overlay.yaml ("base") and each variant
 #                                                             (default: all of benchmarks/h200/single-text/), served in turn
+#   bash benchmarks/gpu/device.sh bench-best                  bench on the overlay + the variant probe measured best at x16
 #
 # `make serve` cannot run there (no package registry): `setup` replaces its install step (the same pinned
 # versions, from carried wheels) and the venv recipe of shared/reference/environment.md (numpy 1.26.4 first,
@@ -18,7 +19,7 @@
 set -euo pipefail
 STORE=/tmp/gpu-assets
 VENV=/tmp/v
-step=${1:?stash|setup|serve|bench|extras|probe}
+step=${1:?stash|setup|serve|bench|bench-best|extras|probe}
 
 case "$step" in
 stash)
@@ -101,8 +102,22 @@ probe)
       echo "$label: serve failed (results/probe/serve-$label.log)" >> results/probe/probe.log
     fi
   done
+  # The variant with the most single texts/s at x16 (both protocols' mean), for `bench-best`.
+  "$VENV/bin/python" - > results/probe/best.txt <<'PY'
+import json
+entries = json.load(open("results/probe/single-text.json"))
+def x16(entry):
+    cells = [c["items_per_s"] for c in entry["cells"] if c["concurrency"] == 16]
+    return sum(cells) / max(len(cells), 1)
+print(" ".join(max(entries, key=x16)["configfiles"]))
+PY
+  echo "best at x16: $(cat results/probe/best.txt)"
   cat results/probe/probe.log
   [ -z "${OUT:-}" ] || tar -czf "$OUT/probe.tar.gz" results/probe
+  ;;
+bench-best)  # `bench` on the overlay + variant that `probe` found best (decided by the script: the machine idles back in 30 s)
+  read -r -a files < results/probe/best.txt
+  exec bash "$0" bench --configfile "${files[@]}"
   ;;
 *)
   echo "unknown step $step" >&2

@@ -22,7 +22,7 @@ from hf2triton.config import deep_merge, read_yaml  # noqa: E402
 from hf2triton.perf import loadgen  # noqa: E402
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
 from hf2triton.specs import load_project  # noqa: E402
-from hf2triton.triton.process import Settings  # noqa: E402
+from hf2triton.triton.process import Settings, read_state  # noqa: E402
 
 
 def main() -> int:
@@ -41,7 +41,8 @@ def main() -> int:
         overlay = deep_merge(overlay, read_yaml(Path(path)) or {})
     project = load_project(args.config, overlay)
     model = next(m for m in project.models if m.name == args.model)
-    urls = Settings.of(project.server, project.names, project.work).urls
+    settings = Settings.of(project.server, project.names, project.work)
+    urls = settings.urls
     texts = [t.encode() for t in bench_texts(512, max_words=90)]
     binary = loadgen.perf_analyzer_binary()
     cells = []
@@ -57,6 +58,7 @@ def main() -> int:
         "instances": model.instances,
         "max_batch_size": model.max_batch_size,
         "max_queue_delay_us": model.max_queue_delay_us,
+        "cuda_mps": (read_state(settings) or {}).get("cuda_mps"),
         "tool": "perf_analyzer" if binary else "tritonclient",
         "cells": cells,
     }

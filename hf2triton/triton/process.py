@@ -26,10 +26,10 @@ from hf2triton import host, integrity
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.specs import ServerSpec
-from hf2triton.triton import client
+from hf2triton.triton import client, mps
 from hf2triton.triton.hidden_args import build_shim, hide_arguments, placeholder
 from hf2triton.triton.install import Installation, locate_tritonserver, prepare_backend_dir, server_environment
-from hf2triton.triton.modelconfig import instance_count, model_parameters, read_model_config_or_none
+from hf2triton.triton.modelconfig import instance_count, model_parameters, read_model_config_or_none, uses_gpu
 from hf2triton.triton.pitfalls import explain, relevant_log_lines
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,16 @@ def expected_instances(settings: Settings, name: str) -> int:
     return instance_count(read_model_config_or_none(Path(settings.repository) / name / "config.pbtxt"))
 
 
+def gpu_processes(settings: Settings) -> int:
+    """How many stub processes of the rendered models run on the GPU (each has its own CUDA context)."""
+    configs = [read_model_config_or_none(Path(settings.repository) / name / "config.pbtxt") for name in settings.models]
+    return sum(instance_count(config) for config in configs if config is not None and uses_gpu(config))
+
+
+def mps_plan(settings: Settings) -> mps.Plan:
+    return mps.plan(settings.server.cuda_mps, gpu_processes(settings), settings.server_dir)
+
+
 def dead_stub_models(settings: Settings, server_pid: int) -> list[str]:
     """Models with fewer live Python-backend stub processes than instances. A killed stub leaves the
     model "ready" while every request fails with 'Stub process ... is not healthy'."""
@@ -249,8 +259,9 @@ class Decision:
     broken: tuple[str, ...] = ()  # of those, the ones that serve nothing now (unloaded first: Triton skips an unchanged load)
 
 
-def decide(state: dict[str, Any] | None, facts: Facts, wanted_cmdline: list[str] | None) -> Decision:
-    """What to do with the server. Pure: unit-tested with every combination."""
+def decide(state: dict[str, Any] | None, facts: Facts, wanted_cmdline: list[str] | None, wanted_mps: bool = False) -> Decision:
+    """What to do with the server. Pure: unit-tested with every combination. `wanted_mps`: whether the
+    server should run under our CUDA MPS daemon (an environment setting: only a restart changes it)."""
     if not state:
         return Decision("start", "no server started yet")
     if state.get("boot_id") != facts.boot_id:
@@ -261,6 +272,8 @@ def decide(state: dict[str, Any] | None, facts: Facts, wanted_cmdline: list[str]
         return Decision("start", f"pid {state.get('pid')} now belongs to another program")
     if wanted_cmdline is not None and redacted_command(state.get("cmdline", [])) != redacted_command(wanted_cmdline):
         return Decision("restart", "server settings changed (ports, host, models or flags)")
+    if wanted_cmdline is not None and state.get("cuda_mps", {}).get("wanted", False) != wanted_mps:
+        return Decision("restart", f"CUDA MPS {'on' if wanted_mps else 'off'} (server.cuda_mps)")
     if not facts.ready and not (facts.live and facts.not_ready):
         return Decision("restart", "server is running but not ready")
     recorded = state.get("digests", {})
@@ -429,6 +442,8 @@ def stop_server(settings: Settings) -> str:
             stopped.append(pid)
     settings.state_file.unlink(missing_ok=True)
     cleaned = end_orphans(settings)
+    if mps.stop(mps_plan(settings)):
+        cleaned.append("CUDA MPS daemon")
     if stopped:
         return f"stopped tritonserver (pid {', '.join(map(str, stopped))})" + (f"; cleaned {len(cleaned)} leftovers" if cleaned else "")
     return "no server of ours is running" + (f"; cleaned {len(cleaned)} leftovers of a dead one" if cleaned else "")
@@ -445,8 +460,17 @@ def _failure(settings: Settings, what: str) -> UserError:
     return UserError(f"{what}; see {settings.log_file}", "; ".join(dict.fromkeys(fixes)) or "read the log lines above")
 
 
-def start_server(settings: Settings, install: Installation | None = None) -> dict[str, Any]:
+def start_server(
+    settings: Settings, install: Installation | None = None, cuda_mps: tuple[dict[str, str], str] | None = None
+) -> dict[str, Any]:
+    """Start a server of ours. `cuda_mps`: what ensure_server already proved (_cuda_mps; None: decide here)."""
     install = install or locate_tritonserver()
+    plan = mps_plan(settings)
+    if cuda_mps is None:
+        cuda_mps = _cuda_mps(settings, plan) if plan.wanted else ({}, plan.reason)
+    mps_env, mps_note = cuda_mps
+    if not plan.wanted:
+        mps.stop(plan)  # a daemon left from an earlier setting; no server of ours runs at this point
     _check_ports(settings)
     backend_dir = prepare_backend_dir(install, settings.server_dir)
     admin_key = secrets.token_urlsafe(24)
@@ -456,6 +480,7 @@ def start_server(settings: Settings, install: Installation | None = None) -> dic
     assert all(arg in cmd for arg in placeholders)
     env.update(hidden_env)
     settings.server_dir.mkdir(parents=True, exist_ok=True)
+    env.update(mps_env)
     if settings.log_file.exists():
         os.replace(settings.log_file, settings.log_file.with_suffix(".log.1"))
     log.info("starting tritonserver (%s) on %s: http %d, grpc %d, metrics %d", install.origin, settings.host, *settings.ports.values())
@@ -482,6 +507,7 @@ def start_server(settings: Settings, install: Installation | None = None) -> dic
         "models": settings.models,
         "digests": model_digests(settings),
         "origin": install.origin,
+        "cuda_mps": {"wanted": plan.wanted, "active": bool(mps_env), "reason": mps_note},
         "log": str(settings.log_file),
         "started_at": time.time(),
         "ready": False,
@@ -492,6 +518,18 @@ def start_server(settings: Settings, install: Installation | None = None) -> dic
     write_state(settings, state)
     log.info("tritonserver ready after %.1f s (pid %d, log %s)", state["ready_after_s"], process.pid, settings.log_file)
     return state
+
+
+def _cuda_mps(settings: Settings, plan: mps.Plan) -> tuple[dict[str, str], str]:
+    """(environment, note): the environment that puts the server under our MPS daemon, started (or found
+    running) and proven here; ({}, why not) where it does not work and server.cuda_mps is auto."""
+    problem = mps.start(plan)
+    if not problem:
+        return plan.environment, plan.reason
+    if settings.server.cuda_mps == "on":
+        raise UserError(f"server.cuda_mps is on, but {problem}", "set server.cuda_mps: auto (serve without MPS) or off")
+    log.warning("serving without CUDA MPS: %s", problem)
+    return {}, problem
 
 
 def _failed_models(settings: Settings) -> list[str]:
@@ -578,7 +616,7 @@ def ensure_server(settings: Settings) -> dict[str, Any]:
     if state and facts.cmdline_matches:
         backend_dir = prepare_backend_dir(install, settings.server_dir)
         wanted = server_command(install, settings, backend_dir, state.get("admin_key", ""))
-    decision = decide(state, facts, wanted)
+    decision = decide(state, facts, wanted, mps_plan(settings).wanted)
     log.info("server: %s (%s)", decision.action, decision.reason)
     if decision.action == "reload":
         reload_models(settings, state, decision.models, decision.broken)
@@ -590,11 +628,13 @@ def ensure_server(settings: Settings) -> dict[str, Any]:
         replaced = [int(state["pid"])] if decision.action == "restart" else []
         replaced += [pid for pid in find_ours(settings).servers if pid not in replaced]
         check_can_listen(settings, held_by_replaced=replaced)
+        plan = mps_plan(settings)
+        cuda_mps = _cuda_mps(settings, plan) if plan.wanted else ({}, plan.reason)  # proven before anything running is touched
         for pid in replaced:
             log.info("stopping tritonserver pid %d", pid)
             terminate(pid, host.process_cmdline(pid))
         end_orphans(settings)
-        state = start_server(settings, install)
+        state = start_server(settings, install, cuda_mps)
     return {**state, "action": decision.action, "reason": decision.reason}
 
 
@@ -614,6 +654,8 @@ def server_status(settings: Settings) -> dict[str, Any]:
     if state and facts.cmdline_matches:
         status.update(pid=state["pid"], uptime_s=round(time.time() - state["started_at"]), origin=state.get("origin"))
         status["models"] = {name: client.model_ready(settings.url(), name) for name in state.get("models", [])}
+        if state.get("cuda_mps", {}).get("wanted"):
+            status["cuda_mps"] = "on" if state["cuda_mps"]["active"] else f"wanted, not working: {state['cuda_mps']['reason']}"
     return status
 
 
