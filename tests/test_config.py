@@ -237,3 +237,14 @@ def test_genai_builder_is_for_decoders_only():
         validate_config(with_model(backend="onnx", onnx={"exporter": "genai-builder"}))
     assert "onnx.exporter = 'genai-builder'" in info.value.message and "feature-extraction" in info.value.message
     assert "exporter: auto or optimum" in info.value.fix
+
+
+@pytest.mark.parametrize("overlay", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").rglob("*.yaml")), ids=lambda p: p)
+def test_benchmark_overlays_are_valid_configs(overlay):
+    """The overlays the documented GPU/CPU sequences pass with --configfile (a typo must fail here, not on the GPU machine)."""
+    data = read_yaml(ROOT / overlay) or {}
+    if overlay.startswith("benchmarks/h200/") and overlay != "benchmarks/h200/gpu-overlay.yaml" and "overrides" in data:
+        base = read_yaml(ROOT / "benchmarks/h200/gpu-overlay.yaml")  # the probe variants apply on top of the overlay
+        data = {**base, **data, "overrides": {**base.get("overrides", {}), **data["overrides"]}}
+    cfg = load_config(ROOT / "config.yaml", data)
+    assert cfg["models"]
