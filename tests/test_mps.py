@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,30 @@ def test_turning_mps_on_or_off_restarts_the_server():
     with_mps = {**STATE, "cuda_mps": {"wanted": True, "active": False, "reason": "x"}}
     assert decide(with_mps, FACTS, STATE["cmdline"], wanted_mps=True).action == "keep"  # wanted but unavailable: no restart loop
     assert decide(with_mps, FACTS, STATE["cmdline"], wanted_mps=False).action == "restart"
+
+
+def test_a_daemon_that_cannot_serve_cuda_is_stopped_again(tmp_path, monkeypatch):
+    """The daemon starts, but no CUDA context can be made through it (here: no GPU): start() says why and
+    leaves no daemon behind; stop() finds a daemon by its pipe directory alone (no state needed)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    control = bin_dir / mps.CONTROL
+    # -d: a background process named like the daemon (with the caller's environment); "quit" on stdin ends it.
+    control.write_text(
+        "#!/bin/bash\n"
+        'if [ "$1" = "-d" ]; then (exec -a "$0" sleep 300 </dev/null &>/dev/null &); exit 0; fi\n'
+        'read -r command; [ "$command" = quit ] && pkill -f "^$0 300"; exit 0\n'
+    )
+    control.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    plan = mps.plan("auto", 2, tmp_path / "server")
+    why = mps.start(plan)
+    assert why.startswith("MPS does not work here (") and "control.log" in why
+    assert mps.daemon_pids(plan.pipe_dir) == []
+    subprocess.run([str(control), "-d"], env={**os.environ, **plan.environment}, check=True)
+    deadline = time.monotonic() + 5
+    while not mps.daemon_pids(plan.pipe_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mps.daemon_pids(plan.pipe_dir) and mps.daemon_pids(str(tmp_path / "other")) == []
+    assert mps.stop(plan) is True and mps.daemon_pids(plan.pipe_dir) == []
+    assert mps.stop(plan) is False
