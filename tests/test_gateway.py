@@ -330,3 +330,17 @@ def test_key_status_restore_and_stop(gateway):
     # a non-loopback host without a key is refused before anything running is touched
     assert "stopped the gateway" in gateway.run("stop").stderr
     assert host.process_cmdline(restored) is None
+
+
+def test_embedding_json_is_the_same_with_and_without_orjson(monkeypatch):
+    from hf2triton.gateway import app as gateway_app
+
+    rows = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    body = {"object": "list", "data": [{"index": i, "embedding": row} for i, row in enumerate(rows)], "model": "m"}
+    fast = json.loads(gateway_app.ArrayJSONResponse(body).body)
+    monkeypatch.setattr(gateway_app, "orjson", None)
+    plain = json.loads(gateway_app.ArrayJSONResponse(body).body)
+    for answer in (fast, plain):
+        values = np.array([d["embedding"] for d in answer["data"]], dtype=np.float32)
+        assert np.array_equal(values, rows), "float32 values read back exactly"
+    assert fast["model"] == plain["model"] == "m"

@@ -43,7 +43,7 @@ from importlib import metadata
 from packaging.requirements import Requirement
 
 roots = ["snakemake", "jsonschema", "gguf", "fastapi", "uvicorn", "httptools", "tritonclient", "transformers",
-         "tokenizers", "huggingface_hub", "numpy", "protobuf", "python-rapidjson"]
+         "tokenizers", "huggingface_hub", "numpy", "protobuf", "python-rapidjson", "orjson"]
 seen, stack = {}, list(roots)
 while stack:
     name = stack.pop()

@@ -32,6 +32,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hf2triton.serving import interface
 from hf2triton.triton import client
 
+try:
+    import orjson
+except ImportError:  # pinned in envs/requirements.txt; without it the standard library writes the same JSON, slower
+    orjson = None
+
 log = logging.getLogger("hf2triton.gateway")
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -270,6 +275,17 @@ class Gateway:
         return np.concatenate(parts).astype(np.float32), tokens
 
 
+class ArrayJSONResponse(JSONResponse):
+    """JSON with numpy arrays in it, written in one pass. A returned dict goes through FastAPI's
+    jsonable_encoder and json.dumps: 170 ms for one 256 x 384 float embedding answer (4.8 ms as base64) on this
+    CPU, where orjson takes 3.1 ms (1.0 ms), its float32 values printed shortest and read back exactly."""
+
+    def render(self, content: Any) -> bytes:
+        if orjson is not None:
+            return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+        return json.dumps(content, ensure_ascii=False, default=lambda array: array.tolist()).encode("utf-8")
+
+
 def sse(data: Any) -> bytes:
     return f"data: {json.dumps(data, ensure_ascii=False) if not isinstance(data, str) else data}\n\n".encode("utf-8", "replace")
 
@@ -422,10 +438,11 @@ def create_app(gateway: Gateway) -> FastAPI:
             {
                 "object": "embedding",
                 "index": i,
-                "embedding": base64.b64encode(v.tobytes()).decode() if encoding == "base64" else [float(x) for x in v],
+                "embedding": base64.b64encode(v.tobytes()).decode() if encoding == "base64" else v,
             }
             for i, v in enumerate(vectors)
         ]
-        return {"object": "list", "data": data, "model": served.name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return ArrayJSONResponse({"object": "list", "data": data, "model": served.name, "usage": usage})
 
     return app
