@@ -78,7 +78,7 @@ def test_mps_that_cannot_start(tmp_path, fake_control):
     """auto: serve without it (warned); on: a clear error, raised before ensure_server stops anything."""
     settings = Settings.of(ServerSpec(), ["enc"], str(tmp_path / "work"), str(tmp_path / "repo"))
     plan = mps.plan("auto", 4, settings.server_dir)
-    env, why = _cuda_mps(settings, plan)
+    _, env, why = _cuda_mps(settings, plan)
     assert env == {} and "-d failed (1): An MPS control daemon cannot be started here" in why
     strict = Settings.of(ServerSpec(cuda_mps="on"), ["enc"], str(tmp_path / "work"), str(tmp_path / "repo"))
     with pytest.raises(UserError, match="server.cuda_mps is on, but") as err:

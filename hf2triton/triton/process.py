@@ -461,14 +461,11 @@ def _failure(settings: Settings, what: str) -> UserError:
 
 
 def start_server(
-    settings: Settings, install: Installation | None = None, cuda_mps: tuple[dict[str, str], str] | None = None
+    settings: Settings, install: Installation | None = None, cuda_mps: tuple[mps.Plan, dict[str, str], str] | None = None
 ) -> dict[str, Any]:
     """Start a server of ours. `cuda_mps`: what ensure_server already proved (_cuda_mps; None: decide here)."""
     install = install or locate_tritonserver()
-    plan = mps_plan(settings)
-    if cuda_mps is None:
-        cuda_mps = _cuda_mps(settings, plan) if plan.wanted else ({}, plan.reason)
-    mps_env, mps_note = cuda_mps
+    plan, mps_env, mps_note = cuda_mps or _cuda_mps(settings, mps_plan(settings))
     if not plan.wanted:
         mps.stop(plan)  # a daemon left from an earlier setting; no server of ours runs at this point
     _check_ports(settings)
@@ -520,16 +517,19 @@ def start_server(
     return state
 
 
-def _cuda_mps(settings: Settings, plan: mps.Plan) -> tuple[dict[str, str], str]:
-    """(environment, note): the environment that puts the server under our MPS daemon, started (or found
-    running) and proven here; ({}, why not) where it does not work and server.cuda_mps is auto."""
+def _cuda_mps(settings: Settings, plan: mps.Plan) -> tuple[mps.Plan, dict[str, str], str]:
+    """(plan, environment, note): where MPS is wanted, the environment that puts the server under our daemon,
+    started (or found running) and proven here; no environment and why not where it is not wanted, or does
+    not work and server.cuda_mps is auto."""
+    if not plan.wanted:
+        return plan, {}, plan.reason
     problem = mps.start(plan)
     if not problem:
-        return plan.environment, plan.reason
+        return plan, plan.environment, plan.reason
     if settings.server.cuda_mps == "on":
         raise UserError(f"server.cuda_mps is on, but {problem}", "set server.cuda_mps: auto (serve without MPS) or off")
     log.warning("serving without CUDA MPS: %s", problem)
-    return {}, problem
+    return plan, {}, problem
 
 
 def _failed_models(settings: Settings) -> list[str]:
@@ -616,7 +616,8 @@ def ensure_server(settings: Settings) -> dict[str, Any]:
     if state and facts.cmdline_matches:
         backend_dir = prepare_backend_dir(install, settings.server_dir)
         wanted = server_command(install, settings, backend_dir, state.get("admin_key", ""))
-    decision = decide(state, facts, wanted, mps_plan(settings).wanted)
+    plan = mps_plan(settings)
+    decision = decide(state, facts, wanted, plan.wanted)
     log.info("server: %s (%s)", decision.action, decision.reason)
     if decision.action == "reload":
         reload_models(settings, state, decision.models, decision.broken)
@@ -628,8 +629,7 @@ def ensure_server(settings: Settings) -> dict[str, Any]:
         replaced = [int(state["pid"])] if decision.action == "restart" else []
         replaced += [pid for pid in find_ours(settings).servers if pid not in replaced]
         check_can_listen(settings, held_by_replaced=replaced)
-        plan = mps_plan(settings)
-        cuda_mps = _cuda_mps(settings, plan) if plan.wanted else ({}, plan.reason)  # proven before anything running is touched
+        cuda_mps = _cuda_mps(settings, plan)  # proven before anything running is touched
         for pid in replaced:
             log.info("stopping tritonserver pid %d", pid)
             terminate(pid, host.process_cmdline(pid))
