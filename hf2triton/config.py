@@ -214,6 +214,12 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].onnx.quantize = 'gguf-blocks': source {model['source']!r} is not a GGUF file",
                 "use a .gguf source (or gguf_file:), or quantize: none / dynamic-int8",
             )
+        queue = model["queue"]
+        if model["max_batch_size"] == 0 and (queue["max_size"] or queue["timeout_s"]):
+            raise UserError(
+                f"config.models[{index}].queue = {queue}: a queue bound needs Triton's dynamic batcher (max_batch_size is 0)",
+                "set max_batch_size >= 1, or remove the queue block (max_texts_per_request bounds an unbatched model's requests)",
+            )
         if ".." in model["revision"].split("/"):
             raise UserError(f"config.models[{index}].revision = {model['revision']!r}: '..' not allowed", "use a branch, tag or commit")
         # the schema says 0..100; sampling needs 0 (greedy) or >= MIN_TEMPERATURE (1e-45 would give NaN)

@@ -62,6 +62,7 @@ class ModelSpec:
     max_input_bytes: int = DEFAULTS.max_input_bytes
     max_queue_delay_us: int = 2000
     max_texts_per_request: int = DEFAULTS.max_texts_per_request
+    max_request_bytes: int = DEFAULTS.max_request_bytes
     queue: QueueSpec = QueueSpec()
     generation: GenerationSpec | None = None  # text-generation models only
 
@@ -227,6 +228,7 @@ class ServingValues:
     max_queue_delay_us: int
     max_input_bytes: int
     max_texts_per_request: int
+    max_request_bytes: int
     queue: QueueSpec
     generation: GenerationSpec | None
 
@@ -242,22 +244,11 @@ def threads_per_instance(instances: int, cpus: int) -> int:
 
 
 def serving_values(model: ModelSpec, gpu_available: bool, cpus: int) -> ServingValues:
-    return ServingValues(
-        name=model.name,
-        task=model.task,
-        backend=model.backend,
-        max_batch_size=model.max_batch_size,
-        instances=model.instances,
-        kind=instance_kind(model.device, gpu_available),
-        dtype=model.dtype,
-        cuda_graphs=model.cuda_graphs,
-        num_threads=threads_per_instance(model.instances, cpus),
-        max_queue_delay_us=model.max_queue_delay_us,
-        max_input_bytes=model.max_input_bytes,
-        max_texts_per_request=model.max_texts_per_request,
-        queue=model.queue,
-        generation=model.generation,
-    )
+    """The spec's fields as they are (every ServingValues field named like a ModelSpec field) plus what the
+    host decides: the instance kind and the threads per instance."""
+    derived = {"kind": instance_kind(model.device, gpu_available), "num_threads": threads_per_instance(model.instances, cpus)}
+    as_configured = {f.name: getattr(model, f.name) for f in dataclasses.fields(ServingValues) if f.name not in derived}
+    return ServingValues(**as_configured, **derived)
 
 
 def with_variant(model: ModelSpec, **changes: Any) -> ModelSpec:

@@ -5,7 +5,8 @@ rule bench_model:
         validated=rules.validate.output.json,
         repository=repository_dir(),
     output:
-        results("bench/{model}.json"),
+        json=results("bench/{model}.json"),
+        scratch=directory(results("bench/scratch/{model}")),
     params:
         server=SERVER,
         models=MODELS,
@@ -25,7 +26,7 @@ rule bench_model:
 
 rule bench:
     input:
-        expand(rules.bench_model.output[0], model=MODELS),
+        expand(rules.bench_model.output.json, model=MODELS),
     output:
         markdown=results("bench/report.md"),
         summary=results("bench/summary/ratios.json"),

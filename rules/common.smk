@@ -16,6 +16,7 @@ from hf2triton.pipeline.render import SERVING_FILES
 from hf2triton.pipeline.sources import package_version, resolve_model_sources
 from hf2triton.pipeline.tensorrt import require_tensorrt, tensorrt_version
 from hf2triton.specs import load_project, serving_values, to_param
+from hf2triton.triton.process import REPOSITORY
 
 # config.yaml next to the Snakefile, or the file $HF2TRITON_CONFIG names (read by hf2triton's bounded
 # YAML loader); --config/--configfile values merge over it.
@@ -36,7 +37,6 @@ if clear_stale_locks(Path.cwd()):
 
 WORK = PROJECT.work
 MODELS = PROJECT.names
-REPOSITORY = "model_repository"
 SERVER = to_param(PROJECT.server)
 SERVING_CODE = [str(path) for path in SERVING_FILES]  # copied into each model: code changes re-render
 
@@ -89,15 +89,24 @@ def logs(rule, per_model=True):
 # ---------------------------------------------------------------- built artifacts are what gets served
 
 
-def damaged_artifacts():
-    """{path: problems} of the built artifacts that no longer match the manifest written when they were built
-    (a deleted model.py, a hand-edited config.pbtxt, a truncated weight file). Checked once per run."""
+def built_artifacts():
+    """label -> directory of every built artifact that carries a manifest (saved model, ONNX export, rendered
+    model)."""
     artifacts = {}
     for name in MODELS:
         artifacts.update({f"{name}:pretrained": pretrained_dir(name), f"{name}:repository": repository_dir(name)})
         if PROJECT.model(name).needs_onnx:
             artifacts[f"{name}:onnx"] = onnx_dir(name)
-    found = damaged(artifacts)
+    return artifacts
+
+
+BUILT = built_artifacts()
+
+
+def damaged_artifacts():
+    """{path: problems} of the built artifacts that no longer match the manifest written when they were built
+    (a deleted model.py, a hand-edited config.pbtxt, a truncated weight file). Checked once per run."""
+    found = damaged(BUILT)
     for path, what in found.items():
         print(f"hf2triton: {path} changed since it was built ({'; '.join(what[:3])}): building it again", file=sys.stderr)
     return found

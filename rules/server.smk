@@ -6,6 +6,8 @@ rule status:
         work=WORK,
         repository=REPOSITORY,
         openai=to_param(PROJECT.openai),
+        built=BUILT,
+        validation=results("validation/report.json"),
     log:
         logs("status", per_model=False),
     localrule: True

@@ -15,5 +15,6 @@ run_step(
     bench=params.bench,
     model=params.model,
     openai=params.openai,
-    output_json=snakemake.output[0],
+    output_json=snakemake.output.json,
+    scratch=snakemake.output.scratch,
 )

@@ -96,6 +96,8 @@ BAD = [
     ),
     (with_model(task="text-generation", generation={"temperature": 0.005}), ["generation.temperature", "0.005", "0 (greedy)"]),
     (with_model(dynamic_batching={"max_queue_delay_us": -5}), ["max_queue_delay_us"]),
+    (with_model(max_batch_size=0, queue={"max_size": 8}), ["models[0].queue", "max_batch_size is 0", "max_texts_per_request"]),
+    (with_model(max_request_bytes=0), ["max_request_bytes", "0"]),
     (with_model(onnx={"quantize": "dynamic-int8"}), ["models[0].onnx", "only for backend onnx"]),
     (with_model(backend="onnx", onnx={"quantize": "int4"}), ["quantize", "int4", "dynamic-int8"]),
     (with_model(backend="onnx", onnx={"opset": 7}), ["opset", "7"]),
@@ -198,6 +200,17 @@ def test_specs_are_built_once_with_every_default(tmp_path):
     assert project.model("g").generation == GenerationSpec() and project.model("e").generation is None
     assert project.server.http_port == 8000 and project.bench.concurrency == (1, 4, 16) and project.work == ".hf2triton"
     assert [m.name for m in project.tuned_models()] == ["e"]
+
+
+def test_spec_defaults_equal_the_schema_defaults():
+    """Code that builds a spec directly (tests, benchmarks, tune's variants) gets what config.yaml would."""
+    from hf2triton.specs import BenchSpec, GenerationSpec, ModelSpec, OpenAISpec, ServerSpec, TuneSpec, project_spec
+
+    entries = [{"name": "e", "source": "org/e", "task": "feature-extraction"}, {"name": "g", "source": "org/g", "task": "text-generation"}]
+    project = project_spec(validate_config({"models": entries}))
+    assert project.model("e") == ModelSpec(**entries[0])
+    assert project.model("g") == ModelSpec(**entries[1], generation=GenerationSpec())
+    assert (project.server, project.bench, project.tune, project.openai) == (ServerSpec(), BenchSpec(), TuneSpec(), OpenAISpec())
 
 
 def test_a_generation_block_shared_through_a_yaml_anchor_is_derived_per_model():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hf2triton.serving.generation import Busy, ContinuousBatcher, Sampling, Sequence
+from hf2triton.serving.interface import DEFAULTS
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +45,16 @@ class Collector:
         return "".join(self.pieces)
 
 
+def new_batcher(llm, **limits) -> ContinuousBatcher:
+    """A batcher over the tiny model with the served defaults unless a test sets its own limits."""
+    limits = {"max_sequences": DEFAULTS.max_sequences, "max_queue": DEFAULTS.max_queue, "context": 2048, **limits}
+    return ContinuousBatcher(*llm, "cpu", **limits)
+
+
 def submit(batcher, llm, prompt, **sampling) -> Collector:
     collector = Collector()
     ids = llm[1](prompt, add_special_tokens=False)["input_ids"]
-    batcher.submit(Sequence(ids, Sampling(**sampling), collector))
+    batcher.submit(Sequence(ids, Sampling(**{"max_new_tokens": DEFAULTS.max_new_tokens, **sampling}), collector))
     return collector
 
 
@@ -60,7 +67,7 @@ def drain(batcher, limit: int = 1000) -> None:
 
 
 def test_staggered_sequences_equal_their_solo_greedy_text(llm):
-    batcher = ContinuousBatcher(*llm, "cpu", max_sequences=3, context=256)
+    batcher = new_batcher(llm, max_sequences=3, context=256)
     lengths = [12, 20, 7, 16]
     first = [submit(batcher, llm, p, max_new_tokens=n) for p, n in zip(PROMPTS[:2], lengths)]
     for _ in range(3):
@@ -75,7 +82,7 @@ def test_staggered_sequences_equal_their_solo_greedy_text(llm):
 
 
 def test_stop_string_ends_and_is_cut(llm):
-    batcher = ContinuousBatcher(*llm, "cpu")
+    batcher = new_batcher(llm)
     full = solo(llm, PROMPTS[0], 20)
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     collector = submit(batcher, llm, PROMPTS[0], max_new_tokens=20, stop=(stop,))
@@ -84,14 +91,14 @@ def test_stop_string_ends_and_is_cut(llm):
 
 
 def test_same_seed_same_text(llm):
-    batcher = ContinuousBatcher(*llm, "cpu")
+    batcher = new_batcher(llm)
     runs = [submit(batcher, llm, PROMPTS[1], max_new_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=s) for s in (7, 7, 8)]
     drain(batcher)
     assert runs[0].text == runs[1].text and runs[0].text != runs[2].text
 
 
 def test_cancelled_sequence_leaves_within_one_step_and_frees_its_place(llm):
-    batcher = ContinuousBatcher(*llm, "cpu", max_sequences=1)
+    batcher = new_batcher(llm, max_sequences=1)
     gone = {"flag": False}
     collector = Collector()
     ids = llm[1](PROMPTS[2], add_special_tokens=False)["input_ids"]
@@ -108,7 +115,7 @@ def test_cancelled_sequence_leaves_within_one_step_and_frees_its_place(llm):
 
 
 def test_full_queue_is_refused_at_once(llm):
-    batcher = ContinuousBatcher(*llm, "cpu", max_sequences=1, max_queue=2)
+    batcher = new_batcher(llm, max_sequences=1, max_queue=2)
     for _ in range(2):
         submit(batcher, llm, PROMPTS[1], max_new_tokens=2)
     with pytest.raises(Busy, match="generation.max_queue = 2"):
@@ -117,7 +124,7 @@ def test_full_queue_is_refused_at_once(llm):
 
 
 def test_context_limit_ends_with_length(llm):
-    batcher = ContinuousBatcher(*llm, "cpu", context=12)
+    batcher = new_batcher(llm, context=12)
     collector = submit(batcher, llm, PROMPTS[0], max_new_tokens=100)
     drain(batcher)
     assert collector.finish.reason == "length" and collector.finish.prompt_tokens + collector.finish.completion_tokens == 12
@@ -126,7 +133,7 @@ def test_context_limit_ends_with_length(llm):
 def test_time_limit_ends_a_sequence_and_spares_the_others(llm):
     import time
 
-    batcher = ContinuousBatcher(*llm, "cpu")
+    batcher = new_batcher(llm)
     slow = submit(batcher, llm, PROMPTS[2], max_new_tokens=100, time_limit_s=0.05)
     other = submit(batcher, llm, PROMPTS[1], max_new_tokens=6)
     batcher.step()

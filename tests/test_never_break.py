@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -30,12 +31,14 @@ pytestmark = pytest.mark.integration
 def served(tmp_path_factory, tiny_models):
     entries = tiny_model_entries(tiny_models)
     # an unbatched copy of the encoder: the texts cap must bound it too
-    entries.append({**entries[0], "name": "unbatched", "max_batch_size": 0, "max_texts_per_request": 4})
+    entries.append({**entries[0], "name": "unbatched", "max_batch_size": 0, "max_texts_per_request": 4, "max_request_bytes": 4096})
     workflow = make_workflow(tmp_path_factory.mktemp("never-break"), entries)
-    workflow.run("serve")
-    workflow.original_config = copy.deepcopy(workflow.config)
-    yield workflow
-    workflow.stop()
+    try:  # a failed first serve may still have started the server
+        workflow.run("serve")
+        workflow.original_config = copy.deepcopy(workflow.config)
+        yield workflow
+    finally:
+        workflow.stop()
 
 
 @pytest.fixture
@@ -89,11 +92,14 @@ def test_truncated_weights_are_rebuilt_before_they_are_served(workflow):
     weights = workflow.directory / ".hf2triton" / "models" / "embed" / "pretrained" / "model.safetensors"
     size = weights.stat().st_size
     os.truncate(weights, size // 2)
+    changed = status(workflow)
+    assert not changed["current"] and any("model.safetensors changed size" in p for p in sum(changed["changed_since_built"].values(), []))
     dry = workflow.run("-n", "serve")
     assert "pretrained changed since it was built (model.safetensors changed size" in dry.stderr
     assert {"pretrained", "repository"} <= set(workflow.jobs_run(dry))
     workflow.run("serve")
     assert weights.stat().st_size == size and embed_ok(workflow) and workflow.report()["ok"]
+    assert status(workflow)["current"] and "changed_since_built" not in status(workflow)
 
 
 def test_failed_load_keeps_the_previous_version_serving(workflow):
@@ -118,6 +124,16 @@ def test_unusable_host_or_taken_port_leaves_the_old_server_serving(workflow):
     assert result.returncode == 1 and "server.host = '203.0.113.7': this machine cannot listen" in result.stderr
     assert "Traceback" not in result.stderr
     assert workflow.state()["pid"] == pid and host.process_cmdline(pid) and embed_ok(workflow, settings=serving)
+    workflow.config["server"]["host"] = serving.host
+    with socket.socket() as foreign:  # another program holds the port the new config asks for
+        foreign.bind(("127.0.0.1", 0))
+        foreign.listen()
+        taken = foreign.getsockname()[1]
+        workflow.config["server"]["http_port"] = taken
+        result = workflow.run("serve", check=False)
+    assert result.returncode == 1 and f"{taken}" in result.stderr and "in use by another program" in result.stderr, result.stderr[-1500:]
+    assert "Traceback" not in result.stderr
+    assert workflow.state()["pid"] == pid and embed_ok(workflow, settings=serving)
 
 
 def test_ipv6_loopback_serves(workflow):
@@ -130,20 +146,23 @@ def test_ipv6_loopback_serves(workflow):
     assert embed_ok(workflow)
 
 
-def test_too_many_texts_refused_also_without_batching(workflow):
+def test_texts_and_bytes_per_request_are_bounded_also_without_batching(workflow):
+    """An unbatched model took one request of 2,000 texts for 133 s (9 GB): the caps refuse it before
+    any text is decoded."""
     http = httpclient.InferenceServerClient(workflow.settings().url())
     assert http.infer("unbatched", client.build_inputs(httpclient, ["a"] * 4)).as_numpy("embedding").shape[0] == 4
+    began = time.monotonic()
     with pytest.raises(InferenceServerException) as info:
-        http.infer("unbatched", client.build_inputs(httpclient, ["a"] * 5))
-    assert "5 texts exceed max_texts_per_request=4" in str(info.value) and info.value.status() == "400"
+        http.infer("unbatched", client.build_inputs(httpclient, ["a long enough text " * 5] * 2000))
+    assert "2000 texts exceed max_texts_per_request=4" in str(info.value) and info.value.status() == "400"
+    assert time.monotonic() - began < 10, "refused, not computed"
+    with pytest.raises(InferenceServerException) as info:
+        http.infer("unbatched", client.build_inputs(httpclient, ["x" * 3000] * 2))
+    assert "6000 bytes of text exceed max_request_bytes=4096" in str(info.value) and info.value.status() == "400"
 
 
-def test_queue_bound_refuses_at_once_instead_of_queueing(workflow, tiny_models):
-    # the static generation model's queue (a streaming one has generation.max_queue: tests/test_streaming.py)
-    workflow.config["models"][2].update(max_batch_size=1, queue={"max_size": 1, "timeout_s": 30}, generation={"streaming": False})
-    workflow.run("serve")
-    assert "max_queue_size: 1" in (workflow.directory / "model_repository" / "generate" / "config.pbtxt").read_text()
-    url = workflow.settings().url("grpc_port")
+def burst(url: str, requests: int = 12) -> list[str]:
+    """`requests` generation requests at once: "ok", or "refused after N s: <error>" each."""
     outcomes: list[str] = []
 
     def one():
@@ -155,27 +174,53 @@ def test_queue_bound_refuses_at_once_instead_of_queueing(workflow, tiny_models):
         except InferenceServerException as err:
             outcomes.append(f"refused after {time.monotonic() - started:.1f} s: {err}")
 
-    threads = [threading.Thread(target=one) for _ in range(12)]
+    threads = [threading.Thread(target=one) for _ in range(requests)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return outcomes
+
+
+def test_queue_bound_and_timeout_refuse_instead_of_queueing(workflow, tiny_models):
+    # the static generation model's queue (a streaming one has generation.max_queue: tests/test_streaming.py)
+    generate = workflow.config["models"][2]
+    generate.update(max_batch_size=1, queue={"max_size": 1, "timeout_s": 30}, generation={"streaming": False})
+    workflow.run("serve")
+    assert "max_queue_size: 1" in (workflow.directory / "model_repository" / "generate" / "config.pbtxt").read_text()
+    outcomes = burst(workflow.settings().url("grpc_port"))
     refused = [o for o in outcomes if o != "ok"]
     assert refused and "ok" in outcomes, outcomes
     assert all("Exceeds maximum queue size" in o for o in refused), refused
+    # a queue timeout: a request that waited longer is refused, not computed later
+    generate["queue"] = {"max_size": 0, "timeout_s": 0.05}
+    workflow.run("serve")
+    outcomes = burst(workflow.settings().url("grpc_port"))
+    refused = [o for o in outcomes if o != "ok"]
+    assert refused and "ok" in outcomes, outcomes
+    assert all("timeout expired" in o.lower() for o in refused), refused
 
 
-def test_killed_server_leaves_no_stubs_or_shared_memory(workflow):
-    settings, state = workflow.settings(), workflow.state()
+def crash_leaving_a_stub(settings, state) -> list[str]:
+    """Kill the server as a crash would, with one stub that outlives it; the stubs' shared-memory regions."""
     stubs = find_ours(settings).stubs
     regions = [(host.process_cmdline(pid) or ["", "", ""])[2] for pid in stubs]
     assert stubs and all(Path("/dev/shm", r).exists() for r in regions)
     # A busy stub does not notice its server die (seen during a soak: they outlived `make stop`, ignoring
     # SIGTERM); a stopped one stands in for it here.
     os.kill(stubs[0], signal.SIGSTOP)
-    os.kill(state["pid"], signal.SIGKILL)  # the server only, as a crash would
+    os.kill(state["pid"], signal.SIGKILL)  # the server only
     time.sleep(2)
     assert stubs[0] in find_ours(settings).orphans, "a stub outlives its server"
+    return regions
+
+
+def test_killed_server_leaves_no_stubs_or_shared_memory(workflow):
+    settings = workflow.settings()
+    regions = crash_leaving_a_stub(settings, workflow.state())
+    workflow.run("serve")  # restores the server and ends what the dead one left
+    assert not find_ours(settings).orphans and not any(Path("/dev/shm", r).exists() for r in regions) and embed_ok(workflow)
+    regions = crash_leaving_a_stub(settings, workflow.state())
     message = workflow.run("stop").stderr
     assert "no server of ours is running; cleaned" in message
     assert not find_ours(settings).stubs and not any(Path("/dev/shm", r).exists() for r in regions)
@@ -188,14 +233,25 @@ def test_server_is_recognised_without_its_state_file(workflow):
     assert "in use by another program" not in result.stderr
     new = workflow.state()
     assert new["pid"] != state["pid"] and host.process_cmdline(state["pid"]) is None, "replaced, to regain control"
+    workflow.config["paths"] = {"work": ".elsewhere"}  # a changed paths.work: no state file describes our server
+    ran = workflow.jobs_run(workflow.run("results/preflight.json", "--forcerun", "preflight"))  # the target before --forcerun's list
+    assert ran == ["preflight"], ran
+    ports = {c["name"]: c for c in json.loads((workflow.directory / "results" / "preflight.json").read_text())["checks"]}
+    assert ports["port:http_port"]["ok"] and "held by our tritonserver" in ports["port:http_port"]["detail"], ports
+    workflow.config["paths"] = workflow.original_config.get("paths", {"work": ".hf2triton"})
     settings.state_file.unlink()
-    assert f"stopped tritonserver (pid {new['pid']})" in workflow.run("stop").stderr
+    stopped = workflow.run("stop").stderr
+    assert f"stopped tritonserver (pid {new['pid']})" in stopped, stopped[-3000:]
     assert host.process_cmdline(new["pid"]) is None
 
 
 def test_sampling_config_validates_and_an_impossible_default_is_refused_first(workflow):
     generate = workflow.config["models"][2]
-    generate["generation"] = {"max_new_tokens": 8, "temperature": 0.7}
+    generate["generation"] = {"max_new_tokens": 8, "temperature": 0.7, "streaming": False}  # the static model (as reported)
+    workflow.run("serve")
+    checks = {c["name"]: c for c in workflow.report()["models"]["generate"]["checks"]}
+    assert all(c["ok"] for c in checks.values()) and "configured sampling (temperature 0.7)" in checks, checks
+    generate["generation"] = {"max_new_tokens": 8, "temperature": 0.7}  # streaming, the default
     workflow.run("serve")
     checks = {c["name"]: c for c in workflow.report()["models"]["generate"]["checks"]}
     assert checks["stream equals generate"]["ok"] and checks["configured sampling (temperature 0.7)"]["ok"]

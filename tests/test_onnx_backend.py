@@ -54,6 +54,28 @@ def test_changing_quantize_reexports_without_refetching(onnx_workflow):
     assert report["ok"] and report["models"]["embed"]["parity"]["floor"] == 0.9
 
 
+def test_failed_validation_leaves_its_report_and_a_pass_removes_it(onnx_workflow):
+    """A parity gate the int8 export cannot meet stops `serve` with failed-report.md (not a rule output:
+    Snakemake deletes a failed job's outputs); the next passing run removes it, so a stale failure never
+    stands next to a passing report."""
+    embed8 = next(m for m in onnx_workflow.config["models"] if m["name"] == "embed8")
+    failed_report = onnx_workflow.directory / "results" / "validation" / "failed-report.md"
+    embed8["onnx"] = {"quantize": "dynamic-int8", "parity_floor": 1.0}
+    try:
+        result = onnx_workflow.run("serve", check=False)
+        assert result.returncode == 1 and "validation failed: embed8: parity onnx vs torch" in result.stderr, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr, result.stderr[-4000:]
+        assert "see results/validation/failed-report.md" in result.stderr, result.stderr[-4000:]
+        assert "**FAIL**" in failed_report.read_text()
+        status = onnx_workflow.run("status").stdout
+        assert '"validation": "failed: see results/validation/failed-report.md"' in status and '"current": false' in status, status
+    finally:
+        embed8["onnx"] = {"quantize": "dynamic-int8", "parity_floor": 0.9}
+    onnx_workflow.run("serve")
+    assert onnx_workflow.report()["ok"] and not failed_report.exists()
+    assert '"validation": "passed"' in onnx_workflow.run("status").stdout
+
+
 def test_onnx_runtime_threads_sleep_and_decoders_spin_only_inside_a_run():
     """Served, spinning pool threads took the cores Triton's frontend needs: ONNX served at ~0.5x its
     in-process speed; with sleeping threads 0.85-0.91x (benchmarks/bench-2cpu/README.md). A decoder step

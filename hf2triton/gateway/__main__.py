@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     key = os.environ.get(args.api_key_env) or None
     gateway = Gateway(args.grpc, key, [m for m in args.models.split(",") if m])
-    logging.getLogger("hf2triton.gateway").info(
+    logging.getLogger("hf2triton.gateway").info(  # this module runs as __main__
         "gateway on %s:%d for %s, API key %s", args.host, args.port, args.grpc, "required" if key else "off"
     )
     host = args.host.strip("[]")

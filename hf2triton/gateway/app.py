@@ -37,7 +37,7 @@ try:
 except ImportError:  # pinned in envs/requirements.txt; without it the standard library writes the same JSON, slower
     orjson = None
 
-log = logging.getLogger("hf2triton.gateway")
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 UNSUPPORTED_CHAT = ("tools", "functions", "tool_choice", "function_call", "logprobs", "top_logprobs", "logit_bias", "audio", "modalities")
@@ -62,7 +62,7 @@ def triton_error(err: Exception) -> ApiError:
     lowered = text.lower()
     if "busy" in lowered or "exceeds the maximum queue size" in lowered:
         return ApiError(429, text, "rate_limit_error", code="busy")
-    if "max_input_bytes" in lowered or "max_texts_per_request" in lowered:
+    if "max_input_bytes" in lowered or "max_texts_per_request" in lowered or "max_request_bytes" in lowered:
         return ApiError(413, text, code="too_large")
     if "unavailable" in lowered or "failed to connect" in lowered or "not ready" in lowered:
         return ApiError(503, f"the Triton server is not ready: {text}", "server_error", code="unavailable")
@@ -103,10 +103,10 @@ def generation_options(body: dict[str, Any]) -> dict[str, Any]:
     temperature = _number(body, "temperature", float, 0.0, 2.0)
     if temperature is not None:
         options[interface.TEMPERATURE] = 0.0 if temperature < interface.MIN_TEMPERATURE else temperature
-    top_p = _number(body, "top_p", float, 1e-6, 1.0)
+    top_p = _number(body, "top_p", float, *interface.TOP_P_RANGE)
     if top_p is not None and top_p < 1.0:
         options[interface.TOP_P] = top_p
-    seed = _number(body, "seed", int, 0, 2**63 - 1)
+    seed = _number(body, "seed", int, *interface.SEED_RANGE)
     if seed is not None:
         options[interface.SEED] = seed
     stop = body.get("stop")

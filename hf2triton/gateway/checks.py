@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,29 +24,21 @@ def check(name: str, ok: bool, detail: str) -> dict[str, Any]:
     return {"name": name, "ok": bool(ok), "detail": detail}
 
 
-def _post(url: str, body: dict[str, Any], key: str | None) -> urllib.request.Request:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")  # noqa: S310 - our own gateway
-    request.add_header("Content-Type", "application/json")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    return request
+def _headers(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _answer(request: urllib.request.Request) -> dict[str, Any]:
-    with urllib.request.urlopen(request, timeout=300) as response:  # noqa: S310 - loopback
-        return json.loads(response.read())
+def _answer(url: str, body: dict[str, Any], key: str | None) -> dict[str, Any]:
+    status, text = client.http_post(url, _headers(key), body, timeout=300)
+    if status != 200:
+        raise RuntimeError(f"HTTP {status} from {url}: {text[:300]}")
+    return json.loads(text)
 
 
 def _streamed_chat(base: str, model: str, key: str | None) -> str:
-    request = _post(f"{base}/chat/completions", {"model": model, "messages": QUESTION, "stream": True, **OPTIONS}, key)
-    pieces = []
-    with urllib.request.urlopen(request, timeout=300) as response:  # noqa: S310 - loopback
-        for line in response:
-            line = line.decode().strip()
-            if line.startswith("data:") and line != "data: [DONE]":
-                event = json.loads(line[5:])
-                pieces += [c["delta"].get("content") or "" for c in event.get("choices", [])]
-    return "".join(pieces)
+    body = {"model": model, "messages": QUESTION, "stream": True, **OPTIONS}
+    events = client.http_post_events(f"{base}/chat/completions", _headers(key), body)
+    return "".join(c["delta"].get("content") or "" for event in events for c in event.get("choices", []))
 
 
 def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dict[str, Any]], key: str | None) -> dict[str, Any]:
@@ -60,7 +51,7 @@ def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dic
             if facts["task"] == interface.GENERATION and facts["streaming"]:
                 greedy = {interface.MAX_NEW_TOKENS: OPTIONS["max_tokens"], interface.TEMPERATURE: 0.0}
                 direct = client.stream_generate(grpc_url, name, QUESTION, greedy)["text"]
-                whole = _answer(_post(f"{base}/chat/completions", {"model": name, "messages": QUESTION, **OPTIONS}, key))
+                whole = _answer(f"{base}/chat/completions", {"model": name, "messages": QUESTION, **OPTIONS}, key)
                 whole = whole["choices"][0]["message"]["content"]
                 checks.append(check(f"{name}: chat equals Triton", whole == direct, f"gateway {whole!r} vs Triton {direct!r}"))
                 streamed = _streamed_chat(base, name, key)
@@ -69,9 +60,9 @@ def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dic
                 direct = (
                     httpclient.InferenceServerClient(http_url)
                     .infer(name, client.build_inputs(httpclient, TEXTS[:1]))
-                    .as_numpy("embedding")[0]
+                    .as_numpy(interface.EMBEDDING)[0]
                 )
-                answer = _answer(_post(f"{base}/embeddings", {"model": name, "input": TEXTS[:1]}, key))
+                answer = _answer(f"{base}/embeddings", {"model": name, "input": TEXTS[:1]}, key)
                 served = np.asarray(answer["data"][0]["embedding"], dtype=np.float32)
                 cosine = float(served @ direct / (np.linalg.norm(served) * np.linalg.norm(direct)))
                 checks.append(check(f"{name}: embeddings equal Triton", cosine >= 0.99999, f"cosine {cosine:.6f} ({served.size} dims)"))

@@ -191,9 +191,12 @@ def bench_model_step(
     model: dict[str, Any],
     openai: dict[str, Any],
     output_json: str,
+    scratch: str,
 ) -> dict[str, Any]:
     """Rule bench_model: make sure the server (and the gateway when openai.enabled) is up and current, as
-    `serve` does, then measure `name`."""
+    `serve` does, then measure `name` (`scratch`: a declared output directory; only a streaming model's static
+    baseline server works in it)."""
+    Path(scratch).mkdir(parents=True, exist_ok=True)
     settings = settings_from_params(server, models, work, repository)
     state = ensure_server(settings)
     log.info("server %s (%s)", state["action"], state["reason"])
@@ -205,7 +208,7 @@ def bench_model_step(
         started = ensure_gateway(settings, gateway_spec)
         gateway = GatewayTarget(f"http://{started['url']}/v1", os.environ.get(gateway_spec.api_key_env) or None, started["pid"])
     bench_spec = from_param(BenchSpec, bench)
-    return bench_served_model(name, settings.urls, repository, bench_spec, output_json, spec, settings.server, gateway)
+    return bench_served_model(name, settings.urls, repository, bench_spec, output_json, spec, settings.server, gateway, scratch)
 
 
 def openai_cost(
@@ -352,15 +355,17 @@ def bench_served_model(
     spec: ModelSpec | None = None,
     server=None,
     gateway: GatewayTarget | None = None,
+    scratch: str = "",
 ) -> dict[str, Any]:
     """Measure `name` as served at `urls` (http/grpc/metrics host:port) next to its in-process engine (and
-    through the OpenAI gateway, when one is given and the model is one it serves)."""
+    through the OpenAI gateway, when one is given and the model is one it serves). `scratch`: the working
+    directory of a streaming model's static baseline server (default: next to `output_json`)."""
     config = read_model_config(Path(repository) / name / "config.pbtxt")
     params = model_parameters(config)
     with_gateway = gateway is not None and bench.openai_concurrency and (params.task == FEATURE_EXTRACTION or params.streaming)
     if params.task == GENERATION and params.streaming:
-        scratch = Path(output_json).parent / "scratch" / name
-        result = bench_streaming_model(name, urls, config, params, bench, spec, server, scratch)
+        scratch_dir = Path(scratch) if scratch else Path(output_json).parent / "scratch" / name
+        result = bench_streaming_model(name, urls, config, params, bench, spec, server, scratch_dir)
         if with_gateway:
             add_openai_cost(result, openai_cost(name, urls, params, bench, gateway, 1))
         atomic_write_json(output_json, result)

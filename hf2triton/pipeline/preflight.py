@@ -19,7 +19,7 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, free_bytes, human_bytes, tree_size
 from hf2triton.pipeline.sources import parse_source, resolve_local_path
 from hf2triton.serving.interface import GENERATION
-from hf2triton.specs import Footprint, ServerSpec, from_param
+from hf2triton.specs import Footprint, ServerSpec, from_param, instance_kind
 from hf2triton.triton import mps
 from hf2triton.triton.install import locate_tritonserver
 from hf2triton.triton.process import Settings, find_ours, listening_ports, observe, read_state
@@ -189,7 +189,8 @@ def run_preflight(
             )
         )
 
-    on_gpu = {m.name: gpu_available and m.device != "cpu" for m in models}
+    # where the instances will run (device: gpu without a GPU is refused by the gpu check above)
+    on_gpu = {m.name: gpu_available and instance_kind(m.device, gpu_available) == "KIND_GPU" for m in models}
     try:  # server.cuda_mps: on without a GPU model or without the MPS binary is refused here, before any model is built
         plan = mps.plan(settings.server.cuda_mps, sum(m.instances for m in models if on_gpu[m.name]), settings.server_dir)
         checks.append(_check("cuda_mps", True, ("on: " if plan.wanted else "off: ") + plan.reason))

@@ -41,15 +41,11 @@ def model_parameters_for(serving: ServingValues, pretrained: str, onnx_dir: str 
     if export is not None and export.is_file():
         quantize = json.loads(export.read_text()).get("quantize", "none")
     extra = dataclasses.asdict(serving.generation) if serving.generation else {}  # its fields are ModelParameters
+    # every serving value model.py reads has a ModelParameters field of the same name
+    shared = {f.name: getattr(serving, f.name) for f in dataclasses.fields(ModelParameters) if hasattr(serving, f.name)}
     return ModelParameters(
-        task=serving.task,
-        backend=serving.backend,
+        **shared,
         model_dir=str(Path(pretrained).resolve()),
-        dtype=serving.dtype,
-        cuda_graphs=serving.cuda_graphs,
-        num_threads=serving.num_threads,
-        max_input_bytes=serving.max_input_bytes,
-        max_texts_per_request=serving.max_texts_per_request,
         onnx_dir=str(Path(onnx_dir).resolve()) if onnx_dir else "",
         quantize=quantize,
         trt_engine=str(Path(trt_engine).resolve()) if trt_engine else "",

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from hf2triton.errors import UserError
 from hf2triton.gateway.process import check_key_policy, ensure_gateway, gateway_status, log_file, stop_gateway
+from hf2triton.integrity import damaged
 from hf2triton.specs import OpenAISpec, ServerSpec, from_param
 from hf2triton.triton.process import Settings, ensure_server, server_status, stop_server
+
+FAILED_REPORT = "failed-report.md"  # next to the validation report: written by a failed validation
 
 
 def settings_from_params(server: dict[str, Any], models: list[str], work: str, repository: str) -> Settings:
@@ -62,12 +66,38 @@ def check_served_gateway(settings: Settings, spec: OpenAISpec, base: str, report
     print(f"hf2triton: gateway checked ({len(report['checks'])} checks ok): {report_stem}.md", file=sys.stderr)
 
 
-def status_step(server: dict[str, Any], models: list[str], work: str, repository: str, openai: dict[str, Any]) -> dict[str, Any]:
+def status_step(
+    server: dict[str, Any],
+    models: list[str],
+    work: str,
+    repository: str,
+    openai: dict[str, Any],
+    built: dict[str, str] | None = None,
+    validation: str = "",
+) -> dict[str, Any]:
+    """Target `status`: the server as it runs, whether it serves what was built (rendered models, saved
+    weights and exports against their manifests) and what the last validation said."""
     settings = settings_from_params(server, models, work, repository)
     status = server_status(settings)
+    rendered = Path(repository).resolve()
+    changed = {path: found for path, found in damaged(built or {}).items() if rendered not in Path(path).resolve().parents}
+    if changed:  # weights or an export changed under the running server (the rendered models: changed_since_rendered)
+        status.update(current=False, changed_since_built=changed)
+    if validation:
+        status["validation"] = validation_outcome(validation)
+        status["current"] = status["current"] and status["validation"] == "passed"
     status["openai"] = gateway_status(settings, from_param(OpenAISpec, openai))
     print(json.dumps(status, indent=2))
     return status
+
+
+def validation_outcome(report_json: str) -> str:
+    """ "passed", "failed: see <failed-report.md>" or "not run": a failed validation leaves its failed report
+    and no report.json (Snakemake removes a failed job's outputs); a passing one removes the failed report."""
+    failed = Path(report_json).parent / FAILED_REPORT
+    if failed.is_file():
+        return f"failed: see {failed}"
+    return "passed" if Path(report_json).is_file() else "not run"
 
 
 def stop_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> str:

@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
 from hf2triton.pipeline.render import prune_repository
-from hf2triton.pipeline.serve import settings_from_params
+from hf2triton.pipeline.serve import FAILED_REPORT, settings_from_params
 from hf2triton.serving import interface
 from hf2triton.serving.interface import GENERATION, ModelParameters
 from hf2triton.specs import OnnxSpec
@@ -31,13 +31,13 @@ from hf2triton.triton.process import Settings, ensure_server, public_state
 log = logging.getLogger(__name__)
 
 PROBES = {
-    "feature-extraction": [
+    interface.FEATURE_EXTRACTION: [
         "The quick brown fox jumps over the lazy dog.",
         "Triton sert des modèles — ça marche très bien.",
         "東京は日本の首都です。",
     ],
-    "text-classification": ["I loved this film, it was wonderful.", "Terrible service, never again.", "Un repas correct, sans plus."],
-    "text-generation": ["What is the capital of France?"],
+    interface.CLASSIFICATION: ["I loved this film, it was wonderful.", "Terrible service, never again.", "Un repas correct, sans plus."],
+    interface.GENERATION: ["What is the capital of France?"],
 }
 VALIDATION_MAX_NEW_TOKENS = 24
 # Greedy, whatever generation.temperature is configured: served, gRPC and in-process answers must be equal.
@@ -105,11 +105,11 @@ def _texts(values: np.ndarray) -> list[str]:
 def compare(task: str, served: dict[str, np.ndarray], reference: dict[str, np.ndarray], floor: float = COSINE_FLOOR) -> dict[str, Any]:
     """Served vs a reference: embeddings by cosine (>= floor), labels exactly with close scores, generated
     text exactly. {"ok": ..., figures...}"""
-    if task == "feature-extraction":
+    if task == interface.FEATURE_EXTRACTION:
         cos = cosines(served[interface.EMBEDDING], reference[interface.EMBEDDING])
         figures = {"texts": len(cos), "cosine_min": round(float(cos.min()), 6), "cosine_mean": round(float(cos.mean()), 6), "floor": floor}
         return {"ok": bool(cos.min() >= floor), **figures}
-    if task == "text-classification":
+    if task == interface.CLASSIFICATION:
         labels_s, labels_r = _texts(served[interface.LABEL]), _texts(reference[interface.LABEL])
         diff = float(np.abs(served[interface.SCORE].reshape(-1) - reference[interface.SCORE].reshape(-1)).max())
         same = sum(x == y for x, y in zip(labels_s, labels_r))
@@ -147,9 +147,9 @@ def seeded_sampling_check(http_url: str, name: str, prompt: str, temperature: fl
 def compare_outputs(task: str, served: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> tuple[bool, str]:
     """Served vs in-process, with a one-line detail for the report."""
     result = compare(task, served, reference, COSINE_FLOOR)
-    if task == "feature-extraction":
+    if task == interface.FEATURE_EXTRACTION:
         return result["ok"], f"min cosine {result['cosine_min']:.6f} (floor {COSINE_FLOOR})"
-    if task == "text-classification":
+    if task == interface.CLASSIFICATION:
         return result["ok"], f"labels {result['served']} vs {result['reference']}; max score diff {result['max_score_diff']:.2e}"
     return result["ok"], f"served {result['served']!r} vs in-process {result['reference']!r}"
 
@@ -201,7 +201,7 @@ def half_precision_check(rendered: mc.ModelConfig, served: dict[str, np.ndarray]
     rightly differ by more than their exact-match tolerances)."""
     params = model_parameters(rendered)
     half = params.dtype != "float32" and reference_device(rendered) != "cpu"
-    if params.task != "feature-extraction" or params.backend != "python" or not half:
+    if params.task != interface.FEATURE_EXTRACTION or params.backend != "python" or not half:
         return None
     ok, detail = compare_outputs(params.task, served, reference_outputs(rendered, texts, float32_cpu=True))
     return check("half precision on GPU vs float32 on CPU", ok, detail)
@@ -399,12 +399,12 @@ def validate_server(
     # the user needs this one to see why.
     if not report["ok"]:
         failed_dir = Path(output_json).parent
-        atomic_write_text(failed_dir / "failed-report.md", render_markdown(report))
+        atomic_write_text(failed_dir / FAILED_REPORT, render_markdown(report))
         failed = [f"{n}: {c['name']} ({c['detail']})" for n, m in models.items() for c in m["checks"] if not c["ok"]]
-        raise UserError("validation failed: " + "; ".join(failed), f"see {failed_dir / 'failed-report.md'} and {settings.log_file}")
+        raise UserError("validation failed: " + "; ".join(failed), f"see {failed_dir / FAILED_REPORT} and {settings.log_file}")
     atomic_write_json(output_json, report)
     atomic_write_text(output_md, render_markdown(report))
-    (Path(output_json).parent / "failed-report.md").unlink(missing_ok=True)  # an earlier failure's report is not news
+    (Path(output_json).parent / FAILED_REPORT).unlink(missing_ok=True)  # an earlier failure's report is not news
     return report
 
 

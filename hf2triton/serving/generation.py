@@ -28,9 +28,9 @@ class Busy(Exception):
 
 @dataclass(frozen=True)
 class Sampling:
-    """Per-request decoding options (validated by the caller)."""
+    """Per-request decoding options (validated by the caller, which knows the model's defaults)."""
 
-    max_new_tokens: int = 64
+    max_new_tokens: int
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
@@ -69,7 +69,7 @@ class ContinuousBatcher:
     """A running batch over one model. Thread-safe `submit`; `step()` does one decoding iteration (the
     background loop calls it while there is work; tests call it directly)."""
 
-    def __init__(self, model, tokenizer, device: str, max_sequences: int = 8, max_queue: int = 64, context: int = 2048):
+    def __init__(self, model, tokenizer, device: str, max_sequences: int, max_queue: int, context: int):
         import torch
 
         self.torch, self.model, self.tokenizer, self.device = torch, model, tokenizer, device

@@ -45,6 +45,9 @@ AUTO_CLASSES = {FEATURE_EXTRACTION: "AutoModel", CLASSIFICATION: "AutoModelForSe
 
 # Limits every request option must respect (the config schema's bounds are the same).
 MAX_NEW_TOKENS_RANGE = (1, 8192)
+TOP_P_RANGE = (1e-6, 1.0)
+TOP_K_RANGE = (0, 100_000)
+SEED_RANGE = (0, 2**63 - 1)
 TEMPERATURE_RANGE = (0.0, 100.0)
 # Sampling divides the logits by the temperature: a tiny one (1e-45, a float32 denormal) makes them inf and
 # the sampling probabilities NaN. Allowed: 0 (greedy) or MIN_TEMPERATURE..100; even float16 logits of 100
@@ -134,6 +137,7 @@ class ModelParameters:
     num_threads: int = 0
     max_input_bytes: int = 65536
     max_texts_per_request: int = 256
+    max_request_bytes: int = 8388608  # all texts of one request together
     onnx_dir: str = ""
     quantize: str = "none"
     trt_engine: str = ""
@@ -147,7 +151,7 @@ class ModelParameters:
     time_limit_s: float = 300.0  # per-request generation time limit
 
     def relevant(self) -> tuple[str, ...]:
-        keys = ["task", "backend", "model_dir", "dtype", "num_threads", "max_input_bytes", "max_texts_per_request"]
+        keys = ["task", "backend", "model_dir", "dtype", "num_threads", "max_input_bytes", "max_texts_per_request", "max_request_bytes"]
         if self.backend in ("onnx", "tensorrt"):
             keys += ["onnx_dir", "quantize"]
         if self.backend == "tensorrt":

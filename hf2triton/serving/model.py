@@ -769,6 +769,9 @@ class TritonPythonModel:
         values = tensor.as_numpy()
         if values.size > self.params.max_texts_per_request:  # checked before decoding anything
             raise RequestError(f"{values.size} texts exceed max_texts_per_request={self.params.max_texts_per_request}; split the request")
+        total = sum(len(item) for item in values.reshape(-1))
+        if total > self.params.max_request_bytes:
+            raise RequestError(f"{total} bytes of text exceed max_request_bytes={self.params.max_request_bytes}; split the request")
         texts = decode_texts(values, self.max_bytes)
         options: dict[str, Any] = {}
         if self.task == interface.GENERATION:
@@ -821,11 +824,11 @@ class TritonPythonModel:
                 f"max_new_tokens={values['max_new_tokens']} exceeds generation.max_new_tokens_limit={self.params.max_new_tokens_limit}"
             )
         if top_p is not None:
-            values["top_p"] = _one_value(top_p, interface.TOP_P, float, (1e-6, 1.0))
+            values["top_p"] = _one_value(top_p, interface.TOP_P, float, interface.TOP_P_RANGE)
         if top_k is not None:
-            values["top_k"] = _one_value(top_k, interface.TOP_K, int, (0, 100_000))
+            values["top_k"] = _one_value(top_k, interface.TOP_K, int, interface.TOP_K_RANGE)
         if seed is not None:
-            values["seed"] = _one_value(seed, interface.SEED, int, (0, 2**63 - 1))
+            values["seed"] = _one_value(seed, interface.SEED, int, interface.SEED_RANGE)
         if stop is not None:
             values["stop"] = tuple(s for s in decode_texts(stop, 1024))
         return generation.Sampling(**values)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import numpy as np
@@ -30,14 +31,28 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
         return 0, ""
 
 
-def http_post(url: str, headers: dict[str, str] | None = None, body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
+def _json_post(url: str, headers: dict[str, str] | None, body: dict | None) -> urllib.request.Request:
     data = json.dumps(body or {}).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})}, method="POST")  # noqa: S310
+    return urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})}, method="POST")  # noqa: S310
+
+
+def http_post(url: str, headers: dict[str, str] | None = None, body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
+    request = _json_post(url, headers, body)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - our own server
             return response.status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode("utf-8", "replace")
+
+
+def http_post_events(url: str, headers: dict[str, str] | None = None, body: dict | None = None, timeout: float = 300) -> Iterator[dict]:
+    """The server-sent events of a streamed POST (`data: {...}` lines until `data: [DONE]`), parsed.
+    An error status raises urllib.error.HTTPError."""
+    with urllib.request.urlopen(_json_post(url, headers, body), timeout=timeout) as response:  # noqa: S310 - our own server
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data:") and line != "data: [DONE]":
+                yield json.loads(line[5:])
 
 
 def is_live(http_url: str) -> bool:
