@@ -104,7 +104,8 @@ def main() -> int:
     print(json.dumps(rows[-1]), flush=True)
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"rows": rows, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
+    measured_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    Path(args.out).write_text(json.dumps({"rows": rows, "measured_at": measured_at}, indent=1) + "\n")
     return 0
 
 
