@@ -57,7 +57,9 @@ def main() -> int:
     def record(case: str, seconds: float, done: subprocess.CompletedProcess, pid_before: int, **extra) -> None:
         state = read_state(settings) or {}
         row = {"case": case, "seconds": seconds, "exit": done.returncode, "server_kept": state.get("pid") == pid_before, **extra}
-        row["last_line"] = (done.stderr.strip().splitlines() or [""])[-1][:200]
+        ours = [line for line in done.stderr.splitlines() if line.startswith("hf2triton")] or [""]
+        serving = [line for line in ours if line.startswith("hf2triton: serving")]
+        row["said"] = (serving or ours)[-1][:240]  # what the user reads: the server decision, or the error
         rows.append(row)
         print(json.dumps(row), flush=True)
 
