@@ -54,16 +54,19 @@ def main() -> int:
     url = settings.url()
     rows: list[dict] = []
 
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
     def record(case: str, seconds: float, done: subprocess.CompletedProcess, pid_before: int, **extra) -> None:
         state = read_state(settings) or {}
         row = {"case": case, "seconds": seconds, "exit": done.returncode, "server_kept": state.get("pid") == pid_before, **extra}
         ours = [line for line in done.stderr.splitlines() if line.startswith("hf2triton")] or [""]
         serving = [line for line in ours if line.startswith("hf2triton: serving")]
         row["said"] = (serving or ours)[-1][:240]  # what the user reads: the server decision, or the error
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        emit(row)
 
-    seconds, done = make("serve")
+    _, done = make("serve")
     assert done.returncode == 0, done.stderr[-2000:]
     pid = read_state(settings)["pid"]
     seconds, done = make("serve")
@@ -76,7 +79,7 @@ def main() -> int:
 
     pid = read_state(settings)["pid"]
     (ROOT / "model_repository" / "minilm" / "1" / "model.py").unlink()
-    seconds, dry = make("dry-run")
+    _, dry = make("dry-run")
     forced = "Forced execution" in dry.stdout
     seconds, done = make("serve")
     record("deleted minilm/1/model.py -> make serve", seconds, done, pid, dry_run_forced=forced, serving=embeds(url))
@@ -102,8 +105,7 @@ def main() -> int:
         refused = ""
     except InferenceServerException as err:
         refused = str(err)[:120]
-    rows.append({"case": "minilm, one request of 2,000 texts", "seconds": round(time.perf_counter() - began, 3), "refused": refused})
-    print(json.dumps(rows[-1]), flush=True)
+    emit({"case": "minilm, one request of 2,000 texts", "seconds": round(time.perf_counter() - began, 3), "refused": refused})
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     measured_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
