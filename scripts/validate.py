@@ -14,4 +14,5 @@ run_step(
     output_json=snakemake.output.json,
     output_md=snakemake.output.markdown,
     parity_floors=params.parity_floors,
+    gateway=params.gateway,
 )

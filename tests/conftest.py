@@ -4,9 +4,15 @@ Plain helpers live in tests/helpers.py."""
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# Servers and clients started by the tests (snakemake runs inherit the environment) share one client key of
+# their own, never the user's (hf2triton.triton.client.key_file).
+os.environ.setdefault("HF2TRITON_KEY_FILE", str(Path(tempfile.mkdtemp(prefix="hf2triton-key-")) / "triton.key"))
 
 from tests.helpers import make_workflow, minilm_dir, smollm2_gguf, tiny_model_entries
 

@@ -110,6 +110,10 @@ BAD = [
     (with_server(grpc_port=70000), ["server.grpc_port", "70000", "65535"]),
     (with_server(http_port=9000, grpc_port=9000), ["server.grpc_port", "same as server.http_port"]),
     (with_server(host="0.0.0.0; rm"), ["server.host"]),
+    # the gateway on a Triton port: refused here, not found late as "in use by another program" (issue 24 #5)
+    ({**GOOD, "openai": {"enabled": True, "port": 8000}}, ["config.openai.port = 8000", "same as server.http_port", "a port of its own"]),
+    ({**with_server(grpc_port=9100), "openai": {"enabled": True, "port": 9100}}, ["openai.port = 9100", "same as server.grpc_port"]),
+    ({**GOOD, "openai": {"enabled": True, "port": 8002}}, ["openai.port = 8002", "same as server.metrics_port"]),
     (with_server(startup_timeout_s=1), ["startup_timeout_s"]),
     (with_server(log_verbose=True), ["log_verbose"]),
     ({**GOOD, "paths": {"work": ""}}, ["paths.work"]),

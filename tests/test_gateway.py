@@ -109,7 +109,7 @@ def test_async_client_and_embeddings_equal_tritons(gateway):
     from openai import AsyncOpenAI
 
     texts = ["hello there", "a second, longer sentence about serving models", "你好"]
-    http = httpclient.InferenceServerClient(gateway.settings().url())
+    http = client.http_client(gateway.settings().url())
     first, second = (http.infer("embed", client.build_inputs(httpclient, part)) for part in (texts[:2], texts[2:]))
     direct = np.concatenate([first.as_numpy("embedding"), second.as_numpy("embedding")])
     tokens = int(first.as_numpy("prompt_tokens").sum() + second.as_numpy("prompt_tokens").sum())

@@ -1,11 +1,26 @@
-"""The gateway's request mapping without a server: OpenAI parameters -> the model's inputs, and Triton's
-errors -> OpenAI status classes."""
+"""The gateway's request mapping without a server: OpenAI parameters -> the model's inputs, Triton's errors ->
+OpenAI status classes, and the boundary every request passes (driven as ASGI, no Triton behind it)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
+
 import pytest
 
-from hf2triton.gateway.app import ApiError, chat_messages, embedding_inputs, generation_options, triton_error
+from hf2triton.gateway.app import (
+    ApiError,
+    Gateway,
+    chat_messages,
+    create_app,
+    embedding_inputs,
+    generation_options,
+    host_name,
+    served_names,
+    triton_error,
+    unreachable,
+)
 
 
 def test_sampling_parameters_map_to_model_inputs():
@@ -27,6 +42,11 @@ def test_sampling_parameters_map_to_model_inputs():
         ({"stop": ["a", ""]}, "stop"),
         ({"stop": ["a"] * 5}, "stop"),
         ({"seed": -1}, "seed"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"presence_penalty": -1}, "presence_penalty"),
+        ({"stop": ["ok", "a\ud800"]}, "stop"),
     ],
 )
 def test_bad_parameters_are_400_naming_the_parameter(body, param):
@@ -43,6 +63,17 @@ def test_messages_and_inputs():
     assert embedding_inputs({"input": "x"}) == ["x"]
     with pytest.raises(ApiError, match="empty string"):
         embedding_inputs({"input": ["x", " "]})
+    assert generation_options({"response_format": {"type": "text"}, "frequency_penalty": 0, "presence_penalty": 0.0}) == {}
+
+
+def test_a_lone_surrogate_is_400_naming_the_field():
+    with pytest.raises(ApiError) as info:
+        chat_messages({"messages": [{"role": "user", "content": "fine"}, {"role": "user", "content": "a\ud800"}]})
+    assert info.value.status == 400 and info.value.param == "messages[1].content"
+    with pytest.raises(ApiError) as info:
+        embedding_inputs({"input": ["ok", "\udfff"]})
+    assert info.value.param == "input"
+    assert chat_messages({"messages": [{"role": "user", "content": "你好 😀"}]})[0]["content"] == "你好 😀"
 
 
 @pytest.mark.parametrize(
@@ -52,7 +83,105 @@ def test_messages_and_inputs():
         ("text of 70000 bytes exceeds max_input_bytes=65536", 413),
         ("[StatusCode.UNAVAILABLE] failed to connect to all addresses", 503),
         ("max_new_tokens=5000 exceeds generation.max_new_tokens_limit=1024", 400),
+        ("Stub process 'generate_0_0' is not healthy.", 503),
     ],
 )
 def test_triton_errors_map_to_openai_status_classes(message, status):
     assert triton_error(RuntimeError(message)).status == status
+
+
+def test_only_connection_failures_are_retried_on_a_fresh_channel():
+    assert unreachable(RuntimeError("[StatusCode.UNAVAILABLE] failed to connect to all addresses; last error: Connection refused"))
+    assert unreachable(RuntimeError('<AioRpcError status = StatusCode.UNAVAILABLE details = "Socket closed">'))
+    assert not unreachable(RuntimeError("[StatusCode.UNAVAILABLE] Exceeds the maximum queue size")), "busy is 429, at once"
+    assert not unreachable(RuntimeError("[StatusCode.NOT_FOUND] Request for unknown model: 'x' is not found"))
+
+
+def test_host_names_and_the_bearer_scheme():
+    assert [host_name(h) for h in ("LocalHost:9000", "[::1]:9000", "::1", "example.org.", "10.0.0.1:80", "")] == [
+        "localhost",
+        "::1",
+        "::1",
+        "example.org",
+        "10.0.0.1",
+        "",
+    ]
+    names = served_names("My-Box.example", ["Models.Example.test"])
+    assert {"localhost", "127.0.0.1", "::1", "my-box.example", "models.example.test", host_name(socket.gethostname())} <= names
+    gateway = Gateway("127.0.0.1:1", "k3y", [])
+    for header in ("Bearer k3y", "bearer k3y", "BEARER  k3y "):
+        gateway.check_key(header)
+    for header in ("Bearer nope", "k3y", "Basic k3y", None):
+        with pytest.raises(ApiError, match="API key"):
+            gateway.check_key(header)
+
+
+# ------------------------------------------------------------------ the boundary, as ASGI
+
+
+def asgi(method: str, path: str, headers: dict[str, str], chunks: list = (), timeout_s: float = 30.0):
+    """(status, headers, JSON answer) of one request to a gateway with no Triton behind it. `chunks`: the body's
+    pieces as they arrive; a final None: the client stalls there (no end of body)."""
+    app = create_app(Gateway("127.0.0.1:1", None, ["m"]), served_names("127.0.0.1", ["ok.example"]), ["http://app.example:8080"], timeout_s)
+    stall = bool(chunks) and chunks[-1] is None
+    body = [c for c in chunks if c is not None]
+    pending = [{"type": "http.request", "body": c, "more_body": stall or i < len(body) - 1} for i, c in enumerate(body)]
+    sent = []
+
+    async def receive():
+        if pending:
+            return pending.pop(0)
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    raw = [(k.lower().encode(), v.encode()) for k, v in {"host": "127.0.0.1:9000", **headers}.items()]
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http", "path": path}
+    scope.update(
+        raw_path=path.encode(), query_string=b"", root_path="", headers=raw, client=("127.0.0.1", 5000), server=("127.0.0.1", 9000)
+    )
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    answer = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, json.loads(answer or b"{}")
+
+
+JSON = {"content-type": "application/json"}
+CHAT = json.dumps({"model": "unknown", "messages": [{"role": "user", "content": "x"}]}).encode()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "chunks", "status", "code"),
+    [
+        ("GET", "/v1/models", {"host": "evil.example:9000"}, [], 421, "host_not_allowed"),
+        ("GET", "/nothing", {"host": "evil.example"}, [], 421, "host_not_allowed"),
+        ("POST", "/v1/chat/completions", {"host": "ok.example:9000", **JSON}, [CHAT], 404, "model_not_found"),
+        ("POST", "/v1/chat/completions", {"host": "192.168.1.7:9000", **JSON}, [CHAT], 404, "model_not_found"),
+        ("POST", "/v1/chat/completions", {"origin": "http://evil.example", **JSON}, [CHAT], 403, "origin_not_allowed"),
+        ("POST", "/v1/chat/completions", {"origin": "http://127.0.0.1:9000", **JSON}, [CHAT], 404, "model_not_found"),
+        ("POST", "/v1/chat/completions", {"content-type": "text/plain"}, [CHAT], 415, "unsupported_media_type"),
+        ("POST", "/v1/embeddings", {"content-type": "application/x-www-form-urlencoded"}, [b"a=b"], 415, "unsupported_media_type"),
+        ("POST", "/v1/embeddings", {"content-length": str(400 << 20), **JSON}, [], 413, "too_large"),
+        ("POST", "/v1/embeddings", JSON, [b" " * (1 << 20)] * 9, 413, "too_large"),
+        ("POST", "/v1/embeddings", JSON, [b"{", None], 408, "timeout"),
+        ("GET", "/v1/nothing", {}, [], 404, "not_found"),
+        ("GET", "/v1/chat/completions", {}, [], 405, "method_not_allowed"),
+        ("POST", "/v1/chat/completions", {"content-type": "application/json; charset=utf-8"}, [b"[" * 100_000], 400, None),
+    ],
+)
+def test_the_boundary_answers_every_route_with_openai_errors(method, path, headers, chunks, status, code):
+    got, sent, answer = asgi(method, path, headers, chunks, timeout_s=0.3)
+    assert got == status and answer["error"]["code"] == code, answer
+    assert not any(h.startswith("access-control-") for h in sent)
+    assert (sent.get("connection") == "close") == (status in (421, 403, 415, 413, 408))
+
+
+def test_allowed_origins_get_cors_headers_and_preflights():
+    preflight = {"origin": "http://app.example:8080", "access-control-request-method": "POST"}
+    status, headers, _ = asgi("OPTIONS", "/v1/chat/completions", preflight)
+    assert status == 204 and headers["access-control-allow-origin"] == "http://app.example:8080" and headers["vary"] == "Origin"
+    assert headers["access-control-allow-headers"] == "Authorization, Content-Type"
+    status, headers, answer = asgi("POST", "/v1/chat/completions", {"origin": "http://app.example:8080", **JSON}, [CHAT])
+    assert status == 404 and headers["access-control-allow-origin"] == "http://app.example:8080", "errors are readable by the page too"
+    assert asgi("OPTIONS", "/v1/chat/completions", {**preflight, "origin": "http://app.example:8081"})[0] == 403

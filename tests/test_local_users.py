@@ -21,7 +21,7 @@ from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.pipeline.render import render_model
 from hf2triton.specs import ModelSpec, ServerSpec, serving_values
-from hf2triton.triton import hidden_args
+from hf2triton.triton import client, hidden_args
 from hf2triton.triton.hidden_args import build_shim, hide_arguments, placeholder
 from hf2triton.triton.process import (
     RESTRICTED_KEY_HEADER,
@@ -161,10 +161,11 @@ def settings(tmp_path) -> Settings:
 def test_command_carries_placeholders_and_no_key(settings):
     cmd = server_command(locate_tritonserver(), settings, "/b", "s3cret")
     assert "s3cret" not in " ".join(cmd)
-    hidden = restricted_arguments("s3cret")
+    hidden = restricted_arguments("s3cret", "k3y")
     assert [placeholder(name) for name in hidden] == [a for a in cmd if a.startswith(hidden_args.PLACEHOLDER_PREFIX)]
-    assert sorted(v.split("=", 1)[0] for v in hidden.values()) == ["--grpc-restricted-protocol", "--http-restricted-api"]
-    assert all(v.endswith(f":{RESTRICTED_KEY_HEADER}=s3cret") for v in hidden.values())
+    assert sorted(v.split("=", 1)[0] for v in hidden.values()) == ["--grpc-restricted-protocol"] * 2 + ["--http-restricted-api"] * 2
+    keys = sorted([f"{client.KEY_HEADER}=k3y", f"{RESTRICTED_KEY_HEADER}=s3cret"] * 2)  # the client key and the admin key
+    assert sorted(v.rsplit(":", 1)[1] for v in hidden.values()) == keys
     assert redacted_command(cmd) == cmd  # nothing to hide any more
 
 
@@ -240,7 +241,7 @@ def test_nobody_sees_no_key_on_the_command_line(served):
     assert cmdline == state["cmdline"]  # what observe() compares: the state file keeps the command as /proc shows it
     assert state["admin_key"] not in result.stdout.decode()
     assert f"{RESTRICTED_KEY_HEADER}=" not in result.stdout.decode()
-    assert [a for a in cmdline if a.startswith(hidden_args.PLACEHOLDER_PREFIX)] == [placeholder(n) for n in restricted_arguments("")]
+    assert [a for a in cmdline if a.startswith(hidden_args.PLACEHOLDER_PREFIX)] == [placeholder(n) for n in restricted_arguments("", "")]
     for private in (f"/proc/{state['pid']}/environ", str(Path(state["log"]).parent / "state.json"), state["log"]):
         assert as_nobody("cat", private).returncode != 0, private
 
@@ -260,6 +261,23 @@ def test_nobody_cannot_use_the_restricted_apis(served):
     assert curl_status(f"{base}/health/ready") == 200  # nobody can still use what is meant for every local client
     # control: only the key makes the difference (whoever had it could unload models)
     assert curl_status("-H", f"{RESTRICTED_KEY_HEADER}: {state['admin_key']}", f"{base}/logging") == 200
+
+
+@pytest.mark.integration
+def test_nobody_can_neither_read_the_client_key_nor_infer_without_it(served):
+    """The per-user client key (issue 32): inference and metadata need it; another user cannot read it."""
+    settings, _, _, _ = served
+    key = client.client_key()
+    assert stat.S_IMODE(client.key_file().stat().st_mode) == 0o600
+    denied = as_nobody("cat", str(client.key_file()))
+    assert denied.returncode != 0 and key.encode() not in denied.stdout
+    base, body = f"http://{settings.url()}/v2", '{"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}]}'
+    for value in (None, "wrong"):
+        header = [] if value is None else ["-H", f"{client.KEY_HEADER}: {value}"]
+        assert curl_status(*header, "-X", "POST", "-d", body, f"{base}/models/embed/infer") == 403, value
+        assert curl_status(*header, f"{base}/models/embed") == 403, value
+    assert curl_status(f"{base}/models/embed/ready") == 200, "health stays open"
+    assert curl_status("-H", f"{client.KEY_HEADER}: {key}", "-X", "POST", "-d", body, f"{base}/models/embed/infer") == 200
 
 
 @pytest.mark.integration
@@ -283,7 +301,9 @@ def test_requests_in_shared_memory_are_private(served):
     settings, state, _, _ = served
     marker = "hf2triton-marker-prompt-7f3a"
     body = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [marker]}]}).encode()
-    request = urllib.request.Request(f"http://{settings.url()}/v2/models/embed/infer", data=body, method="POST")
+    request = urllib.request.Request(
+        f"http://{settings.url()}/v2/models/embed/infer", data=body, headers=client.key_headers(), method="POST"
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         assert response.status == 200
     regions = stub_regions(state["pid"])

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 
 import pytest
 
 from hf2triton import host
 from hf2triton.errors import UserError
-from hf2triton.specs import ServerSpec
+from hf2triton.gateway.process import command, exposure, require_api_key, url
+from hf2triton.locks import exclusive
+from hf2triton.specs import OpenAISpec, ServerSpec, to_param
 from hf2triton.triton.hidden_args import placeholder
 from hf2triton.triton.pitfalls import explain, relevant_log_lines
 from hf2triton.triton.process import (
@@ -97,7 +101,7 @@ def test_command_binds_loopback_explicit_models_and_restricts_apis(settings):
         "--metrics-port=18002",
     ):
         assert flag in cmd
-    hidden = restricted_arguments("s3cret")  # the real flags go through the environment; the command holds placeholders
+    hidden = restricted_arguments("s3cret", "k3y")  # the real flags go through the environment; the command holds placeholders
     assert [placeholder(n) for n in hidden] == [a for a in cmd if a.startswith("@hf2triton-env:")]
     assert hidden["HF2TRITON_ARG_HTTP_RESTRICTED_API"].startswith("--http-restricted-api=model-repository")
     assert hidden["HF2TRITON_ARG_GRPC_RESTRICTED_PROTOCOL"].startswith("--grpc-restricted-protocol=model-repository")
@@ -136,6 +140,7 @@ STATE = {"pid": 123, "boot_id": "boot-1", "cmdline": ["tritonserver", "--x"], "d
         (STATE, facts(), STATE["cmdline"], "keep", ()),
         (STATE, facts(ready=False, live=True, not_ready=["b"]), STATE["cmdline"], "reload", ("b",)),
         (STATE, facts(ready=False, live=False, not_ready=[]), STATE["cmdline"], "restart", ()),
+        ({**STATE, "client_key_digest": "k1"}, facts(client_key_digest="k2"), STATE["cmdline"], "restart", ()),
     ],
     ids=[
         "no-state",
@@ -150,6 +155,7 @@ STATE = {"pid": 123, "boot_id": "boot-1", "cmdline": ["tritonserver", "--x"], "d
         "current",
         "one-model-down",
         "not-live",
+        "client-key-changed",
     ],  # fmt: skip
 )
 def test_decide(state, observed, wanted, expected, models):
@@ -197,3 +203,114 @@ def test_pitfalls_explain_log_lines(line, cause):
 def test_relevant_log_lines_skip_nvml_noise():
     log = "W1130 metrics.cc] Failed to initialize NVML\nE1130 model.cc] failed to load 'm'\nI1130 server.cc] ok\n"
     assert relevant_log_lines(log) == ["E1130 model.cc] failed to load 'm'"]
+
+
+# ---------------------------------------------------------------- the gateway's boundary (issue 24 #1, #2), the serving lock (#6)
+
+
+def test_gateway_binds_its_own_host_with_the_boundary_flags(settings):
+    plain = dict(zip(*[iter(command(settings, OpenAISpec(enabled=True, port=9100))[3:])] * 2))  # flag -> value
+    assert plain == {
+        "--grpc": "127.0.0.1:18001",
+        "--host": "127.0.0.1",
+        "--port": "9100",
+        "--models": "a,b",
+        "--api-key-env": "HF2TRITON_API_KEY",
+        "--request-timeout-s": "30",
+    }, "no empty allowlists, no embedding cap unless configured"
+    public = OpenAISpec(
+        enabled=True,
+        host="0.0.0.0",  # noqa: S104
+        port=9100,
+        allowed_hosts=("a.example", "b"),
+        allowed_origins=("http://x:1", "https://y"),
+        max_embedding_inputs=7,
+        request_timeout_s=2.5,
+    )
+    flags = dict(zip(*[iter(command(settings, public)[3:])] * 2))
+    assert flags["--host"] == "0.0.0.0" and flags["--grpc"] == "127.0.0.1:18001", "the gateway public, Triton where server.host says"
+    assert flags["--allowed-hosts"] == "a.example,b" and flags["--allowed-origins"] == "http://x:1,https://y"
+    assert flags["--max-embedding-inputs"] == "7" and flags["--request-timeout-s"] == "2.5"
+    assert url(settings, public) == "127.0.0.1:9100" and url(settings, OpenAISpec(host="::1", port=9100)) == "[::1]:9100"
+    on_all = Settings.of(ServerSpec(host="::"), ["a"], settings.work, settings.repository)
+    assert url(on_all, OpenAISpec(port=9100)) == "[::1]:9100", "openai.host unset: the gateway binds server.host"
+
+
+def test_a_gateway_beyond_loopback_needs_an_api_key(monkeypatch):
+    monkeypatch.delenv("HF2TRITON_UNIT_KEY", raising=False)
+    assert exposure(OpenAISpec(enabled=False, host="0.0.0.0"), "127.0.0.1") == {}  # noqa: S104
+    assert exposure(OpenAISpec(enabled=True), "127.0.0.1") == {}
+    assert exposure(OpenAISpec(enabled=True, host="127.0.0.1"), "0.0.0.0") == {}, "Triton beyond loopback is guarded by the client key"  # noqa: S104
+    assert exposure(OpenAISpec(enabled=True), "0.0.0.0")["field"] == "server.host"  # noqa: S104
+    exposed = exposure(OpenAISpec(enabled=True, host="0.0.0.0", api_key_env="HF2TRITON_UNIT_KEY"), "127.0.0.1")  # noqa: S104
+    with pytest.raises(UserError) as info:
+        require_api_key(exposed)
+    message = info.value.render()
+    for words in (
+        "openai.host = '0.0.0.0'",
+        "$HF2TRITON_UNIT_KEY",
+        "nothing running was touched",
+        "export HF2TRITON_UNIT_KEY=",
+        "openai.host: 127.0.0.1",
+    ):
+        assert words in message, message
+    monkeypatch.setenv("HF2TRITON_UNIT_KEY", "set")
+    require_api_key(exposed)
+
+
+def test_validate_serve_and_bench_refuse_it_before_touching_the_server(tmp_path, monkeypatch):
+    from hf2triton.perf import bench
+    from hf2triton.pipeline import serve, validate
+
+    def touched(*args, **kwargs):
+        raise AssertionError("the running server was touched")
+
+    for module in (bench, serve, validate):
+        monkeypatch.setattr(module, "ensure_server", touched)
+    monkeypatch.delenv("HF2TRITON_UNIT_KEY", raising=False)
+    spec = OpenAISpec(enabled=True, host="0.0.0.0", api_key_env="HF2TRITON_UNIT_KEY")  # noqa: S104
+    common = {"server": to_param(ServerSpec()), "models": ["a"], "work": str(tmp_path / "w"), "repository": str(tmp_path / "r")}
+    calls = {
+        "validate": lambda: validate.validate_step(**common, output_json="r.json", output_md="r.md", gateway=exposure(spec, "127.0.0.1")),
+        "serve": lambda: serve.serve_step(**common, openai=to_param(spec)),
+        "bench": lambda: bench.bench_model_step(
+            "a", **common, bench={}, model={}, openai=to_param(spec), output_json="", scratch=str(tmp_path)
+        ),
+    }
+    for name, call in calls.items():
+        with pytest.raises(UserError) as info:
+            call()
+        assert "openai.host = '0.0.0.0'" in info.value.render(), name
+
+
+def test_serving_lock_is_exclusive_reentrant_bounded_and_dies_with_its_holder(tmp_path):
+    path = tmp_path / "server" / "serve.lock"
+    refused: list[str] = []
+
+    def other_thread() -> None:
+        try:
+            with exclusive(path, 0.5, "starting the server"):
+                refused.append("got it")
+        except UserError as err:
+            refused.append(err.render())
+
+    with exclusive(path, 1, "starting the server"), exclusive(path, 1, "starting the server"):  # re-entrant within a thread
+        waiter = threading.Thread(target=other_thread)
+        waiter.start()
+        waiter.join()
+    assert f"starting the server: another hf2triton run (pid {os.getpid()}) still holds {path}" in refused[0], refused
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from pathlib import Path; import time; from hf2triton.locks import exclusive\n"
+         f"with exclusive(Path({str(path)!r}), 5, 'x'):\n    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=f"pid {holder.pid}"):
+            with exclusive(path, 0.3, "x"):
+                pass
+    finally:
+        holder.kill()  # a crash: the kernel releases its lock
+        holder.wait()
+    with exclusive(path, 2, "x"):
+        pass

@@ -7,27 +7,41 @@
     GET  /health                the gateway is up and Triton is ready
 
 Errors are OpenAI's error object with the HTTP status carrying the class (400 bad parameter, 401 key, 404 model,
-413 too large, 429 busy, 503 Triton not ready). A client that closes its stream cancels the Triton request
-(the generation slot is freed within one decoding step). The API key comes from an environment variable, never
-from config.yaml; requests are compared in constant time and the key is never logged.
+408 slow body, 413 too large, 415 not JSON, 421 foreign Host, 403 foreign Origin, 429 busy, 503 Triton down or not
+ready). A client that leaves (streamed or not) cancels the Triton request (the generation slot is freed within one
+decoding step). The API key comes from an environment variable, never from config.yaml; requests are compared in
+constant time and the key is never logged.
+
+Loopback is no boundary against web pages: a page can POST "simple" cross-site requests (text/plain, forms) and a
+name re-bound to 127.0.0.1 (DNS rebinding) makes it same-origin. So every request passes `Boundary` first: the Host
+must be a name the gateway serves under, a foreign Origin is refused (allowed ones get CORS headers, never a
+wildcard), POST bodies must be JSON, and a body is bounded in size and time while it is read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hmac
+import ipaddress
 import json
 import logging
+import socket
 import time
 import uuid
+from collections.abc import Awaitable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hf2triton.serving import interface
 from hf2triton.triton import client
@@ -42,6 +56,27 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
 UNSUPPORTED_CHAT = ("tools", "functions", "tool_choice", "function_call", "logprobs", "top_logprobs", "logit_bias", "audio", "modalities")
 FINISH_REASONS = {"stop": "stop", "length": "length", "time": "length", "cancelled": "stop"}
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+RECONNECT_S = 5.0  # how long a request waits for an unreachable Triton (a restart) before 503
+RETRY_PAUSE_S = 0.25
+REFRESH_EVERY_S = 1.0  # an unknown model name re-reads Triton's models at most this often (while Triton answers)
+# gRPC's words for "no connection" (down, restarting, or this channel in its reconnect back-off), as opposed to
+# Triton's own UNAVAILABLE answers about a request (a full queue is 429, not retried)
+UNREACHABLE = ("failed to connect", "connection refused", "connection reset", "socket closed", "broken pipe", "goaway")
+# tritonclient's defaults that matter (no 4 MB message limit) and a prompt reconnect after tritonserver restarts:
+# each channel has its own connections (a fresh channel inherits no backed-off one) and backs off at most 1 s.
+CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+PREFLIGHT_HEADERS = [
+    (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+    (b"access-control-allow-headers", b"Authorization, Content-Type"),
+    (b"access-control-max-age", b"600"),
+]
+T = TypeVar("T")
 
 
 class ApiError(Exception):
@@ -66,7 +101,22 @@ def triton_error(err: Exception) -> ApiError:
         return ApiError(413, text, code="too_large")
     if "unavailable" in lowered or "failed to connect" in lowered or "not ready" in lowered:
         return ApiError(503, f"the Triton server is not ready: {text}", "server_error", code="unavailable")
+    if "stub process" in lowered or "not healthy" in lowered:  # the model's Python process died: the server's fault
+        return ApiError(503, f"the model's process is not healthy (`make serve` restarts it): {text}", "server_error", code="unavailable")
     return ApiError(400, text)
+
+
+def unreachable(err: BaseException) -> bool:
+    """Triton could not be reached at all (no answer about the request itself)."""
+    text = str(err).lower()
+    return "unavailable" in text and any(words in text for words in UNREACHABLE)
+
+
+def unavailable(detail: str | BaseException) -> ApiError:
+    if isinstance(detail, BaseException):  # gRPC's own words, not its multi-line repr
+        details = getattr(detail, "details", None)
+        detail = (details() if callable(details) else str(detail)) or type(detail).__name__
+    return ApiError(503, f"the Triton server is unavailable ({detail[:200]}); retry shortly", "server_error", code="unavailable")
 
 
 @dataclass(frozen=True)
@@ -75,6 +125,17 @@ class ServedModel:
     task: str
     streaming: bool
     max_batch_size: int
+    max_texts: int = interface.DEFAULTS.max_texts_per_request
+
+
+def _text(value: str, param: str) -> str:
+    """A text field that can become UTF-8 (JSON's "\\ud800" escape decodes to a lone surrogate, which cannot)."""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, f"'{param}' contains a lone UTF-16 surrogate (not valid Unicode text)", param=param) from None
+    return value
 
 
 def _number(body: dict[str, Any], key: str, kind: type, low: float, high: float) -> Any:
@@ -95,6 +156,12 @@ def generation_options(body: dict[str, Any]) -> dict[str, Any]:
     for key in UNSUPPORTED_CHAT:
         if body.get(key) not in (None, False, [], {}):
             raise ApiError(400, f"'{key}' is not supported by this server", param=key)
+    # refused rather than silently ignored: a client asking for JSON or penalties must not get plain sampling
+    if body.get("response_format") not in (None, {"type": "text"}):
+        raise ApiError(400, '\'response_format\' is not supported by this server (only {"type": "text"})', param="response_format")
+    for key in ("frequency_penalty", "presence_penalty"):
+        if body.get(key) not in (None, 0, 0.0) or isinstance(body.get(key), bool):
+            raise ApiError(400, f"'{key}' is not supported by this server (only 0)", param=key)
     options: dict[str, Any] = {}
     tokens = _number(body, "max_completion_tokens", int, 1, interface.MAX_NEW_TOKENS_RANGE[1])
     tokens = tokens if tokens is not None else _number(body, "max_tokens", int, 1, interface.MAX_NEW_TOKENS_RANGE[1])
@@ -115,7 +182,7 @@ def generation_options(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
             raise ApiError(400, "'stop' must be a string or a list of up to 4 non-empty strings", param="stop")
         if stops:
-            options[interface.STOP] = stops
+            options[interface.STOP] = [_text(s, "stop") for s in stops]
     return options
 
 
@@ -139,7 +206,7 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
                 f"messages[{index}] must have a role ({', '.join(interface.CHAT_ROLES)}) and text content",
                 param=f"messages[{index}]",
             )
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": _text(content, f"messages[{index}].content")})
     return out
 
 
@@ -150,44 +217,87 @@ def embedding_inputs(body: dict[str, Any]) -> list[str]:
         raise ApiError(400, "'input' must be a string or a non-empty list of strings (token arrays are not supported)", param="input")
     if any(not t.strip() for t in texts):
         raise ApiError(400, "'input' contains an empty string", param="input")
-    return texts
+    return [_text(t, "input") for t in texts]
 
 
 class Gateway:
-    """The state the endpoints share: the Triton gRPC client, the served models, the key."""
+    """The state the endpoints share: the Triton gRPC client, the served models, the key, the input bound."""
 
-    def __init__(self, grpc_url: str, api_key: str | None, models: list[str]):
+    def __init__(self, grpc_url: str, api_key: str | None, models: list[str], max_embedding_inputs: int | None = None):
         self.grpc_url, self.api_key, self.names = grpc_url, api_key or None, models
+        self.max_embedding_inputs = max_embedding_inputs  # None: each model's max_texts_per_request
         self.models: dict[str, ServedModel] = {}
         self.created = int(time.time())
+        self._triton: Any = None
+        self.refreshed_at, self.refresh_failed = 0.0, True
 
     async def triton(self):
         import tritonclient.grpc.aio as aio
 
-        if not hasattr(self, "_triton"):
-            self._triton = aio.InferenceServerClient(self.grpc_url)
+        if self._triton is None:
+            self._triton = client.keyed(aio.InferenceServerClient(self.grpc_url, channel_args=CHANNEL_ARGS))
         return self._triton
 
+    async def _reconnect(self, failed: Any) -> None:
+        # After tritonserver restarts, a channel can sit in its reconnect back-off for many seconds ("failed to
+        # connect to all addresses") while a fresh one connects at once. Only the failed client is replaced: a
+        # request that already reconnected keeps its channel.
+        if self._triton is failed:
+            self._triton = None
+            with contextlib.suppress(Exception):  # a broken channel may not close cleanly
+                await failed.close()
+
+    async def call(self, attempt: Callable[[Any], Awaitable[T]], patience_s: float = RECONNECT_S) -> T:
+        """`attempt(triton client)`; Triton unreachable -> a fresh channel, retried for up to `patience_s` (at
+        least once) before 503. Triton's own errors are raised as they are."""
+        deadline = time.monotonic() + patience_s
+        retried = False
+        while True:
+            triton = await self.triton()
+            try:
+                return await attempt(triton)
+            except Exception as err:
+                if not unreachable(err):
+                    raise
+                await self._reconnect(triton)
+                if retried and time.monotonic() >= deadline:
+                    raise unavailable(err) from None
+            retried = True
+            await asyncio.sleep(RETRY_PAUSE_S)
+
     async def refresh(self) -> None:
-        """The served models' tasks and limits, from their configs on the server."""
+        """The served models' tasks and limits, from their configs on the server; 503 while Triton is down
+        (the cached list is kept: a model that was served before is tried, with a reconnect, when it is back)."""
         from hf2triton.triton.modelconfig import model_parameters
 
-        triton = await self.triton()
+        self.refreshed_at, self.refresh_failed = time.monotonic(), True
+        try:
+            ready = await self.call(lambda triton: triton.is_server_ready())
+        except ApiError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any other failure to ask is "unavailable" too
+            raise unavailable(err) from None
+        if not ready:
+            raise unavailable("not ready")
         found = {}
         for name in self.names:
             try:
-                config = (await triton.get_model_config(name)).config
-            except Exception as err:  # noqa: BLE001 - a model that is not loaded is not listed
+                config = (await self.call(lambda triton, name=name: triton.get_model_config(name))).config
+            except ApiError:
+                raise
+            except Exception as err:  # noqa: BLE001 - Triton answered: this model is not loaded, so it is not listed
                 log.info("model %s not listed: %s", name, err)
                 continue
+            parameters = model_parameters(config)
             decoupled = bool(config.model_transaction_policy.decoupled)
-            found[name] = ServedModel(name, model_parameters(config).task, decoupled, config.max_batch_size)
-        self.models = found
+            found[name] = ServedModel(name, parameters.task, decoupled, config.max_batch_size, parameters.max_texts_per_request)
+        self.models, self.refresh_failed = found, False
 
     def check_key(self, authorization: str | None) -> None:
         if self.api_key is None:
             return
-        given = (authorization or "").removeprefix("Bearer ").strip()
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        given = token.strip() if scheme.lower() == "bearer" else ""  # the scheme is case-insensitive (RFC 9110)
         if not hmac.compare_digest(given.encode(), self.api_key.encode()):
             message = "missing or wrong API key (send 'Authorization: Bearer <key>')"
             raise ApiError(401, message, "authentication_error", code="invalid_api_key")
@@ -196,7 +306,10 @@ class Gateway:
         name = body.get("model")
         if not isinstance(name, str) or not name:
             raise ApiError(400, "'model' is required", param="model")
-        if name not in self.models:
+        # A configured name missing from the cache (Triton restarted, a model loaded late) re-reads the list:
+        # at most once a second while Triton answers, always while it did not (503 until it does).
+        stale = self.refresh_failed or time.monotonic() - self.refreshed_at >= REFRESH_EVERY_S
+        if name not in self.models and name in self.names and stale:
             await self.refresh()
         served = self.models.get(name)
         if served is None:
@@ -221,34 +334,46 @@ class Gateway:
         async def requests():
             yield request
 
-        stream = (await self.triton()).stream_infer(requests())
-        finished = False
+        async def opened(triton):  # the first response proves the connection: only then is a retry unsafe
+            stream = triton.stream_infer(requests())
+            try:
+                return stream, await stream.__anext__()
+            except BaseException:
+                stream.cancel()
+                raise
+
+        def read(response: tuple[Any, Any]) -> tuple[str, dict[str, Any] | None]:
+            result, error = response
+            if error is not None:
+                raise triton_error(error)
+            piece = result.as_numpy(interface.TEXT_OUTPUT)
+            text = piece.reshape(-1)[0].decode("utf-8") if piece is not None else ""
+            reason = result.as_numpy(interface.FINISH_REASON)
+            if reason is None:
+                return text, None
+            return text, {
+                "finish_reason": FINISH_REASONS.get(reason.reshape(-1)[0].decode(), "stop"),
+                "prompt_tokens": int(result.as_numpy(interface.PROMPT_TOKENS).reshape(-1)[0]),
+                "completion_tokens": int(result.as_numpy(interface.COMPLETION_TOKENS).reshape(-1)[0]),
+            }
+
+        stream, finished = None, False
         try:
-            async for result, error in stream:
-                if error is not None:
-                    raise triton_error(error)
-                piece = result.as_numpy(interface.TEXT_OUTPUT)
-                text = piece.reshape(-1)[0].decode("utf-8") if piece is not None else ""
-                reason = result.as_numpy(interface.FINISH_REASON)
-                if reason is None:
-                    yield text, None
-                    continue
-                finished = True
-                yield (
-                    text,
-                    {
-                        "finish_reason": FINISH_REASONS.get(reason.reshape(-1)[0].decode(), "stop"),
-                        "prompt_tokens": int(result.as_numpy(interface.PROMPT_TOKENS).reshape(-1)[0]),
-                        "completion_tokens": int(result.as_numpy(interface.COMPLETION_TOKENS).reshape(-1)[0]),
-                    },
-                )
-                return
+            stream, first = await self.call(opened)
+            text, info = read(first)
+            while info is None:
+                yield text, None
+                text, info = read(await stream.__anext__())
+            finished = True
+            yield text, info
         except ApiError:
             raise
+        except StopAsyncIteration:
+            raise ApiError(502, "Triton ended the stream without a final response", "server_error") from None
         except Exception as err:  # noqa: BLE001 - gRPC failures become OpenAI errors
             raise triton_error(err) from None
         finally:
-            if not finished:
+            if not finished and stream is not None:
                 stream.cancel()
 
     # ------------------------------------------------------------------ embeddings
@@ -257,13 +382,19 @@ class Gateway:
         """The texts' embeddings and the tokens they became (the model's own count: no second tokenisation)."""
         import tritonclient.grpc as grpcclient
 
-        triton = await self.triton()
+        # The gateway splits a request into the model's batches, which would bypass the model's own bound on
+        # texts per request: bounded here, before anything reaches Triton.
+        limit = self.max_embedding_inputs or served.max_texts
+        if len(texts) > limit:
+            message = f"'input' has {len(texts)} texts; at most {limit} per request (openai.max_embedding_inputs): split the request"
+            raise ApiError(413, message, param="input", code="too_large")
         chunk = served.max_batch_size or len(texts)
+        batches = [client.build_inputs(grpcclient, texts[i : i + chunk]) for i in range(0, len(texts), chunk)]
         parts = []
         try:
-            results = await asyncio.gather(
-                *(triton.infer(served.name, client.build_inputs(grpcclient, texts[i : i + chunk])) for i in range(0, len(texts), chunk))
-            )
+            results = await asyncio.gather(*(self.call(lambda triton, batch=batch: triton.infer(served.name, batch)) for batch in batches))
+        except ApiError:
+            raise
         except Exception as err:  # noqa: BLE001 - Triton's answer becomes an OpenAI error
             raise triton_error(err) from None
         tokens = 0
@@ -290,8 +421,145 @@ def sse(data: Any) -> bytes:
     return f"data: {json.dumps(data, ensure_ascii=False) if not isinstance(data, str) else data}\n\n".encode("utf-8", "replace")
 
 
-def create_app(gateway: Gateway) -> FastAPI:
+def host_name(header: str) -> str:
+    """The name in a Host header: no port, no IPv6 brackets, lower case, no trailing dot."""
+    value = header.strip().lower()
+    if value.startswith("["):
+        value = value[1:].partition("]")[0]
+    elif value.count(":") == 1:
+        value = value.partition(":")[0]
+    return value.rstrip(".")
+
+
+def served_names(bind_host: str, extra: Iterable[str] = ()) -> frozenset[str]:
+    """The names the gateway answers under: loopback, this machine's names, the host it binds, the configured
+    ones (openai.allowed_hosts). IP literals are always answered: an address cannot be re-bound by DNS."""
+    return frozenset(host_name(name) for name in (*LOOPBACK_NAMES, socket.gethostname(), socket.getfqdn(), bind_host, *extra) if name)
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _peer(scope: Scope) -> str:
+    peer = scope.get("client")
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, err: ApiError) -> None:
+    """One log line (what the request carried is quoted: never a line of its own) and the error; the connection
+    is closed after it, its body (maybe huge, maybe slow) never read."""
+    log.warning("refused %s %r from %s: %s", scope["method"], scope["path"][:200], _peer(scope), err.message)
+    await JSONResponse(err.body(), status_code=err.status, headers={"Connection": "close"})(scope, receive, send)
+
+
+class Boundary:
+    """What every request passes before any route (unknown ones too), as pure ASGI (BaseHTTPMiddleware would
+    break streaming): the Host is a name the gateway serves under (421: DNS rebinding), an Origin is the
+    gateway's own or an allowed one (403; allowed ones get CORS headers and preflights, never a wildcard), a POST
+    body is JSON (415: browsers send text/plain and forms cross-site without a preflight), and the body is
+    bounded while it is read: by size (413, never buffered beyond it) and by time (408, then the connection closes)."""
+
+    def __init__(self, app: ASGIApp, hosts: frozenset[str], origins: Iterable[str] = (), timeout_s: float = 30.0):
+        self.app, self.hosts, self.timeout_s = app, hosts, timeout_s
+        self.origins = frozenset(origin.strip().rstrip("/").lower() for origin in origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers, method = Headers(scope=scope), scope["method"]
+        host = headers.get("host", "")
+        name = host_name(host)
+        if name not in self.hosts and not _is_ip(name):
+            message = f"this gateway does not answer for host {name!r}; if clients reach it under that name, add it to openai.allowed_hosts"
+            await _refuse(scope, receive, send, ApiError(421, message, code="host_not_allowed"))
+            return
+        cors: list[tuple[bytes, bytes]] = []
+        origin = headers.get("origin")
+        if origin is not None:
+            normalized = origin.strip().rstrip("/").lower()
+            if normalized in self.origins:
+                cors = [(b"access-control-allow-origin", origin.strip().encode("latin-1")), (b"vary", b"Origin")]
+                if method == "OPTIONS" and "access-control-request-method" in headers:  # a CORS preflight
+                    await send({"type": "http.response.start", "status": 204, "headers": [*cors, *PREFLIGHT_HEADERS]})
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+            elif normalized != f"{scope.get('scheme', 'http')}://{host.strip().lower()}":  # not the gateway's own origin
+                message = f"cross-origin requests from {origin!r} are not allowed; add the origin to openai.allowed_origins to allow it"
+                await _refuse(scope, receive, send, ApiError(403, message, "permission_error", code="origin_not_allowed"))
+                return
+        if method == "POST" and headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
+            message = f"the body must be JSON sent as Content-Type: application/json (got {headers.get('content-type', 'none')!r})"
+            await _refuse(scope, receive, send, ApiError(415, message, code="unsupported_media_type"))
+            return
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            message = f"request body of {length} bytes exceeds {MAX_BODY_BYTES}"
+            await _refuse(scope, receive, send, ApiError(413, message, code="too_large"))
+            return
+
+        deadline = time.monotonic() + self.timeout_s
+        received, complete, cut = 0, False, False
+
+        async def bounded_receive() -> Message:
+            # raised inside the route's body read: the route's ApiError handler answers, `cut` closes the connection
+            nonlocal received, complete, cut
+            if complete:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0))
+            except asyncio.TimeoutError:
+                cut = True
+                log.warning("client %s did not send its request body within %g s (openai.request_timeout_s)", _peer(scope), self.timeout_s)
+                raise ApiError(408, f"the request body did not arrive within {self.timeout_s:g} s", code="timeout") from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > MAX_BODY_BYTES:
+                    cut = True
+                    raise ApiError(413, f"request body exceeds {MAX_BODY_BYTES} bytes", code="too_large")
+            complete = not message.get("more_body", False)
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and (cors or cut):
+                message = {**message, "headers": [*message.get("headers", []), *cors, *([(b"connection", b"close")] if cut else [])]}
+            await send(message)
+
+        await self.app(scope, bounded_receive, guarded_send)
+
+
+async def unless_client_leaves(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """`work`'s result, or None when the client disconnects first: `work` is cancelled (a non-streamed
+    generation's Triton stream with it, so the generation stops)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
+    return None if task.cancelled() else task.result()
+
+
+def create_app(
+    gateway: Gateway, hosts: frozenset[str] | None = None, origins: Iterable[str] = (), request_timeout_s: float = 30.0
+) -> FastAPI:
+    """The gateway's app; `hosts`: the names it answers under (served_names), `origins`: web origins allowed
+    to call it from a browser, `request_timeout_s`: the time a client has to send its body."""
     app = FastAPI(title="hf2triton OpenAI-compatible gateway", docs_url=None, redoc_url=None)
+    app.add_middleware(Boundary, hosts=served_names("127.0.0.1") if hosts is None else hosts, origins=origins, timeout_s=request_timeout_s)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError):
@@ -301,6 +569,27 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def validation_error(_: Request, err: RequestValidationError):
         return JSONResponse(ApiError(400, str(err)[:300]).body(), status_code=400)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException):  # unknown routes and methods: OpenAI's error object too
+        path = request.url.path[:200]
+        if err.status_code == 404:
+            message = f"no endpoint {path} (GET /v1/models, POST /v1/chat/completions, /v1/completions, /v1/embeddings)"
+        elif err.status_code == 405:
+            message = f"{request.method} is not allowed on {path} (allowed: {(err.headers or {}).get('Allow', '?')})"
+        else:
+            message = str(err.detail)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
+        return JSONResponse(ApiError(err.status_code, message, code=code).body(), status_code=err.status_code, headers=err.headers)
+
+    @app.exception_handler(RecursionError)
+    async def too_deep(_: Request, __: RecursionError):  # JSON nested deeper than Python's stack: bad input, not a crash
+        return JSONResponse(ApiError(400, "the request is nested too deeply").body(), status_code=400)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(request: Request, _: ClientDisconnect):  # one line, no traceback (slow clients come by the hundred)
+        log.info("client %s left before sending its whole request (%s %r)", _peer(request.scope), request.method, request.url.path[:200])
+        return JSONResponse(ApiError(400, "the client left").body(), status_code=400)
+
     @app.exception_handler(Exception)
     async def unexpected(_: Request, err: Exception):
         log.exception("gateway error")
@@ -308,11 +597,11 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     async def read_body(request: Request) -> dict[str, Any]:
         gateway.check_key(request.headers.get("authorization"))
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            raise ApiError(413, f"request body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}", code="too_large")
+        raw = await request.body()  # bounded in size and time by Boundary
         try:
             body = json.loads(raw or b"{}")
+        except RecursionError:
+            raise ApiError(400, "the body is nested too deeply") from None
         except ValueError as err:
             raise ApiError(400, f"the body is not valid JSON ({err})") from None
         if not isinstance(body, dict):
@@ -321,8 +610,8 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        try:
-            ready = await (await gateway.triton()).is_server_ready()
+        try:  # no waiting: a probe wants an answer now (an unreachable Triton gets one fresh channel at once)
+            ready = await gateway.call(lambda triton: triton.is_server_ready(), patience_s=0)
         except Exception:  # noqa: BLE001 - not ready
             ready = False
         return JSONResponse({"gateway": "up", "triton_ready": ready}, status_code=200 if ready else 503)
@@ -330,7 +619,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request):
         gateway.check_key(request.headers.get("authorization"))
-        await gateway.refresh()
+        await gateway.refresh()  # 503 while Triton is down: an empty list would read as "nothing is served"
         data = [
             {"id": m.name, "object": "model", "created": gateway.created, "owned_by": "hf2triton", "task": m.task}
             for m in gateway.models.values()
@@ -348,17 +637,25 @@ def create_app(gateway: Gateway) -> FastAPI:
             raw = raw[0] if isinstance(raw, list) and len(raw) == 1 else raw
             if not isinstance(raw, str) or not raw.strip():
                 raise ApiError(400, "'prompt' must be a non-empty string (one prompt per request)", param="prompt")
-            prompt = raw
+            prompt = _text(raw, "prompt")
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
         pieces = gateway.generate(served, prompt, options)
         if not body.get("stream"):
-            text, final = [], {}
-            async for piece, info in pieces:
-                text.append(piece)
-                final = info or final
-            answer = "".join(text)
+
+            async def collect() -> tuple[str, dict[str, Any]]:
+                text, final = [], {}
+                async for piece, info in pieces:
+                    text.append(piece)
+                    final = info or final
+                return "".join(text), final
+
+            collected = await unless_client_leaves(request, collect())
+            if collected is None:  # nobody reads this answer
+                log.info("client %s left before its answer: the generation was cancelled", _peer(request.scope))
+                return JSONResponse(ApiError(400, "the client left").body(), status_code=400)
+            answer, final = collected
             usage = {
                 "prompt_tokens": final.get("prompt_tokens", 0),
                 "completion_tokens": final.get("completion_tokens", 0),

@@ -1,10 +1,12 @@
 """Start, watch, restore and stop the gateway exactly like tritonserver: a state file (pid, command line, boot
-id), a log, readiness over HTTP, and our process found by its command line."""
+id, a salted digest of the API key; 0600), a log, readiness over HTTP, our process found by its command line,
+and the serving lock around every start and stop."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.specs import OpenAISpec
 from hf2triton.triton import client
-from hf2triton.triton.process import Settings, terminate
+from hf2triton.triton.process import LISTEN_FIX, Settings, cannot_listen, client_address, listening_ports, serving_lock, terminate
 
 READY_TIMEOUT_S = 60
 
@@ -30,15 +32,26 @@ def log_file(settings: Settings) -> Path:
 
 
 def url(settings: Settings, openai: OpenAISpec) -> str:
-    hostname = settings.client_host
+    """host:port where a local client reaches the gateway (its own bind host, not Triton's)."""
+    hostname = client_address(openai.bind_host(settings.host))
     return f"{f'[{hostname}]' if ':' in hostname and not hostname.startswith('[') else hostname}:{openai.port}"
 
 
 def command(settings: Settings, openai: OpenAISpec) -> list[str]:
-    return [
-        sys.executable, "-m", "hf2triton.gateway", "--grpc", settings.url("grpc_port"), "--host", settings.host,
+    """The gateway's command line (no secret: the API key comes from its environment, Triton's client key from
+    client.key_file(), both inherited)."""
+    cmd = [
+        sys.executable, "-m", "hf2triton.gateway", "--grpc", settings.url("grpc_port"), "--host", openai.bind_host(settings.host),
         "--port", str(openai.port), "--models", ",".join(settings.models), "--api-key-env", openai.api_key_env,
+        "--request-timeout-s", f"{openai.request_timeout_s:g}",
     ]  # fmt: skip
+    if openai.allowed_hosts:
+        cmd += ["--allowed-hosts", ",".join(openai.allowed_hosts)]
+    if openai.allowed_origins:
+        cmd += ["--allowed-origins", ",".join(openai.allowed_origins)]
+    if openai.max_embedding_inputs is not None:
+        cmd += ["--max-embedding-inputs", str(openai.max_embedding_inputs)]
+    return cmd
 
 
 def _read_state(settings: Settings) -> dict[str, Any] | None:
@@ -57,29 +70,86 @@ def _healthy(settings: Settings, openai: OpenAISpec) -> bool:
     return status in (200, 503)  # 503: the gateway answers, Triton is not ready (yet)
 
 
-def check_key_policy(settings: Settings, openai: OpenAISpec) -> None:
-    if not client.is_loopback(settings.host) and not os.environ.get(openai.api_key_env):
+def _key_digest(openai: OpenAISpec, salt: str) -> str:
+    """A keyed digest of the API key in the environment now ('' without one): the state file never holds the key,
+    yet a changed key restarts the gateway (the old one would keep accepting the old key)."""
+    key = os.environ.get(openai.api_key_env, "")
+    return client.key_digest(key, salt) if key else ""
+
+
+def _current(state: dict[str, Any] | None, settings: Settings, openai: OpenAISpec) -> bool:
+    """The gateway the state file describes runs with this command line and this API key."""
+    return (
+        _alive(state)
+        and state.get("cmdline") == command(settings, openai)
+        and state.get("api_key_digest") == _key_digest(openai, state.get("salt", ""))
+    )
+
+
+def exposure(openai: OpenAISpec, server_host: str) -> dict[str, str]:
+    """What the API-key policy needs to know (also validate's rule param, so it stays small and changes only with
+    this): where the gateway listens when it is enabled beyond loopback, else {}."""
+    bind = openai.bind_host(server_host)
+    if not openai.enabled or client.is_loopback(bind):
+        return {}
+    return {"field": "openai.host" if openai.host else "server.host", "host": bind, "api_key_env": openai.api_key_env}
+
+
+def require_api_key(exposed: dict[str, str]) -> None:
+    """A gateway reachable beyond this machine needs an API key: refused before anything running is touched
+    (validate, serve and bench call this before their ensure_server)."""
+    if exposed and not os.environ.get(exposed["api_key_env"]):
+        via = "" if exposed["field"] == "openai.host" else " (openai.host unset: the gateway binds server.host)"
         raise UserError(
-            f"openai.enabled on server.host = {settings.host!r} (not loopback) without an API key",
-            f"export {openai.api_key_env}=<a secret> before `make serve`, or keep server.host at 127.0.0.1",
+            f"openai.enabled with {exposed['field']} = {exposed['host']!r}{via}, not loopback, and no API key in "
+            f"${exposed['api_key_env']} (openai.api_key_env); nothing running was touched",
+            f"export {exposed['api_key_env']}=<a long random secret> before `make serve`, or set openai.host: 127.0.0.1 "
+            "(the gateway on this machine only)",
+        )
+
+
+def _ours(settings: Settings, state: dict[str, Any] | None) -> list[int]:
+    """Our gateways for this Triton: the state file's, and any other (a lost state file) found by command line."""
+    pids = [int(state["pid"])] if _alive(state) else []
+    marker = ["-m", "hf2triton.gateway", "--grpc", settings.url("grpc_port")]
+    for pid in host.pids():
+        if pid not in pids and (host.process_cmdline(pid) or [])[1:5] == marker:
+            pids.append(pid)
+    return pids
+
+
+def _check_can_listen(settings: Settings, openai: OpenAISpec, replaced: list[int]) -> None:
+    """Before a running gateway is stopped: its new host and port must be usable (free, or held by a gateway of
+    ours about to be replaced), so a bad openai.host or a taken openai.port leaves the old one serving."""
+    bind, note = openai.bind_host(settings.host), "; nothing was stopped: the running gateway keeps serving"
+    field = "openai.host" if openai.host else "server.host"
+    problem = cannot_listen(bind)
+    if problem:
+        raise UserError(f"{field} = {bind!r}: this machine cannot listen on that address for the gateway ({problem}){note}", LISTEN_FIX)
+    held = set().union(*(listening_ports(pid) for pid in replaced))
+    if openai.port not in held and not host.port_is_free(bind, openai.port):
+        raise UserError(
+            f"openai.port {openai.port} on {bind} is in use by another program{note}",
+            "choose another openai.port, or stop what listens there",
         )
 
 
 def ensure_gateway(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:
-    """The gateway up with this command line (same Triton, port, models, key variable): kept if it is, else
-    (re)started. Checked before the old one stops: the key policy and the port."""
-    check_key_policy(settings, openai)
-    wanted = command(settings, openai)
-    state = _read_state(settings)
-    if _alive(state) and state.get("cmdline") == wanted and state.get("key_set") == bool(os.environ.get(openai.api_key_env)):
-        if _healthy(settings, openai):
+    """The gateway up with this command line (same Triton, host, port, models, limits) and this API key: kept if
+    it is, else (re)started. Checked before the old one stops: the key policy, the host and the port."""
+    require_api_key(exposure(openai, settings.host))
+    with serving_lock(settings):
+        state = _read_state(settings)
+        if _current(state, settings, openai) and _healthy(settings, openai):
             return {"action": "kept", "pid": state["pid"], "url": url(settings, openai)}
-    stop_gateway(settings)
-    if not host.port_is_free(settings.host, openai.port):
-        raise UserError(
-            f"openai.port {openai.port} on {settings.host} is in use by another program",
-            "choose another openai.port, or stop what listens there",
-        )
+        replaced = _ours(settings, state)
+        _check_can_listen(settings, openai, replaced)
+        stop_gateway(settings)
+        return _start(settings, openai)
+
+
+def _start(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:
+    wanted = command(settings, openai)
     log_file(settings).parent.mkdir(parents=True, exist_ok=True)
     with open(log_file(settings), "ab") as log:
         process = subprocess.Popen(wanted, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # noqa: S603
@@ -89,11 +159,15 @@ def ensure_gateway(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:
             tail = log_file(settings).read_text(errors="replace").splitlines()[-8:]
             raise UserError(f"the gateway exited ({process.returncode}): " + " | ".join(tail), f"read {log_file(settings)}")
         if _healthy(settings, openai):
-            cmdline = host.process_cmdline(process.pid)
-            atomic_write_json(
-                str(state_file(settings)),
-                {"pid": process.pid, "cmdline": cmdline, "boot_id": host.boot_id(), "key_set": bool(os.environ.get(openai.api_key_env))},
-            )
+            salt = secrets.token_hex(16)
+            state = {
+                "pid": process.pid,
+                "cmdline": host.process_cmdline(process.pid),
+                "boot_id": host.boot_id(),
+                "salt": salt,
+                "api_key_digest": _key_digest(openai, salt),
+            }
+            atomic_write_json(state_file(settings), state, mode=0o600)
             return {"action": "started", "pid": process.pid, "url": url(settings, openai)}
         time.sleep(0.2)
     process.kill()
@@ -102,17 +176,11 @@ def ensure_gateway(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:
 
 def stop_gateway(settings: Settings) -> str:
     """Stop our gateway: the state file's, and any other serving this Triton (a lost state file)."""
-    state = _read_state(settings)
-    pids = [int(state["pid"])] if _alive(state) else []
-    marker = ["-m", "hf2triton.gateway", "--grpc", settings.url("grpc_port")]
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) not in pids:
-            cmd = host.process_cmdline(int(entry.name)) or []
-            if cmd[1:5] == marker:
-                pids.append(int(entry.name))
-    for pid in pids:
-        terminate(pid, host.process_cmdline(pid))
-    state_file(settings).unlink(missing_ok=True)
+    with serving_lock(settings):
+        pids = _ours(settings, _read_state(settings))
+        for pid in pids:
+            terminate(pid, host.process_cmdline(pid))
+        state_file(settings).unlink(missing_ok=True)
     return f"stopped the gateway (pid {', '.join(map(str, pids))})" if pids else "no gateway of ours is running"
 
 
@@ -125,5 +193,5 @@ def gateway_status(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:
         "pid": state["pid"] if running else None,
         "url": f"http://{url(settings, openai)}/v1",
         "healthy": running and _healthy(settings, openai),
-        "current": running and state.get("cmdline") == command(settings, openai),
+        "current": _current(state, settings, openai),  # also: the API key it checks is the one set now
     }

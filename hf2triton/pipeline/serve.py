@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from hf2triton.errors import UserError
-from hf2triton.gateway.process import check_key_policy, ensure_gateway, gateway_status, log_file, stop_gateway
+from hf2triton.gateway.process import ensure_gateway, exposure, gateway_status, log_file, require_api_key, stop_gateway
 from hf2triton.integrity import damaged
 from hf2triton.specs import OpenAISpec, ServerSpec, from_param
-from hf2triton.triton.process import Settings, ensure_server, server_status, stop_server
+from hf2triton.triton import client
+from hf2triton.triton.process import Settings, ensure_server, server_status, serving_lock, stop_server
 
 FAILED_REPORT = "failed-report.md"  # next to the validation report: written by a failed validation
+SEES_TRITON_S = 20  # how long serve's gateway check waits for a surviving gateway to see a restarted Triton
 
 
 def settings_from_params(server: dict[str, Any], models: list[str], work: str, repository: str) -> Settings:
@@ -28,8 +33,13 @@ def serve_step(
     where and what it serves."""
     settings = settings_from_params(server, models, work, repository)
     gateway_spec = from_param(OpenAISpec, openai)
-    if gateway_spec.enabled:
-        check_key_policy(settings, gateway_spec)  # before anything running is touched
+    require_api_key(exposure(gateway_spec, settings.host))  # before anything running is touched
+    with serving_lock(settings):  # one serve at a time: a second one waits, then keeps what the first started
+        return _serve(settings, gateway_spec, gateway_report)
+
+
+def _serve(settings: Settings, gateway_spec: OpenAISpec, gateway_report: str) -> dict[str, Any]:
+    models = settings.models
     state = ensure_server(settings)
     status = server_status(settings)
     not_ready = [name for name, ok in status.get("models", {}).items() if not ok]
@@ -45,17 +55,60 @@ def serve_step(
         print(f"hf2triton: OpenAI-compatible API at http://{gateway['url']}/v1 (gateway {gateway['action']})", file=sys.stderr)
         status["openai"] = gateway_status(settings, gateway_spec)
         if gateway_report:
-            check_served_gateway(settings, gateway_spec, f"http://{gateway['url']}/v1", gateway_report)
+            restarted = state["action"] in ("start", "restart") and gateway["action"] == "kept"
+            check_served_gateway(settings, gateway_spec, f"http://{gateway['url']}/v1", gateway_report, restarted)
     else:
         stop_gateway(settings)  # disabled since the last serve
     return status
 
 
-def check_served_gateway(settings: Settings, spec: OpenAISpec, base: str, report_stem: str) -> None:
-    """The gateway answers as Triton does (results/validation/gateway.{json,md}); a failed check stops `serve`."""
+def gateway_sees(base: str, models: list[str], key: str | None, timeout_s: float = SEES_TRITON_S) -> str:
+    """Wait (at most `timeout_s`) until the gateway's /health says Triton is ready and /v1/models lists every
+    model: a gateway that outlived tritonserver reconnects to the new one. '' when it does, else what it said last."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, body = client.http_get(f"{base.removesuffix('/v1')}/health", timeout=5)
+        if status != 200:
+            problem = f"/health answered {status or 'nothing'}: {body[:200]}"
+        else:
+            status, body = _get(f"{base}/models", headers)
+            try:
+                listed = {m["id"] for m in json.loads(body)["data"]}
+            except (ValueError, KeyError, TypeError):
+                listed = set()
+            missing = [name for name in models if name not in listed]
+            problem = f"/v1/models answered {status}: {body[:200]}" if status != 200 else ""
+            problem = problem or (f"/v1/models does not list {', '.join(missing)}" if missing else "")
+        if not problem or time.monotonic() >= deadline:
+            return problem
+        time.sleep(0.5)
+
+
+def _get(url: str, headers: dict[str, str]) -> tuple[int, str]:
+    """(status, body) of a GET with headers (the API key); 0 when nothing answers."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as response:  # noqa: S310 - our gateway
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode("utf-8", "replace")
+    except (OSError, ValueError) as err:
+        return 0, str(err)
+
+
+def check_served_gateway(settings: Settings, spec: OpenAISpec, base: str, report_stem: str, restarted: bool = False) -> None:
+    """The gateway answers as Triton does (results/validation/gateway.{json,md}); a failed check stops `serve`.
+    `restarted`: tritonserver was (re)started under a gateway that kept running."""
     from hf2triton.gateway.checks import api_key, check_gateway, write_report
     from hf2triton.triton.commands import model_facts
 
+    problem = gateway_sees(base, settings.models, api_key(spec.api_key_env))
+    if problem:
+        triton = "the restarted Triton" if restarted else "Triton's models"
+        raise UserError(
+            f"the gateway does not see {triton} within {SEES_TRITON_S} s: {problem}",
+            f"read {log_file(settings)}; `make stop` then `make serve` starts both afresh",
+        )
     grpc_url = settings.url("grpc_port")
     facts = {name: model_facts(grpc_url, name) for name in settings.models}
     report = check_gateway(base, grpc_url, settings.url(), facts, api_key(spec.api_key_env))
@@ -102,6 +155,7 @@ def validation_outcome(report_json: str) -> str:
 
 def stop_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> str:
     settings = settings_from_params(server, models, work, repository)
-    message = f"{stop_gateway(settings)}; {stop_server(settings)}"
+    with serving_lock(settings):  # not while a serve is starting them
+        message = f"{stop_gateway(settings)}; {stop_server(settings)}"
     print(f"hf2triton: {message}", file=sys.stderr)
     return message

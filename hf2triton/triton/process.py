@@ -25,6 +25,7 @@ from typing import Any
 from hf2triton import host, integrity
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
+from hf2triton.locks import exclusive
 from hf2triton.specs import ServerSpec
 from hf2triton.triton import client, mps
 from hf2triton.triton.hidden_args import build_shim, hide_arguments, placeholder
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 RESTRICTED_HTTP_APIS = "model-repository,shared-memory,trace,logging"
 RESTRICTED_KEY_HEADER = "hf2triton-admin"
 STOP_TIMEOUT_S = 30
+LOCK_WAIT_S = 300  # beyond server.startup_timeout_s: how long a second serve/validate/bench/stop waits for the first
 REPOSITORY = "model_repository"  # the rendered repository, relative to the project directory
 
 
@@ -78,8 +80,7 @@ class Settings:
 
     @property
     def client_host(self) -> str:
-        """Where a local client connects: loopback when the server listens on all addresses."""
-        return {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(self.host, self.host)  # noqa: S104
+        return client_address(self.host)
 
     def url(self, port_key: str = "http_port") -> str:
         address = f"[{self.client_host.strip('[]')}]" if ":" in self.client_host else self.client_host
@@ -100,13 +101,29 @@ class Settings:
         return cls(server, repository, work, models)
 
 
-def restricted_arguments(admin_key: str) -> dict[str, str]:
-    """The flags that carry the admin key, by the environment variable that passes each to the server
-    (hidden_args: the command line holds placeholders; /proc/<pid>/cmdline is world-readable)."""
-    value = f"{RESTRICTED_HTTP_APIS}:{RESTRICTED_KEY_HEADER}={admin_key}"
+def client_address(bind_host: str) -> str:
+    """Where a local client connects to a server bound to `bind_host`: loopback for all addresses."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(bind_host, bind_host)  # noqa: S104
+
+
+def serving_lock(settings: Settings) -> Any:
+    """One start, restart or stop of this work directory's servers (tritonserver and gateway) at a time: two
+    `serve` after a crash would otherwise both start one (the second then sees the first's server and keeps it)."""
+    wait = settings.server.startup_timeout_s + LOCK_WAIT_S
+    return exclusive(settings.server_dir / "serve.lock", wait, f"starting or stopping the server in {settings.work}")
+
+
+def restricted_arguments(admin_key: str, client_key: str) -> dict[str, str]:
+    """The flags that carry the admin key and the client key (client.KEY_HEADER: metadata, inference,
+    model-config, statistics), by the environment variable that passes each to the server (hidden_args: the
+    command line holds placeholders; /proc/<pid>/cmdline is world-readable). Health stays open."""
+    admin = f"{RESTRICTED_HTTP_APIS}:{RESTRICTED_KEY_HEADER}={admin_key}"
+    clients = f"{client.CLIENT_KEY_APIS}:{client.KEY_HEADER}={client_key}"
     return {
-        "HF2TRITON_ARG_HTTP_RESTRICTED_API": f"--http-restricted-api={value}",
-        "HF2TRITON_ARG_GRPC_RESTRICTED_PROTOCOL": f"--grpc-restricted-protocol={value}",
+        "HF2TRITON_ARG_HTTP_RESTRICTED_API": f"--http-restricted-api={admin}",
+        "HF2TRITON_ARG_GRPC_RESTRICTED_PROTOCOL": f"--grpc-restricted-protocol={admin}",
+        "HF2TRITON_ARG_HTTP_CLIENT_API": f"--http-restricted-api={clients}",
+        "HF2TRITON_ARG_GRPC_CLIENT_PROTOCOL": f"--grpc-restricted-protocol={clients}",
     }
 
 
@@ -140,7 +157,7 @@ def server_command(install: Installation, settings: Settings, backend_dir: str, 
         "--exit-timeout-secs=10",
         "--strict-readiness=true",
         f"--backend-config=python,shm-default-byte-size={settings.server.shm_default_byte_size}",
-        *[placeholder(name) for name in restricted_arguments(admin_key)],  # the key stays off /proc/<pid>/cmdline
+        *[placeholder(name) for name in restricted_arguments(admin_key, "")],  # the keys stay off /proc/<pid>/cmdline
     ]
     if not host.has_gpu():
         cmd.append("--allow-gpu-metrics=false")
@@ -234,6 +251,7 @@ class Facts:
     dead_stubs: list[str] = field(default_factory=list)
     live: bool = True  # the server answers /v2/health/live (it may be live with a model not ready)
     not_ready: list[str] = field(default_factory=list)  # models that are not ready in a live server
+    client_key_digest: str = ""  # of the client key file now, salted as the state's (a changed file -> restart)
 
 
 def observe(settings: Settings, state: dict[str, Any] | None) -> Facts:
@@ -248,7 +266,8 @@ def observe(settings: Settings, state: dict[str, Any] | None) -> Facts:
         if live and not ready:
             not_ready = [name for name in settings.models if not client.model_ready(settings.url(), name)]
     dead = dead_stub_models(settings, int(state["pid"])) if live else []
-    return Facts(host.boot_id(), alive, matches, ready, model_digests(settings), dead, live, not_ready)
+    key = client.key_digest(client.client_key(), state.get("admin_key", "")) if state else ""
+    return Facts(host.boot_id(), alive, matches, ready, model_digests(settings), dead, live, not_ready, key)
 
 
 @dataclass(frozen=True)
@@ -272,6 +291,8 @@ def decide(state: dict[str, Any] | None, facts: Facts, wanted_cmdline: list[str]
         return Decision("start", f"pid {state.get('pid')} now belongs to another program")
     if wanted_cmdline is not None and redacted_command(state.get("cmdline", [])) != redacted_command(wanted_cmdline):
         return Decision("restart", "server settings changed (ports, host, models or flags)")
+    if wanted_cmdline is not None and state.get("client_key_digest", "") != facts.client_key_digest:
+        return Decision("restart", f"the client key ({client.key_file()}) changed since the server started")
     if wanted_cmdline is not None and state.get("cuda_mps", {}).get("wanted", False) != wanted_mps:
         return Decision("restart", f"CUDA MPS {'on' if wanted_mps else 'off'} (server.cuda_mps)")
     if not facts.ready and not (facts.live and facts.not_ready):
@@ -312,19 +333,28 @@ def listening_ports(pid: int) -> set[int]:
     return ports
 
 
+def cannot_listen(host_address: str) -> str:
+    """Why this machine cannot listen on `host_address` ('' when it can)."""
+    family = socket.AF_INET6 if ":" in host_address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host_address.strip("[]"), 0))
+    except (OSError, UnicodeError) as err:
+        return str(err)
+    return ""
+
+
+LISTEN_FIX = "use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or an address of this machine"
+
+
 def check_can_listen(settings: Settings, held_by_replaced: list[int]) -> None:
     """Before a running server is stopped: the new host must be an address this machine can listen on, and
     each port must be free or held by a server about to be replaced (so a bad host or a taken port leaves
     the old server serving)."""
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.bind((settings.host.strip("[]"), 0))
-    except (OSError, UnicodeError) as err:
-        raise UserError(
-            f"server.host = {settings.host!r}: this machine cannot listen on that address ({err}); nothing was stopped",
-            "use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or an address of this machine",
-        ) from None
+    problem = cannot_listen(settings.host)
+    if problem:
+        what = f"server.host = {settings.host!r}: this machine cannot listen on that address ({problem}); nothing was stopped"
+        raise UserError(what, LISTEN_FIX)
     ours = set().union(*(listening_ports(pid) for pid in held_by_replaced)) if held_by_replaced else set()
     _check_ports(settings, ours, "; the running server keeps serving")
 
@@ -431,6 +461,11 @@ def end_orphans(settings: Settings) -> list[str]:
 def stop_server(settings: Settings) -> str:
     """Stop our server: the one the state file describes, and any other tritonserver serving this repository
     (a lost or corrupt state file, a changed paths.work); then its orphaned stubs and shared memory."""
+    with serving_lock(settings):
+        return _stop_server(settings)
+
+
+def _stop_server(settings: Settings) -> str:
     state = read_state(settings)
     stopped = []
     if state and state.get("boot_id") == host.boot_id() and host.process_cmdline(int(state["pid"])) == state.get("cmdline"):
@@ -473,7 +508,9 @@ def start_server(
     admin_key = secrets.token_urlsafe(24)
     cmd = server_command(install, settings, backend_dir, admin_key)
     env = server_environment(install)
-    placeholders, hidden_env = hide_arguments(restricted_arguments(admin_key), build_shim(settings.server_dir), env.get("LD_PRELOAD"))
+    client_key = client.client_key()
+    restricted = restricted_arguments(admin_key, client_key)
+    placeholders, hidden_env = hide_arguments(restricted, build_shim(settings.server_dir), env.get("LD_PRELOAD"))
     assert all(arg in cmd for arg in placeholders)
     env.update(hidden_env)
     settings.server_dir.mkdir(parents=True, exist_ok=True)
@@ -498,6 +535,7 @@ def start_server(
         "boot_id": host.boot_id(),
         "cmdline": cmd,
         "admin_key": admin_key,
+        "client_key_digest": client.key_digest(client_key, admin_key),  # the key file changed -> restart
         "ports": settings.ports,
         "host": settings.host,
         "repository": settings.repository,
@@ -608,7 +646,13 @@ def reload_models(settings: Settings, state: dict[str, Any], models: tuple[str, 
 
 
 def ensure_server(settings: Settings) -> dict[str, Any]:
-    """Keep a current, ready server: start, restart, or reload only the models that changed."""
+    """Keep a current, ready server: start, restart, or reload only the models that changed. Under the
+    serving lock: a second caller waits, then finds this one's server and keeps it."""
+    with serving_lock(settings):
+        return _ensure_server(settings)
+
+
+def _ensure_server(settings: Settings) -> dict[str, Any]:
     install = locate_tritonserver()
     state = read_state(settings)
     facts = observe(settings, state)
@@ -661,7 +705,7 @@ def server_status(settings: Settings) -> dict[str, Any]:
 
 def public_state(state: dict[str, Any]) -> dict[str, Any]:
     """State without secrets, for reports."""
-    out = {k: v for k, v in state.items() if k != "admin_key"}
+    out = {k: v for k, v in state.items() if k not in ("admin_key", "client_key_digest")}
     if "cmdline" in out:
         out["cmdline"] = redacted_command(out["cmdline"])
     return out

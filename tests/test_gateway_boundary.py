@@ -1,0 +1,378 @@
+"""The gateway's boundary on a real tritonserver (tiny models) with the gateway started as `python -m
+hf2triton.gateway` (the command `make serve` runs): which requests it answers (Host, Origin, Content-Type), how it
+bounds work (inputs per request, body size and time), odd input that must be 4xx, and what it does when
+Triton dies under it and comes back."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hf2triton import host
+from hf2triton.triton import client
+from hf2triton.triton.process import ensure_server
+from tests.helpers import ROOT, long_context_copy, make_workflow, tiny_model_entries
+
+pytestmark = pytest.mark.integration
+
+ASK = [{"role": "user", "content": "Tell me a story"}]
+ALLOWED_HOST = "models.example.test"
+ALLOWED_ORIGIN = "http://app.example.test:8080"
+KEY = "boundary-test-key"
+LONG = {"max_tokens": 3000, "temperature": 1.0, "seed": 1}  # sampled: runs all its tokens (seconds on the tiny model)
+
+
+@dataclass
+class Gateway:
+    port: int
+    log: Path
+    process: subprocess.Popen
+
+    def log_lines(self, words: str) -> list[str]:
+        return [line for line in self.log.read_text(errors="replace").splitlines() if words in line]
+
+
+@contextlib.contextmanager
+def gateway_process(workflow, log: Path, *flags: str, env: dict[str, str] | None = None):
+    """`python -m hf2triton.gateway` in front of the workflow's Triton, until it answers /health."""
+    port = host.free_ports(1)[0]
+    command = [sys.executable, "-m", "hf2triton.gateway", "--grpc", workflow.settings().url("grpc_port"), "--port", str(port)]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(  # noqa: S603
+            [*command, "--models", "embed,generate", *flags],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while client.http_get(f"http://127.0.0.1:{port}/health")[0] not in (200, 503):
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        yield Gateway(port, log, process)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_models):
+    """Our own tritonserver (tests here kill it): the tiny embedder (at most 6 texts a request) and a long-context
+    generator that runs one sequence at a time."""
+    models = {"feature-extraction": tiny_models["feature-extraction"]}
+    models["text-generation"] = long_context_copy(tiny_models["text-generation"], tmp_path_factory.mktemp("long"))
+    generation = {"max_new_tokens": 8, "max_sequences": 1, "max_queue": 2, "max_new_tokens_limit": 3000}
+    entries = tiny_model_entries(models, embed={"max_texts_per_request": 6}, generate={"generation": generation})
+    workflow = make_workflow(tmp_path_factory.mktemp("boundary"), entries)
+    workflow.run("serve")
+    yield workflow
+    workflow.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(served, tmp_path_factory):
+    flags = ["--allowed-hosts", ALLOWED_HOST, "--allowed-origins", ALLOWED_ORIGIN, "--request-timeout-s", "2"]
+    with gateway_process(served, tmp_path_factory.mktemp("gateway") / "gateway.log", *flags) as running:
+        yield running
+
+
+def call(port: int, method: str, path: str, body=None, headers: dict[str, str] | None = None, timeout: float = 120):
+    """(status, lower-cased headers, JSON answer) of one request; a dict body is sent as JSON."""
+    sent = {"Content-Type": "application/json"} if isinstance(body, dict) else {}
+    sent.update(headers or {})
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request(method, path, body=json.dumps(body) if isinstance(body, dict) else body, headers=sent)
+        response = connection.getresponse()
+        raw = response.read()
+    finally:
+        connection.close()
+    answer = json.loads(raw) if raw.startswith(b"{") else {"raw": raw}
+    return response.status, {k.lower(): v for k, v in response.getheaders()}, answer
+
+
+def chat(port: int, **extra) -> dict:
+    return {"model": "generate", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, **extra}
+
+
+def statistics(workflow) -> dict[str, dict[str, int]]:
+    return {name: client.model_statistics(workflow.settings().url(), name) for name in ("embed", "generate")}
+
+
+def raw_socket(port: int, head: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(head)
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    data = b""
+    with contextlib.suppress(ConnectionResetError, socket.timeout):
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+# ------------------------------------------------------------------ 1. who may ask: Host, Origin, Content-Type
+
+
+def test_a_foreign_host_is_refused_421_with_one_log_line(gateway):
+    for index, (method, path, body) in enumerate(
+        [("GET", "/v1/models", None), ("POST", "/v1/chat/completions", chat(0)), ("GET", "/health", None), ("GET", "/nothing", None)]
+    ):
+        name = f"rebound-{index}.example"
+        status, _, answer = call(gateway.port, method, path, body, {"Host": f"{name}:{gateway.port}"})
+        assert status == 421 and answer["error"]["code"] == "host_not_allowed", answer
+        assert name in answer["error"]["message"] and "openai.allowed_hosts" in answer["error"]["message"]
+        time.sleep(0.1)
+        assert len(gateway.log_lines(name)) == 1, gateway.log.read_text()
+    names = ["localhost", "LOCALHOST.", "127.0.0.1", "[::1]", "10.1.2.3", socket.gethostname(), ALLOWED_HOST]
+    for name in names:
+        status, _, answer = call(gateway.port, "GET", "/v1/models", headers={"Host": f"{name}:{gateway.port}"})
+        assert status == 200 and {m["id"] for m in answer["data"]} == {"embed", "generate"}, (name, answer)
+
+
+def test_bodies_that_are_not_json_are_415_and_reach_no_model(served, gateway):
+    before = statistics(served)
+    attack = json.dumps(chat(0))  # a valid request, sent as a web page can without a CORS preflight
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+        for content_type, body in [
+            ("text/plain", attack),
+            ("application/x-www-form-urlencoded", "model=generate&prompt=hi"),
+            ("multipart/form-data; boundary=x", f'--x\r\nContent-Disposition: form-data; name="a"\r\n\r\n{attack}\r\n--x--\r\n'),
+        ]:
+            status, _, answer = call(gateway.port, "POST", path, body, {"Content-Type": content_type})
+            assert status == 415 and answer["error"]["code"] == "unsupported_media_type", (path, content_type, answer)
+    assert statistics(served) == before, "nothing reached Triton"
+    status, _, answer = call(gateway.port, "POST", "/v1/chat/completions", attack, {"Content-Type": "application/json; charset=utf-8"})
+    assert status == 200 and answer["choices"][0]["message"]["content"] is not None
+
+
+def test_foreign_origins_are_refused_and_allowed_ones_get_cors(served, gateway):
+    port = gateway.port
+    before = statistics(served)
+    for origin in ("http://evil.example", "null", f"http://localhost:{port + 1}"):
+        status, headers, answer = call(port, "POST", "/v1/chat/completions", chat(0), {"Origin": origin})
+        assert status == 403 and answer["error"]["code"] == "origin_not_allowed", answer
+        assert not [h for h in headers if h.startswith("access-control-")], headers
+        preflight = {"Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+        status, headers, _ = call(port, "OPTIONS", "/v1/chat/completions", headers=preflight)
+        assert status == 403 and "access-control-allow-origin" not in headers
+    assert statistics(served) == before
+    status, headers, answer = call(port, "POST", "/v1/chat/completions", chat(0), {"Origin": ALLOWED_ORIGIN})
+    assert status == 200 and answer["choices"], answer
+    assert headers["access-control-allow-origin"] == ALLOWED_ORIGIN and headers["vary"] == "Origin"
+    preflight = {"Origin": ALLOWED_ORIGIN, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+    status, headers, _ = call(port, "OPTIONS", "/v1/chat/completions", headers=preflight)
+    assert status == 204 and headers["access-control-allow-origin"] == ALLOWED_ORIGIN
+    assert {"authorization", "content-type"} <= {h.strip().lower() for h in headers["access-control-allow-headers"].split(",")}
+    status, headers, _ = call(port, "GET", "/v1/models", headers={"Origin": f"http://127.0.0.1:{port}"})  # its own origin
+    assert status == 200 and "access-control-allow-origin" not in headers
+    assert "*" not in json.dumps(headers)
+
+
+# ------------------------------------------------------------------ 3, 4: bounded work
+
+
+@pytest.fixture(scope="module")
+def keyed_gateway(served, tmp_path_factory):
+    flags = ["--max-embedding-inputs", "3", "--api-key-env", "HF2TRITON_BOUNDARY_KEY"]
+    log = tmp_path_factory.mktemp("keyed") / "gateway.log"
+    with gateway_process(served, log, *flags, env={"HF2TRITON_BOUNDARY_KEY": KEY}) as running:
+        yield running
+
+
+def test_embedding_inputs_per_request_are_bounded_before_triton(served, gateway, keyed_gateway):
+    before = statistics(served)["embed"]
+    status, _, answer = call(gateway.port, "POST", "/v1/embeddings", {"model": "embed", "input": ["a text"] * 7})
+    assert status == 413 and answer["error"]["param"] == "input" and answer["error"]["code"] == "too_large", answer
+    assert "at most 6" in answer["error"]["message"], "the model's max_texts_per_request is the default"
+    auth = {"Authorization": f"Bearer {KEY}"}
+    status, _, answer = call(keyed_gateway.port, "POST", "/v1/embeddings", {"model": "embed", "input": ["a text"] * 4}, auth)
+    assert status == 413 and "at most 3" in answer["error"]["message"], answer
+    assert statistics(served)["embed"] == before, "nothing reached Triton"
+    status, _, answer = call(gateway.port, "POST", "/v1/embeddings", {"model": "embed", "input": ["a text"] * 6})
+    assert status == 200 and len(answer["data"]) == 6
+    status, _, answer = call(keyed_gateway.port, "POST", "/v1/embeddings", {"model": "embed", "input": ["a text"] * 3}, auth)
+    assert status == 200 and len(answer["data"]) == 3
+
+
+def test_bearer_is_case_insensitive(keyed_gateway):
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        assert call(keyed_gateway.port, "GET", "/v1/models", headers={"Authorization": f"{scheme} {KEY}"})[0] == 200
+    for header in ({"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {}):
+        status, _, answer = call(keyed_gateway.port, "GET", "/v1/models", headers=header)
+        assert status == 401 and answer["error"]["code"] == "invalid_api_key"
+
+
+def test_a_body_is_bounded_in_size_while_it_is_read(gateway):
+    head = b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    # a declared size over the limit: refused at once, nothing read
+    sock = raw_socket(gateway.port, head + b"Content-Length: 400000000\r\n\r\n")
+    started = time.monotonic()
+    answer = read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 413") and b"too_large" in answer and time.monotonic() - started < 5, answer[:300]
+    sock.close()
+    # a chunked body that never ends: cut off once past the limit, not read to its end
+    sock = raw_socket(gateway.port, head + b"Transfer-Encoding: chunked\r\n\r\n")
+    chunk = b"%x\r\n" % (1 << 20) + b" " * (1 << 20) + b"\r\n"
+    sent = 0
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError, socket.timeout):
+        while sent < 256 << 20:
+            sock.sendall(chunk)
+            sent += 1 << 20
+    answer = read_all(sock)
+    sock.close()
+    assert sent < 64 << 20, f"{sent >> 20} MB were accepted"
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 413"), answer[:300]  # the answer may be lost to the reset
+
+
+def test_a_slow_body_is_408_and_a_client_leaving_mid_body_is_one_log_line(gateway):
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    sock = raw_socket(gateway.port, head)  # --request-timeout-s 2: the other 99 bytes never come
+    started = time.monotonic()
+    answer = read_all(sock)  # the server answers, then closes (recv returns b"")
+    waited = time.monotonic() - started
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 408") and b"2 s" in answer and 1.5 < waited < 10, (waited, answer[:300])
+    assert len(gateway.log_lines("did not send its request body within 2 s")) == 1
+    for _ in range(5):
+        raw_socket(gateway.port, head).close()
+    deadline = time.monotonic() + 10
+    while len(gateway.log_lines("left before sending its whole request")) < 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(gateway.log_lines("left before sending its whole request")) == 5
+    assert "Traceback" not in gateway.log.read_text() and "gateway error" not in gateway.log.read_text()
+
+
+# ------------------------------------------------------------------ 5. a non-streamed request whose client leaves
+
+
+def stubs(workflow, model: str) -> list[int]:
+    """The pids of the model's Python-backend stub processes."""
+    marker = f"{workflow.settings().repository}/{model}/"
+    commands = {pid: host.process_cmdline(pid) or [] for pid in host.descendants(workflow.state()["pid"])}
+    return [pid for pid, cmd in commands.items() if len(cmd) > 1 and "triton_python_backend_stub" in cmd[0] and cmd[1].startswith(marker)]
+
+
+def cpu_seconds(pids: list[int], window_s: float) -> float:
+    """CPU time the processes use over the next `window_s` seconds."""
+    before = sum(host.process_cpu_seconds(pid) or 0.0 for pid in pids)
+    time.sleep(window_s)
+    return sum(host.process_cpu_seconds(pid) or 0.0 for pid in pids) - before
+
+
+def test_a_non_streamed_request_whose_client_leaves_stops_generating(served, gateway):
+    """The generation model's own process does the work: busy while a long non-streamed answer is generated,
+    idle within a decoding step of its client leaving (3000 sampled tokens would keep it busy for many seconds)."""
+    generating = stubs(served, "generate")
+    assert generating and cpu_seconds(generating, 1.0) < 0.2, "idle before"
+    body = json.dumps({**chat(0), **LONG}).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    sock = raw_socket(gateway.port, head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    busy = max(cpu_seconds(generating, 1.0) for _ in range(3))
+    assert busy > 0.3, f"the generation runs ({busy:.2f} CPU s in 1 s)"
+    sock.close()  # the client leaves without reading an answer
+    time.sleep(1.0)  # the cancellation reaches the model's next step
+    assert cpu_seconds(generating, 2.0) < 0.2, "the generation stopped"
+    assert len(gateway.log_lines("left before its answer: the generation was cancelled")) == 1
+    status, _, answer = call(gateway.port, "POST", "/v1/chat/completions", chat(0))  # its place (max_sequences 1) is free
+    assert status == 200 and answer["usage"]["completion_tokens"] >= 1
+
+
+# ------------------------------------------------------------------ 6, 7: odd input is a 4xx
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (chat(0, response_format={"type": "json_object"}), "response_format"),
+        (chat(0, frequency_penalty=0.5), "frequency_penalty"),
+        (chat(0, presence_penalty=-1), "presence_penalty"),
+    ],
+)
+def test_parameters_not_honoured_are_400_naming_them(gateway, body, param):
+    status, _, answer = call(gateway.port, "POST", "/v1/chat/completions", body)
+    assert status == 400 and answer["error"]["param"] == param and param in answer["error"]["message"], answer
+
+
+def test_odd_requests_are_4xx_openai_errors(gateway):
+    port = gateway.port
+    ok = chat(0, response_format={"type": "text"}, frequency_penalty=0, presence_penalty=0.0)
+    assert call(port, "POST", "/v1/chat/completions", ok)[0] == 200
+    surrogate = b'{"model": "generate", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
+    status, _, answer = call(port, "POST", "/v1/chat/completions", surrogate, {"Content-Type": "application/json"})
+    assert status == 400 and answer["error"]["param"] == "messages[0].content", answer
+    surrogate = b'{"model": "generate", "prompt": "\\ud800"}'
+    status, _, answer = call(port, "POST", "/v1/completions", surrogate, {"Content-Type": "application/json"})
+    assert status == 400 and answer["error"]["param"] == "prompt", answer
+    surrogate = b'{"model": "embed", "input": ["fine", "\\udfff"]}'
+    status, _, answer = call(port, "POST", "/v1/embeddings", surrogate, {"Content-Type": "application/json"})
+    assert status == 400 and answer["error"]["param"] == "input", answer
+    for depth in (100_000, 900):
+        deep = (
+            b'{"model": "generate", "messages": ' + b"[" * depth + b"]" * depth + b', "max_tokens": ' + b"[" * depth + b"]" * depth + b"}"
+        )
+        status, _, answer = call(port, "POST", "/v1/chat/completions", deep, {"Content-Type": "application/json"})
+        assert status == 400 and set(answer["error"]) == {"message", "type", "param", "code"}, (depth, answer)
+    for method, path, status in (
+        ("GET", "/nothing", 404),
+        ("POST", "/v1/nothing", 404),
+        ("GET", "/v1/chat/completions", 405),
+        ("POST", "/v1/models", 405),
+    ):
+        got, headers, answer = call(port, method, path, {} if method == "POST" else None)
+        assert got == status and set(answer["error"]) == {"message", "type", "param", "code"}, (method, path, answer)
+        assert path in answer["error"]["message"]
+    assert "Traceback" not in gateway.log.read_text()
+
+
+# ------------------------------------------------------------------ 2. Triton down, dead, back
+
+
+def test_a_dead_stub_is_503(served, gateway):
+    settings = served.settings()
+    dead = stubs(served, "generate")
+    assert dead
+    try:
+        for pid in dead:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(1.0)
+        status, _, answer = call(gateway.port, "POST", "/v1/chat/completions", chat(0))
+        assert status == 503 and answer["error"]["code"] == "unavailable", answer
+    finally:
+        ensure_server(settings)  # reloads the model whose stub died
+    assert call(gateway.port, "POST", "/v1/chat/completions", chat(0))[0] == 200
+
+
+def test_triton_killed_is_503_and_the_same_gateway_serves_once_it_is_back(served, gateway, tmp_path):
+    settings = served.settings()
+    os.kill(served.state()["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while client.is_live(settings.url()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    status, _, answer = call(gateway.port, "GET", "/v1/models")
+    assert status == 503 and answer["error"]["code"] == "unavailable" and "unavailable" in answer["error"]["message"], answer
+    status, _, answer = call(gateway.port, "POST", "/v1/chat/completions", chat(0))
+    assert status == 503 and answer["error"]["code"] == "unavailable", answer
+    with gateway_process(served, tmp_path / "fresh.log") as fresh:  # knows no model yet: still 503, never 404
+        status, _, answer = call(fresh.port, "POST", "/v1/chat/completions", chat(0))
+        assert status == 503 and answer["error"]["code"] == "unavailable", answer
+        assert call(fresh.port, "GET", "/health")[0] == 503
+    ensure_server(settings)  # tritonserver back on the same ports
+    status, _, answer = call(gateway.port, "POST", "/v1/chat/completions", chat(0))
+    assert status == 200 and answer["choices"][0]["message"]["content"] is not None, answer
+    status, _, answer = call(gateway.port, "GET", "/v1/models")
+    assert status == 200 and {m["id"] for m in answer["data"]} == {"embed", "generate"}
