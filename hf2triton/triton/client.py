@@ -5,10 +5,16 @@ for tritonclient's HTTP and gRPC modules (sync or asyncio). validate, bench, loa
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
+import secrets
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -16,6 +22,90 @@ import numpy as np
 from hf2triton.serving import interface
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+# --- the client key ---------------------------------------------------------------------------------------
+# tritonserver has no Host or Origin check, so loopback alone does not keep web pages out (DNS rebinding,
+# cross-site "simple" POSTs). Every server of ours therefore restricts its metadata, inference, model-config
+# and statistics APIs (HTTP and gRPC) to requests carrying this header; health stays open for probes. The key
+# is per user (0600 file, created on first use), so every hf2triton client of this user -- gateway, CLI,
+# validation, bench, tests -- finds it without configuration; a browser page cannot read the file, and a
+# custom header on a cross-site request needs a CORS preflight that Triton never grants.
+KEY_HEADER = "hf2triton-key"
+GRPC_KEY_HEADER = f"triton-grpc-protocol-{KEY_HEADER}"  # how tritonserver names a restricted gRPC header
+KEY_FILE_ENV = "HF2TRITON_KEY_FILE"
+CLIENT_KEY_APIS = "metadata,inference,model-config,statistics"
+
+
+def key_file() -> Path:
+    """$HF2TRITON_KEY_FILE, else ~/.config/hf2triton/triton.key (XDG_CONFIG_HOME respected)."""
+    if os.environ.get(KEY_FILE_ENV):
+        return Path(os.environ[KEY_FILE_ENV])
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config_home) / "hf2triton" / "triton.key"
+
+
+def client_key(create: bool = True) -> str:
+    """The key Triton's client APIs require (created, 0600 in a 0700 directory, when missing)."""
+    path = key_file()
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        if not create:
+            return ""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it first: use theirs
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip()
+
+
+def key_digest(secret: str, salt: str) -> str:
+    """A keyed digest of a secret for state files and comparisons (never the secret itself)."""
+    return hmac.new(salt.encode(), secret.encode(), hashlib.sha256).hexdigest()
+
+
+def key_headers() -> dict[str, str]:
+    """HTTP headers that open Triton's client APIs."""
+    return {KEY_HEADER: client_key()}
+
+
+class _KeyPlugin:
+    """tritonclient plugin: every request of a client carries the key (HTTP header or gRPC metadata)."""
+
+    def __init__(self, header: str):
+        self.header = header
+
+    def __call__(self, request: Any) -> None:
+        request.headers[self.header] = client_key()
+
+
+def keyed(triton: Any) -> Any:
+    """A tritonclient InferenceServerClient (HTTP or gRPC, sync or asyncio) that sends the key."""
+    grpc = "grpc" in type(triton).__module__
+    triton.register_plugin(_KeyPlugin(GRPC_KEY_HEADER if grpc else KEY_HEADER))
+    return triton
+
+
+def http_client(url: str, **kwargs: Any) -> Any:
+    import tritonclient.http as httpclient
+
+    return keyed(httpclient.InferenceServerClient(url, **kwargs))
+
+
+def grpc_client(url: str, **kwargs: Any) -> Any:
+    import tritonclient.grpc as grpcclient
+
+    return keyed(grpcclient.InferenceServerClient(url, **kwargs))
+
+
+def _triton_headers(url: str, headers: dict[str, str] | None) -> dict[str, str]:
+    """Requests to Triton's API (/v2/...) carry the key; others (the gateway's /v1) do not."""
+    if urllib.parse.urlsplit(url).path.startswith("/v2/"):
+        return {**key_headers(), **(headers or {})}
+    return dict(headers or {})
 NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
 OPTION_TENSORS = {t.name: t for t in (*interface.GENERATION_OPTIONS, *interface.STREAMING_OPTIONS)}
 
@@ -23,7 +113,8 @@ OPTION_TENSORS = {t.name: t for t in (*interface.GENERATION_OPTIONS, *interface.
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
     """(status, body); status 0 when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http on our own host/port
+        request = urllib.request.Request(url, headers=_triton_headers(url, None))  # noqa: S310 - our own host/port
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http on our own host/port
             return response.status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode("utf-8", "replace")
@@ -33,7 +124,8 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
 
 def _json_post(url: str, headers: dict[str, str] | None, body: dict | None) -> urllib.request.Request:
     data = json.dumps(body or {}).encode()
-    return urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})}, method="POST")  # noqa: S310
+    headers = {"Content-Type": "application/json", **_triton_headers(url, headers)}
+    return urllib.request.Request(url, data=data, headers=headers, method="POST")  # noqa: S310
 
 
 def http_post(url: str, headers: dict[str, str] | None = None, body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
@@ -169,9 +261,10 @@ def stream_generate(
     import tritonclient.grpc as grpcclient
 
     events: queue.Queue = queue.Queue()
-    triton = grpcclient.InferenceServerClient(grpc_url)
+    triton = grpc_client(grpc_url)
     triton.start_stream(callback=lambda result, error: events.put((result, error, time.perf_counter())))
     started = time.perf_counter()
+    finished = False
     try:
         texts, options = ([text], options) if isinstance(text, (str, bytes)) else ([], {**(options or {}), interface.MESSAGES: text})
         triton.async_stream_infer(model, build_inputs(grpcclient, texts, options, one_prompt=True), enable_empty_final_response=False)
@@ -194,9 +287,12 @@ def stream_generate(
                     completion_tokens=int(result.as_numpy(interface.COMPLETION_TOKENS).reshape(-1)[0]),
                     first_piece_s=out["piece_times_s"][0],
                 )
+                finished = True
                 return out
     finally:
-        triton.stop_stream()
+        # Left early (Ctrl-C, an error, the timeout): cancel, so the server stops generating and this returns at
+        # once; a plain stop_stream() would join the stream's thread, i.e. wait for the whole answer.
+        triton.stop_stream(cancel_requests=not finished)
         triton.close()
 
 
