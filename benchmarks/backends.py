@@ -83,9 +83,8 @@ def grpc_infer(client, model: str, texts: list[bytes], extra: dict | None = None
 
 
 def sentences_per_s_batch(url: str, model: str, texts: list[bytes], seconds: float) -> float:
-    import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(url)
+    client = triton_client.grpc_client(url)
     grpc_infer(client, model, texts[:32])  # warm-up
     done, started, i = 0, time.perf_counter(), 0
     while time.perf_counter() - started < seconds:
@@ -132,9 +131,8 @@ def with_load_cpu(measure, *args) -> tuple[float, float]:
 
 
 def generation_tokens_per_s(url: str, model: str, tokenizer, prompts: list[str], max_new_tokens: int = 48) -> tuple[float, list[str]]:
-    import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(url)
+    client = triton_client.grpc_client(url)
     grpc_infer(client, model, [b"Hi"], {"max_new_tokens": 4})  # warm-up
     tokens, texts, started = 0, [], time.perf_counter()
     for prompt in prompts:

@@ -39,7 +39,7 @@ def make(*args: str) -> tuple[float, subprocess.CompletedProcess]:
 
 def embeds(url: str) -> bool:
     try:
-        result = httpclient.InferenceServerClient(url).infer("minilm", client.build_inputs(httpclient, ["still serving"]))
+        result = client.http_client(url).infer("minilm", client.build_inputs(httpclient, ["still serving"]))
         return result.as_numpy("embedding").shape[0] == 1
     except InferenceServerException:
         return False
@@ -98,7 +98,7 @@ def main() -> int:
     finally:
         overlay.unlink()
 
-    http = httpclient.InferenceServerClient(url)
+    http = client.http_client(url)
     began = time.perf_counter()
     try:
         http.infer("minilm", client.build_inputs(httpclient, ["a sentence of a few words"] * 2000))

@@ -44,7 +44,7 @@ def load(http_url: str, key: str, model: str, config: dict) -> None:
 def latencies_ms(grpc_url: str, model: str, seconds: float) -> dict:
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(grpc_url)
+    client = triton_client.grpc_client(grpc_url)
     inputs = triton_client.build_inputs(grpcclient, [b"the model serves text quickly while many clients send requests"])
     client.infer(model, inputs)
     times, started = [], time.perf_counter()

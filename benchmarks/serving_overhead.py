@@ -103,8 +103,8 @@ def main() -> int:
     settings = Settings.of(project.server, project.names, project.work, str(work / "model_repository"))
     corpus = [t.encode() for t in bench_texts(max(args.texts), max_words=90)]
     engine = EmbeddingEngine(str(work / ".hf2triton" / "models" / "tiny" / "pretrained"), num_threads=host.cpu_count())
-    grpc = grpcclient.InferenceServerClient(settings.url("grpc_port"))
-    http = httpclient.InferenceServerClient(settings.url("http_port"))
+    grpc = triton_client.grpc_client(settings.url("grpc_port"))
+    http = triton_client.http_client(settings.url("http_port"))
     results: dict = {"cpus": host.cpu_count(), "model": "tiny BERT (2 layers, hidden 32), MiniLM tokenizer", "delay_us": args.delay_us}
     results["rows"] = []
     try:

@@ -5,8 +5,10 @@
     python -m hf2triton infer MODEL TEXT [--stream]    one request, any task (--json for the raw answer)
     python -m hf2triton chat MODEL                     a conversation with a streaming generation model
     python -m hf2triton embed MODEL TEXT...            embeddings as JSON
+    python -m hf2triton key                            where the client key is (curl needs it), never the key
 
-Addresses come from config.yaml (--config) unless --http/--grpc are given."""
+Addresses: --grpc HOST:PORT alone is enough; without it they come from the config (--config, default
+$HF2TRITON_CONFIG or ./config.yaml). --http (optional) sends non-streaming requests over HTTP."""
 
 from __future__ import annotations
 
@@ -16,21 +18,36 @@ import sys
 from hf2triton.errors import UserError, exit_on_user_error
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (0 or less is a mistake, not "the default")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value}); leave it out for the model's default")
+    return value
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hf2triton", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m hf2triton", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     lint = sub.add_parser("lint", help="statically check a model repository")
     lint.add_argument("repository")
     lint.add_argument("--gpu", action="store_true", help="the server will have a GPU (KIND_GPU allowed)")
+    config_help = "config file for the addresses (default: $HF2TRITON_CONFIG, else ./config.yaml)"
+    key = sub.add_parser("key", help="where the client key tritonserver requires is (never the key), with a curl example")
+    key.add_argument("--config", help=config_help)
     for name, text in (("models", None), ("infer", "+"), ("chat", None), ("embed", "+")):
         command = sub.add_parser(name, help=f"client: {name}")
-        command.add_argument("--config", default="config.yaml")
-        command.add_argument("--http", help="host:port of Triton's HTTP API (default: from the config)")
-        command.add_argument("--grpc", help="host:port of Triton's gRPC API (default: from the config)")
+        command.add_argument("--config", help=config_help)
+        command.add_argument("--http", help="host:port of Triton's HTTP API (optional: non-streaming requests then use HTTP)")
+        command.add_argument("--grpc", help="host:port of Triton's gRPC API (enough on its own; default: from the config)")
         if name != "models":
             command.add_argument("model")
-            command.add_argument("--max-tokens", type=int, help="generation: max_new_tokens")
+        if name in ("infer", "chat"):
+            command.add_argument("--max-tokens", type=positive_int, help="generation: max_new_tokens (default: the model's)")
         if text:
             command.add_argument("text", nargs=text)
         if name in ("models", "infer", "embed"):
@@ -41,16 +58,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "lint":
         from hf2triton.triton.commands import main as client_main
 
-        return client_main(args)
+        try:
+            return client_main(args)
+        except KeyboardInterrupt:  # Ctrl-C: the stream was cancelled on the server (client.stream_generate)
+            print("\n[stopped]", file=sys.stderr)
+            return 130
 
     from pathlib import Path
 
     from hf2triton.triton.install import locate_tritonserver
     from hf2triton.triton.lint import Finding, lint_repository
 
-    if not Path(args.repository).is_dir():
+    repository = Path(args.repository)
+    if not repository.is_dir():
         raise UserError(f"{args.repository} is not a directory", "pass the model repository directory")
-    report = lint_repository(args.repository, locate_tritonserver().backends, args.gpu)
+    if (repository / "config.pbtxt").is_file():
+        raise UserError(f"{args.repository} is a model directory, not a repository", f"pass its parent: {repository.resolve().parent}")
+    report = lint_repository(repository, locate_tritonserver().backends, args.gpu)
+    if not report["models"]:
+        raise UserError(
+            f"{args.repository} holds no model directories: nothing to lint",
+            "pass the model repository (one directory per model, each with its config.pbtxt)",
+        )
     for name, model in report["models"].items():
         findings = [Finding(**f) for f in model["findings"]]
         print(f"{name}: {'ok' if model['ok'] else 'ERRORS'}")

@@ -9,7 +9,9 @@ import json
 import pytest
 import yaml
 
+from hf2triton import host
 from hf2triton.config import load_config
+from hf2triton.triton import client
 
 pytestmark = pytest.mark.integration
 
@@ -121,3 +123,34 @@ def test_tune_writes_an_overlay_the_config_accepts(measured):
     dry = measured.run("-n", "serve")
     assert measured.jobs_run(dry).count("repository") == 1 and "output: model_repository/embed" in dry.stdout
     assert measured.state()["models"] == ["embed", "classify", "generate"], "the served server was not touched"
+
+
+def test_bench_measures_a_gateway_of_its_own_and_leaves_the_users_alone(measured):
+    """Issue 24 #15: bench used to go through ensure_gateway, so anything that differed between the bench and the
+    running gateway (here: another $HF2TRITON_API_KEY in the bench's shell) restarted the gateway users talk to
+    -- with the bench's key, so their requests got 401 -- and the gateway-cost stage measured whatever that
+    gateway pointed at. Now bench measures a private gateway in front of the same Triton, after the static
+    baseline as in the report, and the users' gateway keeps its pid, its key and its answers."""
+    from hf2triton.gateway.process import state_file, stop_gateway
+
+    measured.config["openai"] = {"enabled": True, "port": host.free_ports(1)[0]}
+    settings = measured.settings()
+    try:
+        measured.run("serve")
+        users = json.loads(state_file(settings).read_text())["pid"]
+        base = f"http://127.0.0.1:{measured.config['openai']['port']}/v1"
+        measured.config["bench"] = {**TINY_BENCH, "concurrency": [1], "protocols": ["grpc"], "openai_concurrency": [1], "openai_rounds": 1}
+        measured.env["HF2TRITON_API_KEY"] = "another-key-in-the-bench-shell"
+        try:
+            measured.run("bench")
+        finally:
+            measured.env.pop("HF2TRITON_API_KEY")
+        assert json.loads(state_file(settings).read_text())["pid"] == users and host.process_cmdline(users) is not None
+        assert client.http_get(f"{base}/models")[0] == 200, "the users' gateway still answers without a key"
+        for name in ("generate", "embed"):
+            cost = json.loads((measured.directory / "results" / "bench" / f"{name}.json").read_text())["openai"]
+            assert cost["gateway"] != base and cost["cells"][0]["errors"] == 0, cost
+        marker = ["-m", "hf2triton.gateway", "--grpc", settings.url("grpc_port")]
+        assert [p for p in host.pids() if (host.process_cmdline(p) or [])[1:5] == marker] == [users], "the bench's own gateways are gone"
+    finally:
+        stop_gateway(settings)

@@ -3,6 +3,8 @@ grid and pick, config overlays."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from hf2triton.config import load_config
@@ -12,7 +14,7 @@ from hf2triton.perf.bench import ratios
 from hf2triton.perf.corpus import bench_texts
 from hf2triton.perf.report import ratio_lines
 from hf2triton.perf.tune import current_variant, grid, pick, tune_models, variant_id
-from hf2triton.specs import ModelSpec, ServerSpec, TuneSpec
+from hf2triton.specs import BenchSpec, ModelSpec, ServerSpec, TuneSpec
 
 # The CSV layout perf_analyzer 2.60 writes with -f (values in microseconds).
 PERF_ANALYZER_CSV = (
@@ -217,3 +219,80 @@ def test_bench_and_tune_config_checked(tmp_path):
     ]:
         with pytest.raises(UserError, match=message):
             load_config(config, overrides)
+
+
+# ---------------------------------------------------------------- perf_analyzer sends the client key, off its command line
+
+
+@pytest.mark.parametrize(("protocol", "header"), [("http", "hf2triton-key"), ("grpc", "triton-grpc-protocol-hf2triton-key")])
+def test_perf_analyzer_gets_the_key_through_the_environment_not_argv(tmp_path, monkeypatch, protocol, header):
+    """perf_analyzer needs glibc >= 2.38 (not on every machine): its argv and environment are checked here, and a
+    stand-in program shows what the shim gives it (the real arguments) and what /proc shows (placeholders)."""
+    from hf2triton.triton import client
+    from hf2triton.triton.hidden_args import PLACEHOLDER_PREFIX
+
+    key = client.client_key()
+    seen, real_run = {}, subprocess.run
+
+    def fake_run(cmd, **kwargs):
+        if cmd[0] != "/opt/perf_analyzer":  # the shim's compiler, the stand-in
+            return real_run(cmd, **kwargs)
+        seen.update(cmd=cmd, env=kwargs["env"])
+        csv = cmd[cmd.index("-f") + 1]
+        with open(csv, "w") as handle:
+            handle.write(PERF_ANALYZER_CSV)
+        # the stand-in: a shell under the same shim prints the arguments its main() got and its /proc cmdline
+        probe = ["/bin/sh", "-c", 'printf "%s\\n" "$@"; echo ---; tr "\\0" "\\n" < /proc/$$/cmdline', "sh", *cmd[cmd.index("-H") :]]
+        seen["probe"] = real_run(probe, env=kwargs["env"], capture_output=True, text=True, check=True).stdout
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(loadgen.subprocess, "run", fake_run)
+    monkeypatch.setattr(loadgen, "model_statistics", lambda url, model: {"success_count": 0})
+    load = loadgen.Load(protocol, {"http": "127.0.0.1:1", "grpc": "127.0.0.1:2"}, "m", [b"a text"], 1, 1, 0.5, 10)
+    cell = loadgen.measure_perf_analyzer(load, "/opt/perf_analyzer")
+    assert cell.tool == "perf_analyzer" and cell.items_per_s == 6012.5
+    cmd, env = seen["cmd"], seen["env"]
+    assert not any(key in arg for arg in cmd), "the key is never on the command line (/proc/<pid>/cmdline is world-readable)"
+    assert cmd[cmd.index("-H") + 1] == PLACEHOLDER_PREFIX + loadgen.PERF_ANALYZER_KEY_ENV
+    assert env[loadgen.PERF_ANALYZER_KEY_ENV] == f"{header}:{key}", "perf_analyzer's -H takes name:value"
+    assert env["LD_PRELOAD"].split(":")[0].endswith(".so")
+    given, proc = seen["probe"].split("---\n")
+    assert given.splitlines() == ["-H", f"{header}:{key}"], "what the program's main() gets"
+    assert key not in proc and PLACEHOLDER_PREFIX in proc, "what other users see in /proc"
+
+
+# ---------------------------------------------------------------- the gateway bench measures is its own (issue 24 #15)
+
+
+def test_bench_gateway_is_private_loopback_with_the_users_limits(tmp_path):
+    from hf2triton.perf import gateway_cost
+    from hf2triton.specs import OpenAISpec
+    from hf2triton.triton.process import Settings
+
+    settings = Settings.of(ServerSpec(host="0.0.0.0", grpc_port=18001), ["a", "b"], str(tmp_path / "w"), str(tmp_path / "r"))  # noqa: S104
+    users = OpenAISpec(enabled=True, host="0.0.0.0", port=9000, allowed_hosts=("x.example",), max_embedding_inputs=7)  # noqa: S104
+    cmd, address = gateway_cost.private_gateway_command(settings, users, 45678)
+    flags = dict(zip(cmd[3::2], cmd[4::2]))
+    assert flags["--grpc"] == "127.0.0.1:18001", "in front of the Triton being measured"
+    assert (flags["--host"], flags["--port"], address) == ("127.0.0.1", "45678", "127.0.0.1:45678"), "loopback, not openai.port"
+    assert flags["--api-key-env"] == gateway_cost.BENCH_KEY_ENV, "its own one-off key, not the users' variable"
+    assert flags["--allowed-hosts"] == "x.example" and flags["--max-embedding-inputs"] == "7", "the users' limits: the same gateway"
+
+
+def test_bench_step_never_starts_stops_or_repoints_the_users_gateway(tmp_path, monkeypatch):
+    from hf2triton.gateway import process as gateway_process
+    from hf2triton.perf import bench
+    from hf2triton.specs import OpenAISpec, to_param
+
+    def touched(*args, **kwargs):
+        raise AssertionError("the gateway users talk to was touched")
+
+    for name in ("ensure_gateway", "stop_gateway"):
+        monkeypatch.setattr(gateway_process, name, touched)
+    monkeypatch.setattr(bench, "ensure_server", lambda settings: {"action": "kept", "reason": "current"})
+    passed = {}
+    monkeypatch.setattr(bench, "bench_served_model", lambda *args: passed.update(gateway=args[7]))
+    common = {"server": to_param(ServerSpec()), "models": ["a"], "work": str(tmp_path / "w"), "repository": str(tmp_path / "r")}
+    specs = {"bench": to_param(BenchSpec()), "model": to_param(_model(name="a")), "openai": to_param(OpenAISpec(enabled=True))}
+    bench.bench_model_step("a", **common, **specs, output_json="", scratch=str(tmp_path / "s"))
+    assert callable(passed["gateway"]), "a factory: the bench's own gateway, opened for the gateway stage only"

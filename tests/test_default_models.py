@@ -10,6 +10,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from hf2triton import host
+from hf2triton.triton.client import http_client
 from tests.helpers import Workflow, minilm_dir, server_block
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -65,7 +66,7 @@ def test_minilm_embeddings_match_in_process_sentence_embeddings(default_workflow
     from transformers import AutoModel, AutoTokenizer
 
     sentences = ["A man is eating food.", "Ein Mann isst Essen.", "The weather is lovely today in Paris!"]
-    client = httpclient.InferenceServerClient(default_workflow.settings().url())
+    client = http_client(default_workflow.settings().url())
     text = httpclient.InferInput("text", [3, 1], "BYTES")
     text.set_data_from_numpy(np.array([[s.encode()] for s in sentences], dtype=np.object_))
     served = client.infer("minilm", [text]).as_numpy("embedding")

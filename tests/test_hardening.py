@@ -21,6 +21,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from hf2triton.fsutil import sha256_file
+from hf2triton.triton import client
 from tests.helpers import BIN, ROOT, SNAKEFILE, make_workflow, minilm_dir
 from tests.mini_hub import MiniHub, wait_for
 
@@ -154,7 +155,7 @@ def test_non_utf8_config_through_the_cli(tmp_path):
 @pytest.fixture(scope="module")
 def live(tiny_workflow):
     settings = tiny_workflow.settings()
-    return settings, httpclient.InferenceServerClient(settings.url()), grpcclient.InferenceServerClient(settings.url("grpc_port"))
+    return settings, client.http_client(settings.url()), client.grpc_client(settings.url("grpc_port"))
 
 
 def embed_once(client, text: bytes = b"still serving") -> np.ndarray:
@@ -184,17 +185,20 @@ def test_garbage_bytes_on_http_and_grpc_ports(live):
 
 def test_client_disconnecting_mid_request(live):
     settings, http, _ = live
+    keyed = f"{client.KEY_HEADER}: {client.client_key()}\r\n"  # the requests reach the model
     body = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["x" * 1000]}]}).encode()
     for cut in (10, len(body) // 2, len(body) - 1):
         with socket.create_connection(("127.0.0.1", settings.server.http_port), timeout=5) as sock:
             head = (
-                f"POST /v2/models/embed/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                f"POST /v2/models/embed/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{keyed}"
+                f"Content-Length: {len(body)}\r\n\r\n"
             )
             sock.sendall(head.encode() + body[:cut])
     # a complete request whose client goes away before the answer (generation takes a while)
     with socket.create_connection(("127.0.0.1", settings.server.http_port), timeout=5) as sock:
         gen = json.dumps({"text": "Hello", "max_new_tokens": 8}).encode()
-        sock.sendall(f"POST /v2/models/generate/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: {len(gen)}\r\n\r\n".encode() + gen)
+        head = f"POST /v2/models/generate/generate_stream HTTP/1.1\r\nHost: x\r\n{keyed}Content-Length: {len(gen)}\r\n\r\n"
+        sock.sendall(head.encode() + gen)
     time.sleep(1)
     assert http.is_server_ready() and embed_once(http).shape == (1, 32)
 
@@ -241,7 +245,57 @@ def test_mutating_apis_are_closed_without_the_key(live):
     assert http.is_model_ready("embed")
 
 
+def test_client_apis_need_the_key_health_does_not(live):
+    """Issue 32: a web page (cross-site POST, DNS rebinding) cannot supply the per-user key, so Triton's own
+    ports refuse it metadata and inference; health stays open for probes."""
+    settings, keyed_http, keyed_grpc = live
+    http, grpc = httpclient.InferenceServerClient(settings.url()), grpcclient.InferenceServerClient(settings.url("grpc_port"))
+    assert http.is_server_live() and http.is_server_ready() and grpc.is_server_live() and grpc.is_model_ready("embed")
+    tensor = httpclient.InferInput("text", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[b"hi"]], dtype=np.object_))
+    for call in (lambda: http.infer("embed", [tensor]), lambda: http.get_model_metadata("embed"), http.get_server_metadata):
+        with pytest.raises(InferenceServerException, match="restricted"):
+            call()
+    inputs = client.build_inputs(grpcclient, ["hi"])
+    for call in (lambda: grpc.infer("embed", inputs), lambda: grpc.get_model_metadata("embed"), lambda: grpc.get_model_config("embed")):
+        with pytest.raises(InferenceServerException, match="restricted"):
+            call()
+    assert keyed_http.get_model_metadata("embed")["name"] == "embed" and keyed_grpc.get_model_config("embed").config.name == "embed"
+
+
+def test_foreign_host_and_text_plain_without_the_key_are_refused(live):
+    """What a rebound host name or a cross-site "simple" request can send: no custom header, so no key."""
+    settings, http, _ = live
+    before = client.model_statistics(settings.url(), "embed")["inference_count"]
+    body = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}]}).encode()
+    base = f"http://{settings.url()}/v2/models/embed"
+    attempts = [
+        (f"{base}/infer", body, {"Host": "evil.example", "Content-Type": "application/json"}),
+        (f"{base}/infer", body, {"Content-Type": "text/plain"}),
+        (f"{base}/infer", body, {"Host": "evil.example", "Content-Type": "text/plain"}),
+        (base, None, {"Host": f"evil.example:{settings.server.http_port}"}),
+    ]
+    for url, data, headers in attempts:
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")  # noqa: S310
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=5)  # noqa: S310 - loopback
+        assert info.value.code == 403 and "restricted" in info.value.read().decode(), (url, headers)
+    assert client.model_statistics(settings.url(), "embed")["inference_count"] == before, "nothing was computed"
+    assert embed_once(http).shape == (1, 32)
+
+
 # ---------------------------------------------------------------- code hygiene
+
+
+def test_every_triton_client_sends_the_key():
+    """tritonclient clients are made through hf2triton.triton.client (http_client, grpc_client, keyed): one made
+    directly would get 403 from every server of ours."""
+    offenders = []
+    for path in [path for folder in ("hf2triton", "benchmarks", "scripts") for path in ROOT.joinpath(folder).rglob("*.py")]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "InferenceServerClient(" in line and "keyed(" not in line and path.name != "client.py":
+                offenders.append(f"{path.relative_to(ROOT)}:{number}")
+    assert offenders == []
 
 
 def test_no_shell_true_and_no_os_system():

@@ -51,7 +51,7 @@ def workflow(served):
 
 
 def embed_ok(workflow, model: str = "embed", settings=None) -> bool:
-    http = httpclient.InferenceServerClient((settings or workflow.settings()).url())
+    http = client.http_client((settings or workflow.settings()).url())
     try:
         return http.infer(model, client.build_inputs(httpclient, ["still serving"])).as_numpy("embedding").shape[0] == 1
     except InferenceServerException:
@@ -141,7 +141,7 @@ def test_ipv6_loopback_serves(workflow):
     workflow.run("serve")
     settings = workflow.settings()
     assert settings.url() == f"[::1]:{settings.server.http_port}"
-    grpc = grpcclient.InferenceServerClient(settings.url("grpc_port"))
+    grpc = client.grpc_client(settings.url("grpc_port"))
     assert grpc.infer("embed", client.build_inputs(grpcclient, ["over IPv6"])).as_numpy("embedding").shape[0] == 1
     assert embed_ok(workflow)
 
@@ -149,7 +149,7 @@ def test_ipv6_loopback_serves(workflow):
 def test_texts_and_bytes_per_request_are_bounded_also_without_batching(workflow):
     """An unbatched model took one request of 2,000 texts for 133 s (9 GB): the caps refuse it before
     any text is decoded."""
-    http = httpclient.InferenceServerClient(workflow.settings().url())
+    http = client.http_client(workflow.settings().url())
     assert http.infer("unbatched", client.build_inputs(httpclient, ["a"] * 4)).as_numpy("embedding").shape[0] == 4
     began = time.monotonic()
     with pytest.raises(InferenceServerException) as info:
@@ -166,7 +166,7 @@ def burst(url: str, requests: int = 12) -> list[str]:
     outcomes: list[str] = []
 
     def one():
-        grpc = grpcclient.InferenceServerClient(url)
+        grpc = client.grpc_client(url)
         started = time.monotonic()
         try:
             grpc.infer("generate", client.build_inputs(grpcclient, ["tell me a long story"], {"max_new_tokens": 48}), client_timeout=120)
@@ -271,8 +271,8 @@ def test_request_whose_client_gave_up_is_not_computed(workflow):
     workflow.config["models"][2].update(max_batch_size=1, generation={"streaming": False})
     workflow.run("serve")
     url = workflow.settings().url("grpc_port")
-    grpc = grpcclient.InferenceServerClient(url)
-    story_client = grpcclient.InferenceServerClient(url)
+    grpc = client.grpc_client(url)
+    story_client = client.grpc_client(url)
     story = client.build_inputs(grpcclient, ["a long story, please"], {"max_new_tokens": 200})
     story_client.infer("generate", story)  # warm
     began = time.monotonic()

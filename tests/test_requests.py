@@ -11,13 +11,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from hf2triton.triton import client
+
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def clients(tiny_workflow):
     settings = tiny_workflow.settings()
-    return httpclient.InferenceServerClient(settings.url(), concurrency=8), grpcclient.InferenceServerClient(settings.url("grpc_port"))
+    return client.http_client(settings.url(), concurrency=8), client.grpc_client(settings.url("grpc_port"))
 
 
 def text_input(module, values, name="text", datatype="BYTES", shape=None):
@@ -95,8 +97,6 @@ def test_triton_rejects_malformed_requests(clients):
 def test_generation_options_per_request(tiny_workflow):
     """The text-generation model streams (the default): /generate answers whole, gRPC streams; options and
     their errors are per request."""
-    from hf2triton.triton import client
-
     settings = tiny_workflow.settings()
     http_url, grpc_url = settings.url(), settings.url("grpc_port")
 
@@ -112,13 +112,11 @@ def test_generation_options_per_request(tiny_workflow):
     assert "exceeds the context" in generate(max_new_tokens=250)
     with pytest.raises(InferenceServerException, match="temperature=nan"):
         client.stream_generate(grpc_url, "generate", "Hello", {"temperature": math.nan})
-    assert httpclient.InferenceServerClient(http_url).is_model_ready("generate")
+    assert client.http_client(http_url).is_model_ready("generate")
 
 
 def test_denormal_temperature_is_a_bad_request_not_a_server_error(tiny_workflow):
     """temperature 1e-45 (a float32 denormal) used to reach sampling, which divides by it: a 500."""
-    from hf2triton.triton import client
-
     settings = tiny_workflow.settings()
     for t in (1e-45, 0.001):
         status, answer = client.http_generate(settings.url(), "generate", {"text": "Hello", "temperature": t, "stream": False})

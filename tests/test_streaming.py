@@ -61,7 +61,8 @@ def test_stream_equals_one_answer_and_arrives_in_pieces(streaming):
 def test_http_generate_stream_sends_server_sent_events(streaming):
     http, _ = urls(streaming)
     body = json.dumps({"text": PROMPTS[0], "max_new_tokens": 12}).encode()
-    request = urllib.request.Request(f"http://{http}/v2/models/generate/generate_stream", data=body, method="POST")  # noqa: S310
+    url = f"http://{http}/v2/models/generate/generate_stream"
+    request = urllib.request.Request(url, data=body, headers=client.key_headers(), method="POST")  # noqa: S310
     with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310 - loopback
         events = [json.loads(line[5:]) for line in response.read().decode().splitlines() if line.startswith("data:")]
     assert len(events) > 2 and events[-1]["finish_reason"] in ("length", "stop")
@@ -109,7 +110,7 @@ def test_cancelled_stream_frees_its_place_and_full_queue_is_busy(streaming):
     # two long streams fill the running batch (max_sequences 2), two more fill the queue (max_queue 2)
     streams = []
     for _ in range(4):
-        triton = grpcclient.InferenceServerClient(grpc)
+        triton = client.grpc_client(grpc)
         triton.start_stream(callback=lambda result, error: None)
         triton.async_stream_infer("generate", client.build_inputs(grpcclient, [PROMPTS[2]], LONG, one_prompt=True))
         streams.append(triton)

@@ -132,7 +132,9 @@ def test_killed_stub_process_is_detected_and_reloaded(tiny_workflow):
     import numpy as np
     import tritonclient.http as httpclient
 
-    client = httpclient.InferenceServerClient(settings.url())
+    from hf2triton.triton.client import http_client
+
+    client = http_client(settings.url())
     text = httpclient.InferInput("text", [1, 1], "BYTES")
     text.set_data_from_numpy(np.array([[b"works again"]], dtype=np.object_))
     assert client.infer("classify", [text]).as_numpy("label").shape == (1, 1)

@@ -58,9 +58,7 @@ def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dic
                 checks.append(check(f"{name}: streamed chat equals Triton", streamed == direct, f"gateway {streamed!r}"))
             elif facts["task"] == interface.FEATURE_EXTRACTION:
                 direct = (
-                    httpclient.InferenceServerClient(http_url)
-                    .infer(name, client.build_inputs(httpclient, TEXTS[:1]))
-                    .as_numpy(interface.EMBEDDING)[0]
+                    client.http_client(http_url).infer(name, client.build_inputs(httpclient, TEXTS[:1])).as_numpy(interface.EMBEDDING)[0]
                 )
                 answer = _answer(f"{base}/embeddings", {"model": name, "input": TEXTS[:1]}, key)
                 served = np.asarray(answer["data"][0]["embedding"], dtype=np.float32)

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import platform
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
+from hf2triton.gateway.process import exposure, require_api_key
 from hf2triton.perf import gateway_cost, loadgen
 from hf2triton.perf.corpus import bench_texts
 from hf2triton.perf.gateway_cost import GatewayTarget
@@ -193,20 +195,18 @@ def bench_model_step(
     output_json: str,
     scratch: str,
 ) -> dict[str, Any]:
-    """Rule bench_model: make sure the server (and the gateway when openai.enabled) is up and current, as
-    `serve` does, then measure `name` (`scratch`: a declared output directory; only a streaming model's static
-    baseline server works in it)."""
+    """Rule bench_model: make sure the server is up and current, as `serve` does, then measure `name`
+    (`scratch`: a declared output directory for the streaming model's static baseline server and the bench's own
+    gateway). The gateway users talk to is never started, stopped or re-pointed here: with openai.enabled the
+    gateway's cost is measured on a private one (gateway_cost.private_gateway)."""
     Path(scratch).mkdir(parents=True, exist_ok=True)
     settings = settings_from_params(server, models, work, repository)
+    require_api_key(exposure(from_param(OpenAISpec, openai), settings.host))  # before anything running is touched
     state = ensure_server(settings)
     log.info("server %s (%s)", state["action"], state["reason"])
-    spec, gateway = from_param(ModelSpec, model), None
-    gateway_spec = from_param(OpenAISpec, openai)
-    if gateway_spec.enabled:
-        from hf2triton.gateway.process import ensure_gateway
-
-        started = ensure_gateway(settings, gateway_spec)
-        gateway = GatewayTarget(f"http://{started['url']}/v1", os.environ.get(gateway_spec.api_key_env) or None, started["pid"])
+    spec, gateway_spec = from_param(ModelSpec, model), from_param(OpenAISpec, openai)
+    gateway_log = Path(scratch) / "gateway.log"
+    gateway = (lambda: gateway_cost.private_gateway(settings, gateway_spec, gateway_log)) if gateway_spec.enabled else None
     bench_spec = from_param(BenchSpec, bench)
     return bench_served_model(name, settings.urls, repository, bench_spec, output_json, spec, settings.server, gateway, scratch)
 
@@ -227,7 +227,8 @@ def openai_cost(
             rows.append(gateway_cost.generation_cost(urls, gateway, name, plan, concurrency, bench.openai_rounds))
         else:
             rows.append(gateway_cost.embeddings_cost(urls, gateway, name, texts, big, concurrency, bench.seconds, bench.openai_rounds))
-    return {"endpoint": "/v1/completions (streamed)" if generation else "/v1/embeddings (base64)", "alone": idle, "cells": rows}
+    endpoint = "/v1/completions (streamed)" if generation else "/v1/embeddings (base64)"
+    return {"endpoint": endpoint, "gateway": gateway.base, "alone": idle, "cells": rows}
 
 
 def add_openai_cost(result: dict[str, Any], cost: dict[str, Any]) -> None:
@@ -354,12 +355,13 @@ def bench_served_model(
     output_json: str,
     spec: ModelSpec | None = None,
     server=None,
-    gateway: GatewayTarget | None = None,
+    gateway: Callable[[], AbstractContextManager[GatewayTarget]] | None = None,
     scratch: str = "",
 ) -> dict[str, Any]:
     """Measure `name` as served at `urls` (http/grpc/metrics host:port) next to its in-process engine (and
-    through the OpenAI gateway, when one is given and the model is one it serves). `scratch`: the working
-    directory of a streaming model's static baseline server (default: next to `output_json`)."""
+    through the OpenAI gateway when `gateway` is given -- it opens one for the gateway stage only -- and the
+    model is one it serves). `scratch`: the working directory of a streaming model's static baseline server
+    (default: next to `output_json`)."""
     config = read_model_config(Path(repository) / name / "config.pbtxt")
     params = model_parameters(config)
     with_gateway = gateway is not None and bench.openai_concurrency and (params.task == FEATURE_EXTRACTION or params.streaming)
@@ -367,7 +369,8 @@ def bench_served_model(
         scratch_dir = Path(scratch) if scratch else Path(output_json).parent / "scratch" / name
         result = bench_streaming_model(name, urls, config, params, bench, spec, server, scratch_dir)
         if with_gateway:
-            add_openai_cost(result, openai_cost(name, urls, params, bench, gateway, 1))
+            with gateway() as target:
+                add_openai_cost(result, openai_cost(name, urls, params, bench, target, 1))
         atomic_write_json(output_json, result)
         log.info("bench %s: %s", name, result["ratios"])
         return result
@@ -406,7 +409,8 @@ def bench_served_model(
     }
     result["ratios"] = ratios(result)
     if with_gateway:
-        add_openai_cost(result, openai_cost(name, urls, params, bench, gateway, big))
+        with gateway() as target:
+            add_openai_cost(result, openai_cost(name, urls, params, bench, target, big))
     atomic_write_json(output_json, result)
     log.info("bench %s: %s", name, result["ratios"])
     return result

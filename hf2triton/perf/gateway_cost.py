@@ -10,22 +10,39 @@ the ratios are medians over rounds. The gateway process's own CPU time per reque
 /proc around each gateway cell: unlike the ratios it does not depend on what else runs on the machine.
 The gateway client is aiohttp (already a tritonclient dependency), one event loop: the lightest generator that
 speaks HTTP streaming; the direct client is tritonclient's asyncio gRPC.
+
+The gateway measured is the bench's own (`private_gateway`): the same code and settings as `make serve`'s, in front
+of the Triton being measured, on a free loopback port with a one-off API key, stopped afterwards. `make bench` used
+to go through ensure_gateway, i.e. the gateway users talk to: any difference between the bench's view and the
+running gateway (another config or overlay sharing paths.work, another $HF2TRITON_API_KEY in the shell, another
+interpreter, a /health slower than 2 s on a loaded machine) restarted or re-pointed it, and the measurement then
+depended on what that gateway was pointed at and had cached ("model 'smollm2' is served static", issue 24 #15).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import os
+import secrets
 import statistics
+import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hf2triton import host
+from hf2triton.errors import UserError
 from hf2triton.perf import loadgen
 from hf2triton.perf.loadgen import Answer, Cell
+from hf2triton.specs import OpenAISpec
 from hf2triton.triton import client
+from hf2triton.triton.process import Settings, listening_ports, terminate
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +58,53 @@ class GatewayTarget:
 
 def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+BENCH_KEY_ENV = "HF2TRITON_BENCH_GATEWAY_KEY"  # the private gateway's one-off API key (its environment only)
+PRIVATE_READY_S = 60
+
+
+def private_gateway_command(settings: Settings, openai: OpenAISpec, port: int) -> tuple[list[str], str]:
+    """(command, host:port): the gateway `make serve` runs (gateway.process.command: the same limits and host
+    allowlist), bound to loopback on `port`, checking BENCH_KEY_ENV's key, in front of `settings`' Triton."""
+    from hf2triton.gateway import process as gateway_process
+
+    loopback = settings.client_host  # where this machine reaches the Triton being measured
+    local = Settings.of(dataclasses.replace(settings.server, host=loopback), settings.models, settings.work, settings.repository)
+    spec = dataclasses.replace(openai, host=loopback, port=port, api_key_env=BENCH_KEY_ENV)
+    return gateway_process.command(local, spec), gateway_process.url(local, spec)
+
+
+@contextmanager
+def private_gateway(settings: Settings, openai: OpenAISpec, log_path: Path) -> Iterator[GatewayTarget]:
+    """A gateway of the bench's own for the duration of the `with` block (see the module docstring): it never
+    starts, stops or re-points the gateway users talk to, and what that one points at or remembers cannot change
+    what bench measures. Refused if its port is answered by another process (a free port can be taken between
+    choosing and binding it)."""
+    port = host.free_port()
+    cmd, address = private_gateway_command(settings, openai, port)
+    key = secrets.token_urlsafe(24)
+    env = {**os.environ, BENCH_KEY_ENV: key}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as handle:
+        process = subprocess.Popen(  # noqa: S603 - our own module, no shell
+            cmd, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
+        )
+    try:
+        deadline = time.monotonic() + PRIVATE_READY_S
+        while client.http_get(f"http://{address}/health", timeout=2)[0] != 200:  # 200: it answers and sees Triton ready
+            if process.poll() is not None:
+                tail = " | ".join(log_path.read_text(errors="replace").splitlines()[-6:])
+                raise UserError(f"the bench's gateway exited ({process.returncode}): {tail}", f"read {log_path}")
+            if time.monotonic() > deadline:
+                raise UserError(f"the bench's gateway did not see a ready Triton within {PRIVATE_READY_S} s", f"read {log_path}")
+            time.sleep(0.2)
+        if port not in listening_ports(process.pid):
+            raise UserError(f"port {port}, chosen for the bench's gateway, is answered by another program", "run the bench again")
+        log.info("the bench's own gateway: %s (pid %d) in front of Triton at %s", address, process.pid, settings.url("grpc_port"))
+        yield GatewayTarget(f"http://{address}/v1", key, process.pid)
+    finally:
+        terminate(process.pid, None)
 
 
 async def _stream_one(session, base: str, model: str, prompt: bytes, max_new_tokens: int) -> Answer:
@@ -138,7 +202,7 @@ async def _idle_pairs(model: str, urls: dict[str, str], target: GatewayTarget, p
     import tritonclient.grpc as grpcclient
     import tritonclient.grpc.aio as aio
 
-    triton = aio.InferenceServerClient(urls["grpc"])
+    triton = client.keyed(aio.InferenceServerClient(urls["grpc"]))
     inputs = client.build_inputs(grpcclient, [prompt])
     direct: list[float] = []
     through: list[float] = []

@@ -35,10 +35,12 @@ from hf2triton.errors import UserError
 from hf2triton.serving import interface
 from hf2triton.triton import client
 from hf2triton.triton.client import model_statistics
+from hf2triton.triton.hidden_args import build_shim, hide_arguments
 
 log = logging.getLogger(__name__)
 
 PERF_ANALYZER_TIMEOUT_S = 600
+PERF_ANALYZER_KEY_ENV = "HF2TRITON_ARG_PA_KEY_HEADER"  # carries perf_analyzer's `-H header:key` argument
 
 
 @dataclass
@@ -153,7 +155,7 @@ async def _closed_loop(triton, model: str, requests: list, concurrency: int, sec
 async def _run_async(protocol: str, url: str, model: str, requests: list, concurrency: int, seconds: float, max_requests: int, output):
     _, aio_module = _client_modules(protocol)
     kwargs = {"conn_limit": max(concurrency, 1)} if protocol == "http" else {}
-    triton = aio_module.InferenceServerClient(url, **kwargs)
+    triton = client.keyed(aio_module.InferenceServerClient(url, **kwargs))
     try:
         return await _closed_loop(triton, model, requests, concurrency, seconds, max_requests, output)
     finally:
@@ -285,7 +287,7 @@ async def run_plan(one, plan: list[tuple[bytes, int]], concurrency: int) -> tupl
 async def _generation_loop(url: str, model: str, plan: list[tuple[bytes, int]], concurrency: int, stream: bool, count_tokens):
     import tritonclient.grpc.aio as aio
 
-    triton = aio.InferenceServerClient(url)
+    triton = client.keyed(aio.InferenceServerClient(url))
 
     async def one(prompt: bytes, max_new_tokens: int) -> Answer:
         if stream:
@@ -392,6 +394,16 @@ def parse_perf_analyzer_csv(text: str) -> dict[str, Any]:
     }
 
 
+def perf_analyzer_key(protocol: str, shim_dir: str) -> tuple[list[str], dict[str, str]]:
+    """The argv entries and environment additions that make perf_analyzer send the client key (`-H name:key`;
+    gRPC metadata for -i grpc) while its command line, world-readable in /proc/<pid>/cmdline, holds only a
+    placeholder (hidden_args, as for tritonserver's own keys). `shim_dir`: a private directory for the shim."""
+    header = client.GRPC_KEY_HEADER if protocol == "grpc" else client.KEY_HEADER
+    hidden = {PERF_ANALYZER_KEY_ENV: f"{header}:{client.client_key()}"}
+    placeholders, env = hide_arguments(hidden, build_shim(shim_dir), os.environ.get("LD_PRELOAD"))
+    return ["-H", *placeholders], env
+
+
 def measure_perf_analyzer(load: Load, binary: str) -> Cell:
     """One cell measured by perf_analyzer (its own warm-up and stability windows), same record."""
     protocol, url, model, urls = load.protocol, load.url, load.model, load.urls
@@ -406,9 +418,12 @@ def measure_perf_analyzer(load: Load, binary: str) -> Cell:
             "--measurement-interval", str(int(seconds * 1000)), "--max-trials", "3", "--stability-percentage", "50",
             "-f", csv_file, "--verbose-csv",
         ]  # fmt: skip
+        key_args, key_env = perf_analyzer_key(protocol, os.path.join(tmp, "shim"))
         before = model_statistics(urls["http"], model)
         started = time.perf_counter()
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=PERF_ANALYZER_TIMEOUT_S, check=False)
+        result = subprocess.run(  # noqa: S603 - our argv, no shell
+            [*cmd, *key_args], capture_output=True, text=True, timeout=PERF_ANALYZER_TIMEOUT_S, check=False, env={**os.environ, **key_env}
+        )
         elapsed = time.perf_counter() - started
         if result.returncode != 0 or not os.path.isfile(csv_file):
             raise UserError(

@@ -129,7 +129,7 @@ def _grpc():
 
 def streaming_models(grpc_url: str, names: list[str]) -> frozenset[str]:
     """The decoupled (streaming) models among `names`, from the server's model configs."""
-    triton = _grpc().InferenceServerClient(grpc_url)
+    triton = client.grpc_client(grpc_url)
     try:
         return frozenset(n for n in names if triton.get_model_config(n).config.model_transaction_policy.decoupled)
     finally:
@@ -137,7 +137,7 @@ def streaming_models(grpc_url: str, names: list[str]) -> frozenset[str]:
 
 
 def _worker(mix: Mix, deadline: float, seed: int, out: list[Sample], lock: threading.Lock) -> None:
-    triton = _grpc().InferenceServerClient(mix.url)
+    triton = client.grpc_client(mix.url)
     rng = random.Random(seed)  # noqa: S311 - load generation, not cryptography
     while time.monotonic() < deadline:
         kind, model, texts, extra, expected_ok = _request(rng, mix.models, mix.bad_share, mix.limits)

@@ -18,6 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
+from hf2triton.gateway.process import require_api_key
 from hf2triton.pipeline.render import prune_repository
 from hf2triton.pipeline.serve import FAILED_REPORT, settings_from_params
 from hf2triton.serving import interface
@@ -370,11 +371,8 @@ def render_markdown(report: dict[str, Any]) -> str:
 def validate_server(
     settings: Settings, server_state: dict[str, Any], output_json: str, output_md: str, parity_floors: dict[str, float] | None = None
 ) -> dict[str, Any]:
-    import tritonclient.grpc as grpcclient
-    import tritonclient.http as httpclient
-
-    http_client = httpclient.InferenceServerClient(settings.url(), connection_timeout=60, network_timeout=600)
-    grpc_client = grpcclient.InferenceServerClient(settings.url("grpc_port"))
+    http_client = client.http_client(settings.url(), connection_timeout=60, network_timeout=600)
+    grpc_client = client.grpc_client(settings.url("grpc_port"))
     metadata = http_client.get_server_metadata()
     server = {
         "live": http_client.is_server_live(),
@@ -416,9 +414,11 @@ def validate_step(
     output_json: str,
     output_md: str,
     parity_floors: dict[str, float] | None = None,
+    gateway: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Rule `validate`: make sure the server runs the current repository, then validate it."""
     settings = settings_from_params(server, models, work, repository)
     prune_repository(repository, models)
+    require_api_key(gateway or {})  # the gateway's key policy (gateway.process.exposure), before anything running is touched
     state = ensure_server(settings)
     return validate_server(settings, state, output_json, output_md, parity_floors)

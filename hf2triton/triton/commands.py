@@ -1,5 +1,8 @@
-"""The client commands of `python -m hf2triton` against the running server (addresses from config.yaml, or
---http/--grpc): `models`, `infer MODEL TEXT [--stream] [--json]`, `chat MODEL`, `embed MODEL TEXT...`.
+"""The client commands of `python -m hf2triton` against the running server: `models`, `infer MODEL TEXT
+[--stream] [--json]`, `chat MODEL`, `embed MODEL TEXT...`, and `key` (where the client key is, for curl).
+Every command can speak gRPC, so `--grpc HOST:PORT` alone is enough; without it the addresses come from the
+config (--config, default $HF2TRITON_CONFIG or ./config.yaml). `--http` is optional (non-streaming `infer`
+then goes over HTTP).
 
 Each reads the model's served config to know its task and whether it streams, builds the inputs from the one
 serving interface, prints streamed text as it arrives, and turns a server error into one line with the
@@ -8,7 +11,10 @@ matching troubleshooting hint."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,26 +30,40 @@ def _server_error(err: Exception, model: str) -> UserError:
     return UserError(f"{model}: {err}", hints or "check `make status` and the server log")
 
 
-def _grpc(url: str):
-    import tritonclient.grpc as grpcclient
+CONFIG_ENV = "HF2TRITON_CONFIG"  # the config file `make` and snakemake read too
 
-    return grpcclient.InferenceServerClient(url)
+
+def _refused(err: Exception, url: str) -> UserError | None:
+    """The server refused our client key (it was started with another key file): say so, not "not served"."""
+    if "restricted" not in str(err):
+        return None
+    return UserError(
+        f"tritonserver at {url} refused hf2triton's client key ({client.key_file()})",
+        f"that server was started with another key file: run as its user with the same ${client.KEY_FILE_ENV}, "
+        "or restart it with `make serve`",
+    )
 
 
 def model_facts(grpc_url: str, model: str) -> dict[str, Any]:
     """Task, streaming, max_batch_size of a served model (a clear error when it is not served)."""
     from hf2triton.triton.modelconfig import model_parameters
 
-    triton = _grpc(grpc_url)
+    triton = client.grpc_client(grpc_url)
     try:
-        if not triton.is_server_live():
-            raise UserError(f"no server answers at {grpc_url}", "start it with `make serve`")
-        config = triton.get_model_config(model).config
-    except UserError:
-        raise
-    except Exception as err:  # noqa: BLE001 - the server's answer, with its hint
-        names = sorted({s["name"] for s in triton.get_inference_statistics(as_json=True).get("model_stats", [])})
-        raise UserError(f"model {model!r} is not served at {grpc_url} ({err})", f"use one of: {', '.join(names) or '(none)'}") from None
+        try:
+            live = triton.is_server_live()
+        except Exception:  # noqa: BLE001 - nothing answers there
+            live = False
+        if not live:
+            raise UserError(f"no server answers at {grpc_url}", "start it with `make serve`, or give its gRPC address: --grpc HOST:PORT")
+        try:
+            config = triton.get_model_config(model).config
+        except Exception as err:  # noqa: BLE001 - the server's answer, with its hint
+            refused = _refused(err, grpc_url)
+            if refused:
+                raise refused from None
+            names = sorted({s["name"] for s in triton.get_inference_statistics(as_json=True).get("model_stats", [])})
+            raise UserError(f"model {model!r} is not served at {grpc_url} ({err})", f"use one of: {', '.join(names) or '(none)'}") from None
     finally:
         triton.close()
     params = model_parameters(config)
@@ -52,25 +72,33 @@ def model_facts(grpc_url: str, model: str) -> dict[str, Any]:
 
 def list_models(grpc_url: str) -> list[dict[str, Any]]:
     """The loaded models, from the statistics API (the repository API is admin-only on an hf2triton server)."""
-    triton = _grpc(grpc_url)
+    triton = client.grpc_client(grpc_url)
     try:
-        stats = triton.get_inference_statistics(as_json=True).get("model_stats", [])
-    except Exception as err:  # noqa: BLE001
-        raise UserError(f"no server answers at {grpc_url} ({err})", "start it with `make serve`") from None
+        try:
+            stats = triton.get_inference_statistics(as_json=True).get("model_stats", [])
+        except Exception as err:  # noqa: BLE001
+            raise _refused(err, grpc_url) or UserError(f"no server answers at {grpc_url} ({err})", "start it with `make serve`") from None
+        ready = {name: triton.is_model_ready(name) for name in sorted({s["name"] for s in stats})}
     finally:
         triton.close()
-    rows = []
-    for name in sorted({s["name"] for s in stats}):
-        ready = _grpc(grpc_url).is_model_ready(name)
-        rows.append({"name": name, "state": "READY" if ready else "UNAVAILABLE", **(model_facts(grpc_url, name) if ready else {})})
-    return rows
+    return [{"name": n, "state": "READY" if ok else "UNAVAILABLE", **(model_facts(grpc_url, n) if ok else {})} for n, ok in ready.items()]
 
 
 def infer(
-    http_url: str, grpc_url: str, model: str, texts: list[str], options: dict[str, Any], stream: bool, out=sys.stdout
+    http_url: str | None,
+    grpc_url: str,
+    model: str,
+    texts: list[str],
+    options: dict[str, Any],
+    stream: bool,
+    out=sys.stdout,
+    task: str | None = None,
 ) -> dict[str, Any]:
-    """One request for any task; streamed text is written to `out` as it arrives when `stream`."""
+    """One request for any task (`task`: the one the command needs, checked before anything is sent); over
+    HTTP when `http_url` is given, else gRPC; streamed text is written to `out` as it arrives when `stream`."""
     facts = model_facts(grpc_url, model)
+    if task is not None and facts["task"] != task:
+        raise UserError(f"{model} is a {facts['task']} model, not {task}", f"use a {task} model (`python -m hf2triton models` lists them)")
     try:
         if facts["task"] == interface.GENERATION and facts["streaming"]:
             if len(texts) != 1:
@@ -80,9 +108,18 @@ def infer(
             if stream:
                 out.write("\n")
             return {k: answer[k] for k in ("text", "finish_reason", "prompt_tokens", "completion_tokens")}
-        import tritonclient.http as httpclient
+        if http_url:
+            import tritonclient.http as module
 
-        result = httpclient.InferenceServerClient(http_url).infer(model, client.build_inputs(httpclient, texts, options or None))
+            triton = client.http_client(http_url)
+        else:
+            import tritonclient.grpc as module
+
+            triton = client.grpc_client(grpc_url)
+        try:
+            result = triton.infer(model, client.build_inputs(module, texts, options or None))
+        finally:
+            triton.close()
     except UserError:
         raise
     except Exception as err:  # noqa: BLE001 - the server's answer, with its hint
@@ -140,16 +177,54 @@ def chat(grpc_url: str, model: str, options: dict[str, Any], read=input, out=sys
         history.append({"role": "assistant", "content": answer["text"]})
 
 
+def config_path(given: str | None) -> Path:
+    """--config, else $HF2TRITON_CONFIG, else ./config.yaml."""
+    return Path(given or os.environ.get(CONFIG_ENV) or "config.yaml")
+
+
+def _configured_urls(config: Path) -> tuple[str, str]:
+    from hf2triton.specs import load_project
+    from hf2triton.triton.process import Settings
+
+    project = load_project(config)
+    settings = Settings.of(project.server, project.names, project.work)
+    return settings.url(), settings.url("grpc_port")
+
+
+def addresses(http: str | None, grpc: str | None, config: str | None) -> tuple[str | None, str]:
+    """(HTTP address or None, gRPC address): --grpc alone is enough (every command can speak gRPC); without it
+    both come from the config (an --http given wins)."""
+    if grpc:
+        return http, grpc
+    path = config_path(config)
+    if not path.is_file():
+        raise UserError(
+            f"no server address: --grpc not given and no config file {path}",
+            f"pass --grpc HOST:PORT (tritonserver's gRPC port, 8001 by default), --config FILE, or export {CONFIG_ENV}=FILE",
+        )
+    configured_http, configured_grpc = _configured_urls(path)
+    return http or configured_http, configured_grpc
+
+
+def show_key(config: str | None, out=sys.stdout) -> int:
+    """Where the client key is and how curl sends it; never the key itself."""
+    client.client_key()  # created on first use, like every client does
+    path = config_path(config)
+    http = _configured_urls(path)[0] if path.is_file() else "127.0.0.1:8000"
+    out.write(
+        f"{client.key_file()}\n"
+        f"# tritonserver's metadata, inference, model-config and statistics APIs need this header (health does not); e.g.\n"
+        f'curl -H "{client.KEY_HEADER}: $(cat {shlex.quote(str(client.key_file()))})" http://{http}/v2/models/MODEL\n'
+        f"# gRPC clients send it as metadata {client.GRPC_KEY_HEADER}\n"
+    )
+    return 0
+
+
 def main(args) -> int:
     """Dispatch of the client subcommands (argparse namespace from hf2triton.__main__)."""
-    http_url, grpc_url = args.http, args.grpc
-    if http_url is None or grpc_url is None:
-        from hf2triton.specs import load_project
-        from hf2triton.triton.process import Settings
-
-        project = load_project(args.config)
-        settings = Settings.of(project.server, project.names, project.work)
-        http_url, grpc_url = http_url or settings.url(), grpc_url or settings.url("grpc_port")
+    if args.command == "key":
+        return show_key(args.config)
+    http_url, grpc_url = addresses(args.http, args.grpc, args.config)
     options = {interface.MAX_NEW_TOKENS: args.max_tokens} if getattr(args, "max_tokens", None) else {}
     if args.command == "models":
         rows = list_models(grpc_url)
@@ -161,10 +236,11 @@ def main(args) -> int:
         return 0
     if args.command == "chat":
         return chat(grpc_url, args.model, options)
-    texts = args.text
-    result = infer(http_url, grpc_url, args.model, texts, options, stream=getattr(args, "stream", False) and not args.json)
+    stream = getattr(args, "stream", False)
+    task = interface.FEATURE_EXTRACTION if args.command == "embed" else None  # embed must never generate
+    result = infer(http_url, grpc_url, args.model, args.text, options, stream=stream and not args.json, task=task)
     if args.json:
         print(json.dumps(result, ensure_ascii=False))
-    elif not getattr(args, "stream", False) or "text" not in result:
+    elif not stream or "text" not in result:
         print(summary(result))
     return 0
