@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +70,7 @@ def gateway_sees(base: str, models: list[str], key: str | None, timeout_s: float
         if status != 200:
             problem = f"/health answered {status or 'nothing'}: {body[:200]}"
         else:
-            status, body = _get(f"{base}/models", headers)
+            status, body = client.http_get(f"{base}/models", timeout=5, headers=headers)
             try:
                 listed = {m["id"] for m in json.loads(body)["data"]}
             except (ValueError, KeyError, TypeError):
@@ -83,17 +81,6 @@ def gateway_sees(base: str, models: list[str], key: str | None, timeout_s: float
         if not problem or time.monotonic() >= deadline:
             return problem
         time.sleep(0.5)
-
-
-def _get(url: str, headers: dict[str, str]) -> tuple[int, str]:
-    """(status, body) of a GET with headers (the API key); 0 when nothing answers."""
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as response:  # noqa: S310 - our gateway
-            return response.status, response.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode("utf-8", "replace")
-    except (OSError, ValueError) as err:
-        return 0, str(err)
 
 
 def check_served_gateway(settings: Settings, spec: OpenAISpec, base: str, report_stem: str, restarted: bool = False) -> None:

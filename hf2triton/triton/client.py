@@ -44,11 +44,17 @@ def key_file() -> Path:
     return Path(config_home) / "hf2triton" / "triton.key"
 
 
+_KEY_CACHE: dict[Path, tuple[int, str]] = {}
+
+
 def client_key(create: bool = True) -> str:
     """The key Triton's client APIs require (created, 0600 in a 0700 directory, when missing)."""
     path = key_file()
     try:
-        return path.read_text().strip()
+        stamp = path.stat().st_mtime_ns
+        if _KEY_CACHE.get(path) is None or _KEY_CACHE[path][0] != stamp:  # read once per change, not per request
+            _KEY_CACHE[path] = (stamp, path.read_text().strip())
+        return _KEY_CACHE[path][1]
     except FileNotFoundError:
         if not create:
             return ""
@@ -106,14 +112,16 @@ def _triton_headers(url: str, headers: dict[str, str] | None) -> dict[str, str]:
     if urllib.parse.urlsplit(url).path.startswith("/v2/"):
         return {**key_headers(), **(headers or {})}
     return dict(headers or {})
+
+
 NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
 OPTION_TENSORS = {t.name: t for t in (*interface.GENERATION_OPTIONS, *interface.STREAMING_OPTIONS)}
 
 
-def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+def http_get(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
     """(status, body); status 0 when nothing answers."""
     try:
-        request = urllib.request.Request(url, headers=_triton_headers(url, None))  # noqa: S310 - our own host/port
+        request = urllib.request.Request(url, headers=_triton_headers(url, headers))  # noqa: S310 - our own host/port
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http on our own host/port
             return response.status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as err:
