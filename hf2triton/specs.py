@@ -145,8 +145,17 @@ class TuneSpec:
 @dataclass(frozen=True)
 class OpenAISpec:
     enabled: bool = False
+    host: str | None = None  # None: server.host
     port: int = 9000
     api_key_env: str = "HF2TRITON_API_KEY"
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    max_embedding_inputs: int | None = None  # None: the model's max_texts_per_request
+    request_timeout_s: float = 30
+
+    def bind_host(self, server_host: str) -> str:
+        """Where the gateway listens: its own host, or Triton's."""
+        return self.host or server_host
 
 
 @dataclass(frozen=True)
@@ -198,7 +207,7 @@ def project_spec(cfg: dict[str, Any]) -> ProjectSpec:
         work=cfg["paths"]["work"],
         bench=BenchSpec(**_tuples(cfg["bench"])),
         tune=TuneSpec(**_tuples(cfg["tune"])),
-        openai=OpenAISpec(**cfg["openai"]),
+        openai=OpenAISpec(**_tuples(cfg["openai"])),
     )
 
 
