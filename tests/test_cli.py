@@ -145,7 +145,7 @@ def test_ctrl_c_during_infer_stream_cancels_the_generation_at_once(served):
         process.wait()
     stderr = process.stderr.read().decode()
     assert returncode == 130 and "[stopped]" in stderr and "Traceback" not in stderr, stderr[-2000:]
-    assert exited_after < 3, f"Ctrl-C took {exited_after:.1f} s"
+    assert exited_after < 10, f"Ctrl-C took {exited_after:.1f} s"  # the old stop_stream() hung for good; 10 s: a loaded 2-core machine
     assert_the_only_place_is_free(grpc)
 
 
@@ -160,7 +160,7 @@ def test_ctrl_c_in_chat_stops_the_answer_and_the_conversation_goes_on(served):
         process.stdin.flush()
         wait_for_output(process, r"generate> \S")
         process.send_signal(signal.SIGINT)
-        wait_for_output(process, r"\[stopped\]\nyou> ", timeout=3)
+        wait_for_output(process, r"\[stopped\]\nyou> ", timeout=10)
         assert_the_only_place_is_free(grpc)
         process.stdin.close()  # Ctrl-D: leaves
         assert process.wait(timeout=15) == 0
