@@ -107,21 +107,29 @@ def test_cancelled_stream_frees_its_place_and_full_queue_is_busy(streaming):
     import tritonclient.grpc as grpcclient
 
     _, grpc = urls(streaming)
-    # two long streams fill the running batch (max_sequences 2), two more fill the queue (max_queue 2)
-    streams = []
+    # two long streams fill the running batch (max_sequences 2), two more fill the queue (max_queue 2); the probe is
+    # sent only once two streams run, so it cannot overtake a stream still on its way (it would queue, not be refused)
+    streams, first_pieces, errors = [], threading.Semaphore(0), []
+
+    def on_event(result, error):
+        if error is not None:
+            errors.append(str(error))
+        else:
+            first_pieces.release()
+
     for _ in range(4):
         triton = client.grpc_client(grpc)
-        triton.start_stream(callback=lambda result, error: None)
+        triton.start_stream(callback=on_event)
         triton.async_stream_infer("generate", client.build_inputs(grpcclient, [PROMPTS[2]], LONG, one_prompt=True))
         streams.append(triton)
-    refusal = ""
-    deadline = time.monotonic() + 20  # until the four streams have reached the server
-    while not refusal and time.monotonic() < deadline:
+    assert first_pieces.acquire(timeout=120), "the long streams produce pieces"
+    time.sleep(1.0)  # the other streams were sent before: they have reached the server's queue
+    refusal = next((error for error in errors if "busy" in error), "")
+    if not refusal:
         try:
-            client.stream_generate(grpc, "generate", PROMPTS[1], {"max_new_tokens": 4})
+            client.stream_generate(grpc, "generate", PROMPTS[1], {"max_new_tokens": 4}, timeout_s=60)
         except Exception as err:  # noqa: BLE001 - the refusal is what is tested
-            refusal = str(err)
-        time.sleep(0.2)
+            refusal = str(err) or repr(err)
     assert "busy" in refusal, refusal
     for triton in streams:  # clients go away: their sequences leave within a step
         triton.stop_stream(cancel_requests=True)
