@@ -4,6 +4,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 HUB_VENV ?= .venv-hub
+# backend vllm's own venv (config paths.vllm_env; the vllm-env step passes the configured one)
+VLLM_VENV ?= .venv-vllm
 BIN := $(VENV)/bin
 # Thrift for small disks, patience for flaky networks. Add e.g. PIP_EXTRA="--index-url ..." for mirrors.
 PIP_FLAGS := --no-cache-dir --retries 10 --timeout 60 --disable-pip-version-check $(PIP_EXTRA)
@@ -23,7 +25,7 @@ SMK_CONFIG := $(if $(OVERLAY),--configfile "$$HF2TRITON_OVERLAY")
 # perf_analyzer's wheel needs glibc >= 2.38; where it runs, `bench` uses it (else tritonclient's async APIs).
 PERF_ANALYZER_PIN := perf-analyzer==2.60.0
 
-.PHONY: serve setup test test-fast lint stop status dry-run soak bench tune clean clean-all check-paths
+.PHONY: serve setup test test-fast lint stop status dry-run soak bench tune clean clean-all check-paths vllm-env
 
 # Checked before anything is installed or run, the first prerequisite of the targets that install or serve:
 # the project directory (Snakemake's step commands, Triton's stub launch and LD_PRELOAD break on a space or
@@ -34,7 +36,7 @@ check-paths:
 	@test -z "$$HF2TRITON_CONFIG" || test -f "$$HF2TRITON_CONFIG" || { echo "hf2triton: error: CONFIG file '$$HF2TRITON_CONFIG' not found -- fix: give an existing config file or leave CONFIG out (config.yaml)" >&2; exit 2; }
 	@test -z "$$HF2TRITON_OVERLAY" || test -f "$$HF2TRITON_OVERLAY" || { echo "hf2triton: error: OVERLAY file '$$HF2TRITON_OVERLAY' not found -- fix: give an existing overlay file (\`make tune\` writes results/tune/overlay.yaml) or leave OVERLAY out" >&2; exit 2; }
 
-serve: check-paths $(VENV)/.installed ## set up (if needed) and serve the models of config.yaml
+serve: check-paths $(VENV)/.installed vllm-env ## set up (if needed) and serve the models of config.yaml
 	$(SNAKEMAKE) --cores $(CORES) serve $(SMK_CONFIG)
 
 setup: check-paths $(VENV)/.installed
@@ -51,6 +53,23 @@ $(VENV)/.installed: $(VENV)/bin/python envs/requirements.txt envs/models.txt pyp
 $(VENV)/.installed-test: $(VENV)/.installed envs/test.txt
 	$(PIP) install $(PIP_FLAGS) -r envs/test.txt
 	touch $@
+
+# backend vllm runs in a venv of its own (vLLM pins another torch; hf2triton/envs.py, envs/vllm.txt), built only
+# when the config (CONFIG, OVERLAY) has a vllm model. It is made by .venv's Python: Triton's stub is that version.
+# Under `make -n` this line still runs (it calls $(MAKE)), so the dry run shows whether the venv would be built.
+vllm-env: check-paths $(VENV)/.installed
+	@if [ ! -x $(BIN)/python ]; then echo "the vLLM environment is decided once $(VENV) is set up"; \
+	elif dir=$$($(BIN)/python -m hf2triton.envs needs-vllm); then \
+		if [ -n "$$dir" ]; then $(MAKE) --no-print-directory "$$dir/.installed" VLLM_VENV="$$dir"; \
+		else echo "no model with backend vllm: no vLLM environment needed"; fi; \
+	else exit 2; fi
+
+$(VLLM_VENV)/.installed: envs/vllm.txt envs/vllm-overrides.txt $(VENV)/.installed
+	$(BIN)/python -m venv "$(VLLM_VENV)"
+	"$(VLLM_VENV)/bin/python" -m pip install $(PIP_FLAGS) -r envs/vllm.txt
+	"$(VLLM_VENV)/bin/python" -m pip install $(PIP_FLAGS) --no-deps -r envs/vllm-overrides.txt
+	"$(VLLM_VENV)/bin/python" -c 'import numpy, torch, transformers, vllm; print("vLLM environment ready:", "vllm", vllm.__version__, "torch", torch.__version__, "numpy", numpy.__version__)'
+	touch "$@"
 
 # The hub-compatible test server (olah) needs a huggingface_hub that transformers 4.57 refuses: own venv.
 $(HUB_VENV)/.installed: envs/hub-mirror.txt
@@ -81,7 +100,7 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 	else echo "glibc < 2.38: perf_analyzer cannot run here; bench uses tritonclient's async load generator"; fi
 	touch $@
 
-bench: check-paths $(VENV)/.installed-bench ## serve (if needed), load-test every model, report with plots + ratios (results/bench/)
+bench: check-paths $(VENV)/.installed-bench vllm-env ## serve (if needed), load-test every model, report with plots + ratios (results/bench/)
 	$(SNAKEMAKE) --cores $(CORES) bench $(SMK_CONFIG) $(if $(FORCE),--forcerun bench_model)
 	@$(BIN)/python -c 'import json; [print(l) for l in json.load(open("results/bench/summary/ratios.json"))["lines"]]'
 
@@ -99,4 +118,4 @@ clean: stop ## remove rendered repository, results and snakemake metadata (keeps
 	find model_repository -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
 
 clean-all: clean ## also remove downloads, saved models and .venv
-	rm -rf .hf2triton $(VENV) $(HUB_VENV)
+	rm -rf .hf2triton $(VENV) $(HUB_VENV) $(VLLM_VENV)

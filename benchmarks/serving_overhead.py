@@ -16,23 +16,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
-
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
-from hf2triton.specs import project_spec  # noqa: E402
 from hf2triton.triton import client as triton_client  # noqa: E402
-from hf2triton.triton.process import Settings, stop_server  # noqa: E402
+from hf2triton.triton.process import stop_server  # noqa: E402
+from tests.helpers import serve_scratch  # noqa: E402
 
 
 def tiny_embedder(directory: Path) -> Path:
@@ -80,27 +76,15 @@ def main() -> int:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    from hf2triton.config import validate_config
     from hf2triton.serving.model import EmbeddingEngine
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = tiny_embedder(work / "tiny-embed")
-    ports = host.free_ports(3)
     biggest = max(args.texts)
     entry = {"name": "tiny", "source": str(model), "task": "feature-extraction"}
     entry.update(max_batch_size=biggest, max_texts_per_request=biggest, dynamic_batching={"max_queue_delay_us": args.delay_us})
-    cfg = {
-        "models": [entry],
-        "server": {"http_port": ports[0], "grpc_port": ports[1], "metrics_port": ports[2]},
-        "openai": {"enabled": False},
-        "paths": {"work": str(work / ".hf2triton")},
-    }
-    (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    snakemake = [str(Path(sys.executable).parent / "snakemake"), "-s", str(ROOT / "Snakefile"), "-d", str(work), "--cores", "1", "serve"]
-    subprocess.run(snakemake, check=True, env={**os.environ, "HF2TRITON_CONFIG": str(work / "config.yaml")})  # noqa: S603
-    project = project_spec(validate_config(cfg))
-    settings = Settings.of(project.server, project.names, project.work, str(work / "model_repository"))
+    settings = serve_scratch(work, [entry])
     corpus = [t.encode() for t in bench_texts(max(args.texts), max_words=90)]
     engine = EmbeddingEngine(str(work / ".hf2triton" / "models" / "tiny" / "pretrained"), num_threads=host.cpu_count())
     grpc = triton_client.grpc_client(settings.url("grpc_port"))

@@ -159,7 +159,7 @@ def _schema_error_line(error: jsonschema.ValidationError) -> UserError:
     return UserError(f"{_key_path(path)} = {value}: not allowed", f"use {_allowed(error)}")
 
 
-def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: set[int]) -> None:
+def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: set[int], explicit_vllm: frozenset = frozenset()) -> None:
     """Checks a JSON schema cannot express."""
     seen: dict[str, int] = {}
     for index, model in enumerate(cfg["models"]):
@@ -179,10 +179,30 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].generation: only for task text-generation (task is {model['task']})",
                 "remove the generation block",
             )
-        if model["backend"] == "python" and index in explicit_onnx:
+        if model["backend"] in ("python", "vllm") and index in explicit_onnx:
             raise UserError(
-                f"config.models[{index}].onnx: only for backend onnx or tensorrt (backend is python)",
+                f"config.models[{index}].onnx: only for backend onnx or tensorrt (backend is {model['backend']})",
                 "remove the onnx block or change backend",
+            )
+        if model["backend"] != "vllm" and index in explicit_vllm:
+            raise UserError(
+                f"config.models[{index}].vllm: only for backend vllm (backend is {model['backend']})",
+                "remove the vllm block, or set backend: vllm",
+            )
+        if model["backend"] == "vllm" and model["task"] != "text-generation":
+            raise UserError(
+                f"config.models[{index}].backend = 'vllm': only for task text-generation (task is {model['task']})",
+                "use backend: python, onnx or tensorrt for it",
+            )
+        if model["backend"] == "vllm" and model["instances"] != 1:
+            raise UserError(
+                f"config.models[{index}].instances = {model['instances']}: backend vllm runs one engine (it batches itself)",
+                "set instances: 1 and size the running batch with vllm.max_num_seqs",
+            )
+        if model["backend"] == "vllm" and model["device"] == "cpu":
+            raise UserError(
+                f"config.models[{index}].device = 'cpu': backend vllm runs on a CUDA GPU",
+                "set device: auto or gpu, or use backend: python on the CPU",
             )
         if model["backend"] == "tensorrt" and model["task"] == "text-generation":
             raise UserError(
@@ -191,9 +211,14 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
             )
         generation = model.get("generation") if model["task"] == "text-generation" else None
         if generation is not None and "streaming" not in generation:
-            # streaming (continuous batching) runs on the torch engine; the ONNX decoder answers per request
-            generation["streaming"] = model["backend"] == "python"
-        elif generation is not None and generation["streaming"] and model["backend"] != "python":
+            # streaming (continuous batching) runs on the torch engine and vLLM's; the ONNX decoder answers per request
+            generation["streaming"] = model["backend"] in ("python", "vllm")
+        elif generation is not None and not generation["streaming"] and model["backend"] == "vllm":
+            raise UserError(
+                f"config.models[{index}].generation.streaming = false: backend vllm always streams (a decoupled model)",
+                "remove generation.streaming (a request may still ask for one whole answer: stream false)",
+            )
+        elif generation is not None and generation["streaming"] and model["backend"] not in ("python", "vllm"):
             raise UserError(
                 f"config.models[{index}].generation.streaming = true: needs backend python (backend is {model['backend']})",
                 "use backend: python, or streaming: false (the ONNX decoder answers each request whole)",
@@ -245,9 +270,10 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
             f"config.openai.port = {openai['port']}: same as server.{by_value[openai['port']]}",
             "give the gateway a port of its own (e.g. 9000)",
         )
-    problem = path_problem(cfg["paths"]["work"])
-    if problem:
-        raise UserError(f"config.paths.work = {cfg['paths']['work']!r}: {problem}", "choose an ASCII path without spaces or colons")
+    for key in ("work", "vllm_env"):  # vllm_env: Triton sources <path>/bin/activate in an unquoted bash command
+        problem = path_problem(cfg["paths"][key])
+        if problem:
+            raise UserError(f"config.paths.{key} = {cfg['paths'][key]!r}: {problem}", "choose an ASCII path without spaces or colons")
 
 
 # Why a path cannot hold what gets served (the work directory, the project directory): Triton starts each
@@ -349,6 +375,8 @@ def validate_config(raw: Any) -> dict:
         {i for i, m in enumerate(models) if isinstance(m, dict) and "generation" in m} if isinstance(models, list) else set()
     )
     explicit_onnx = {i for i, m in enumerate(models) if isinstance(m, dict) and "onnx" in m} if isinstance(models, list) else set()
+    entries = models if isinstance(models, list) else []
+    explicit_vllm = frozenset(i for i, m in enumerate(entries) if isinstance(m, dict) and "vllm" in m)
     cfg = apply_overrides(cfg)
     server = cfg.get("server")
     if isinstance(server, dict) and isinstance(server.get("cuda_mps"), bool):  # YAML 1.1 reads a bare on/off as a boolean
@@ -357,7 +385,7 @@ def validate_config(raw: Any) -> dict:
     errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         raise _schema_error_line(errors[0])
-    _check_semantics(cfg, explicit_generation, explicit_onnx)
+    _check_semantics(cfg, explicit_generation, explicit_onnx, explicit_vllm)
     _check_tune(cfg)
     return cfg
 

@@ -150,12 +150,21 @@ def process_rss_bytes(pid: int) -> int | None:
 
 def gpu_free_memory_bytes() -> int | None:
     """Free memory of GPU 0 as nvidia-smi reports it (None without a working nvidia-smi)."""
+    return _gpu_memory("memory.free")
+
+
+def gpu_total_memory_bytes() -> int | None:
+    """All memory of GPU 0 (what vLLM's gpu_memory_utilization is a fraction of)."""
+    return _gpu_memory("memory.total")
+
+
+def _gpu_memory(field: str) -> int | None:
     smi = shutil.which("nvidia-smi")
     if not smi:
         return None
     try:
         result = subprocess.run(
-            [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits", "--id=0"],
+            [smi, f"--query-gpu={field}", "--format=csv,noheader,nounits", "--id=0"],
             capture_output=True,
             text=True,
             timeout=10,

@@ -8,6 +8,7 @@ field here, and the code that uses it.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,27 @@ class GenerationSpec:
     chat_template: bool = DEFAULTS.chat_template
     streaming: bool = True  # the config default for backend python (onnx: false)
     max_sequences: int = DEFAULTS.max_sequences
+    max_prefill_tokens: int = DEFAULTS.max_prefill_tokens
     max_queue: int = DEFAULTS.max_queue
     max_new_tokens_limit: int = DEFAULTS.max_new_tokens_limit
     time_limit_s: float = DEFAULTS.time_limit_s
+
+
+# vllm.max_model_len's schema maximum: a model whose config claims more context is served with this much
+VLLM_MAX_MODEL_LEN = 131072
+
+
+@dataclass(frozen=True)
+class VllmSpec:
+    """backend vllm: the engine's settings (field names are ModelParameters'; None: see render.vllm_parameters)."""
+
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int | None = None  # None: the model's context, at most VLLM_MAX_MODEL_LEN
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None  # None: vLLM's default
+    enforce_eager: bool = False
+    quantization: str | None = None  # None: the checkpoint's own
+    load_format: str = "auto"  # dummy: random weights (benchmarks)
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,7 @@ class ModelSpec:
     max_request_bytes: int = DEFAULTS.max_request_bytes
     queue: QueueSpec = QueueSpec()
     generation: GenerationSpec | None = None  # text-generation models only
+    vllm: VllmSpec | None = None  # backend vllm only
 
     @property
     def is_generation(self) -> bool:
@@ -76,10 +96,10 @@ class ModelSpec:
 
     def footprint(self) -> Footprint:
         """What preflight needs of the model: its memory at its limits (a queue setting does not rerun it)."""
-        sequences = self.generation.max_sequences if self.generation and self.generation.streaming else 0
-        return Footprint(
-            self.name, self.source, self.task, self.device, self.dtype, self.instances, self.backend, self.max_batch_size, sequences
-        )
+        streaming = self.generation if self.generation and self.generation.streaming else None
+        sequences, prefill = (streaming.max_sequences, streaming.max_prefill_tokens) if streaming else (0, 0)
+        model = (self.name, self.source, self.task, self.device, self.dtype, self.instances, self.backend, self.max_batch_size)
+        return Footprint(*model, sequences, prefill, self.vllm.gpu_memory_utilization if self.vllm else 0.0)
 
 
 @dataclass(frozen=True)
@@ -93,6 +113,8 @@ class Footprint:
     backend: str
     max_batch_size: int = 1
     max_sequences: int = 0  # streaming generation: sequences decoded together (its KV cache)
+    max_prefill_tokens: int = 0  # streaming generation: prompt tokens prefilled at once (0: a whole batch's)
+    gpu_memory_utilization: float = 0.0  # backend vllm: the fraction of the GPU its engine takes
 
 
 @dataclass(frozen=True)
@@ -163,6 +185,7 @@ class ProjectSpec:
     models: tuple[ModelSpec, ...]
     server: ServerSpec = ServerSpec()
     work: str = ".hf2triton"
+    vllm_env: str = ".venv-vllm"  # the venv of backend vllm models (hf2triton.envs)
     bench: BenchSpec = BenchSpec()
     tune: TuneSpec = TuneSpec()
     openai: OpenAISpec = OpenAISpec()
@@ -188,7 +211,7 @@ def _tuples(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def model_spec(entry: dict[str, Any]) -> ModelSpec:
-    values = {k: v for k, v in entry.items() if k not in ("onnx", "generation", "dynamic_batching", "queue")}
+    values = {k: v for k, v in entry.items() if k not in ("onnx", "generation", "dynamic_batching", "queue", "vllm")}
     generation = GenerationSpec(**entry["generation"]) if entry["task"] == GENERATION else None
     return ModelSpec(
         **values,
@@ -196,6 +219,7 @@ def model_spec(entry: dict[str, Any]) -> ModelSpec:
         queue=QueueSpec(**entry["queue"]),
         max_queue_delay_us=entry["dynamic_batching"]["max_queue_delay_us"],
         generation=generation,
+        vllm=VllmSpec(**entry["vllm"]) if entry["backend"] == "vllm" else None,
     )
 
 
@@ -205,6 +229,7 @@ def project_spec(cfg: dict[str, Any]) -> ProjectSpec:
         models=tuple(model_spec(m) for m in cfg["models"]),
         server=ServerSpec(**cfg["server"]),
         work=cfg["paths"]["work"],
+        vllm_env=cfg["paths"]["vllm_env"],
         bench=BenchSpec(**_tuples(cfg["bench"])),
         tune=TuneSpec(**_tuples(cfg["tune"])),
         openai=OpenAISpec(**_tuples(cfg["openai"])),
@@ -240,6 +265,8 @@ class ServingValues:
     max_request_bytes: int
     queue: QueueSpec
     generation: GenerationSpec | None
+    vllm: VllmSpec | None = None
+    execution_env: str = ""  # backend vllm: the absolute path of the venv Triton runs its stub in (EXECUTION_ENV_PATH)
 
 
 def instance_kind(device: str, gpu_available: bool) -> str:
@@ -252,10 +279,15 @@ def threads_per_instance(instances: int, cpus: int) -> int:
     return max(1, cpus // instances)
 
 
-def serving_values(model: ModelSpec, gpu_available: bool, cpus: int) -> ServingValues:
+def serving_values(model: ModelSpec, gpu_available: bool, cpus: int, vllm_env: str = ProjectSpec.vllm_env) -> ServingValues:
     """The spec's fields as they are (every ServingValues field named like a ModelSpec field) plus what the
-    host decides: the instance kind and the threads per instance."""
-    derived = {"kind": instance_kind(model.device, gpu_available), "num_threads": threads_per_instance(model.instances, cpus)}
+    host decides: the instance kind, the threads per instance, and (backend vllm) the absolute path of the
+    vLLM environment (`vllm_env`, relative to the working directory: the project directory)."""
+    derived = {
+        "kind": instance_kind(model.device, gpu_available),
+        "num_threads": threads_per_instance(model.instances, cpus),
+        "execution_env": os.path.abspath(vllm_env) if model.backend == "vllm" else "",
+    }
     as_configured = {f.name: getattr(model, f.name) for f in dataclasses.fields(ServingValues) if f.name not in derived}
     return ServingValues(**as_configured, **derived)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hf2triton import host
 from hf2triton.config import check_project_paths
+from hf2triton.envs import require_vllm_gpu
 from hf2triton.errors import UserError
 from hf2triton.integrity import damaged
 from hf2triton.locks import clear_stale_locks
@@ -29,6 +30,7 @@ try:
     PROJECT = load_project(CONFIG_FILE, overrides=config)
     SOURCES, LOCAL_SOURCES = resolve_model_sources(PROJECT.models)
     require_tensorrt(PROJECT.models, GPU_AVAILABLE)
+    require_vllm_gpu(PROJECT.models, GPU_AVAILABLE)
 except UserError as err:
     sys.exit(f"hf2triton: error: {err.render()}")
 
@@ -137,7 +139,7 @@ def onnx_value(key):
 
 def serving(wildcards):
     """The model's derived serving values (hf2triton.specs.serving_values): what the repository renders."""
-    return to_param(serving_values(PROJECT.model(wildcards.model), GPU_AVAILABLE, host.cpu_count()))
+    return to_param(serving_values(PROJECT.model(wildcards.model), GPU_AVAILABLE, host.cpu_count(), PROJECT.vllm_env))
 
 
 def local_source(wildcards):

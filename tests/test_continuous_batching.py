@@ -1,6 +1,6 @@
 """The continuous batcher in-process (no Triton): sequences that join and leave a running batch produce
-exactly what each produces alone; stop strings, seeds, limits, cancellation, a full queue, and text that
-never ends in a split character."""
+exactly what each produces alone; long prompts prefilled in chunks under max_prefill_tokens; stop strings,
+seeds, limits, cancellation, a full queue, and text that never ends in a split character."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def llm(tiny_models):
 
 
 PROMPTS = ["What is the capital of France?", "Hi", "Tell me a very long story about a dragon and a knight", "你好，介绍一下你自己"]
+LONG_PROMPT = " ".join(f"chapter {i}: the dragon met the knight again." for i in range(10))  # 110 tokens
 
 
 def solo(llm, prompt: str, max_new_tokens: int) -> str:
@@ -47,7 +48,13 @@ class Collector:
 
 def new_batcher(llm, **limits) -> ContinuousBatcher:
     """A batcher over the tiny model with the served defaults unless a test sets its own limits."""
-    limits = {"max_sequences": DEFAULTS.max_sequences, "max_queue": DEFAULTS.max_queue, "context": 2048, **limits}
+    limits = {
+        "max_sequences": DEFAULTS.max_sequences,
+        "max_queue": DEFAULTS.max_queue,
+        "context": 2048,
+        "max_prefill_tokens": DEFAULTS.max_prefill_tokens,
+        **limits,
+    }
     return ContinuousBatcher(*llm, "cpu", **limits)
 
 
@@ -60,7 +67,7 @@ def submit(batcher, llm, prompt, **sampling) -> Collector:
 
 def drain(batcher, limit: int = 1000) -> None:
     for _ in range(limit):
-        if not (batcher.running or batcher.waiting):
+        if batcher.idle:
             return
         batcher.step()
     raise AssertionError("the batch did not finish")
@@ -141,3 +148,51 @@ def test_time_limit_ends_a_sequence_and_spares_the_others(llm):
     drain(batcher)
     assert slow.finish.reason == "time" and slow.finish.completion_tokens < 100
     assert other.text == solo(llm, PROMPTS[1], 6)
+
+
+def test_long_prompt_prefilled_in_chunks_equals_its_solo_greedy_text(llm):
+    """max_prefill_tokens 16: a 110-token prompt goes in as 7 chunks, its KV cache growing per chunk."""
+    batcher = new_batcher(llm, max_prefill_tokens=16)
+    prompt_tokens = len(llm[1](LONG_PROMPT, add_special_tokens=False)["input_ids"])
+    collector = submit(batcher, llm, LONG_PROMPT, max_new_tokens=12)
+    chunks = 0
+    while not collector.pieces:
+        batcher.step()
+        chunks += 1
+        assert batcher.partial is None or batcher.partial.past[0][0].shape[2] == batcher.partial.prefilled == 16 * chunks
+    assert chunks == -(-prompt_tokens // 16) > 1
+    drain(batcher)
+    assert collector.text == solo(llm, LONG_PROMPT, 12) and collector.finish.prompt_tokens == prompt_tokens
+
+
+def test_running_sequences_decode_while_a_long_prompt_is_prefilled_and_short_ones_go_ahead(llm):
+    batcher = new_batcher(llm, max_prefill_tokens=16)
+    running = submit(batcher, llm, PROMPTS[1], max_new_tokens=30)
+    batcher.step()
+    long = submit(batcher, llm, LONG_PROMPT, max_new_tokens=8)
+    short = submit(batcher, llm, PROMPTS[0], max_new_tokens=8)  # 7 tokens: fits beside the long prompt's half of the budget
+    batcher.step()
+    assert batcher.partial is not None and short in [s.emit for s in batcher.running], "the short prompt went ahead"
+    while batcher.partial is not None:
+        before = len(running.pieces)
+        batcher.step()
+        assert len(running.pieces) == before + 1, "every prefill chunk comes with a decoding step"
+    drain(batcher)
+    assert running.text == solo(llm, PROMPTS[1], 30) and long.text == solo(llm, LONG_PROMPT, 8) and short.text == solo(llm, PROMPTS[0], 8)
+
+
+def test_a_cancelled_long_prefill_frees_its_place_and_cache(llm):
+    batcher = new_batcher(llm, max_prefill_tokens=16, max_sequences=1)
+    gone = {"flag": False}
+    collector = Collector()
+    ids = llm[1](LONG_PROMPT, add_special_tokens=False)["input_ids"]
+    sequence = Sequence(ids, Sampling(max_new_tokens=4), collector, cancelled=lambda: gone["flag"])
+    batcher.submit(sequence)
+    waiting = submit(batcher, llm, PROMPTS[1], max_new_tokens=4)
+    batcher.step()
+    assert batcher.partial is sequence and len(batcher.waiting) == 1, "the long prompt holds the only place"
+    gone["flag"] = True
+    batcher.step()
+    assert collector.finish.reason == "cancelled" and sequence.past is None and batcher.partial is None
+    drain(batcher)
+    assert waiting.text == solo(llm, PROMPTS[1], 4)

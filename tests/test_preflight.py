@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
 from hf2triton.errors import UserError
-from hf2triton.pipeline.preflight import estimate_model_memory, run_preflight
+from hf2triton.pipeline.preflight import architecture, estimate_model_memory, run_preflight, working_bytes
 from hf2triton.specs import project_spec
 from hf2triton.triton.process import Settings
 from tests.helpers import server_block
@@ -49,7 +50,8 @@ def test_memory_estimate_from_source_then_from_saved_model(tmp_path):
     saved.mkdir()
     (saved / "hf2triton.json").write_text(json.dumps({"parameters": 22_713_216}))
     from_saved = estimate_model_memory(model, saved, gpu=False)
-    assert from_saved == 22_713_216 * 4 + 450 * 1024**2
+    working = working_bytes(model, architecture(model, saved), "float32")  # the source's config.json
+    assert working > 0 and from_saved == 22_713_216 * 4 + 450 * 1024**2 + working
     assert abs(from_source - from_saved) / from_saved < 0.1
     assert estimate_model_memory(model, saved, gpu=True) < from_saved, "float16 on GPU"
 
@@ -76,8 +78,24 @@ def test_cuda_mps_on_without_a_gpu_model_is_refused_before_any_build(tmp_path):
     assert "server.cuda_mps is on, but no model runs on a GPU" in info.value.render()
 
 
-SMOLLM2 = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30,
-           "max_position_embeddings": 8192, "vocab_size": 49152}  # fmt: skip
+SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+           "num_hidden_layers": 30, "max_position_embeddings": 8192, "vocab_size": 49152}  # fmt: skip
+
+
+def smollm2_working(sequences: int, prefill_tokens: int, size: int) -> int:
+    """SmolLM2's working memory at these limits, spelled out."""
+    kv_cache = 2 * 30 * 3 * 64 * size * 8192 * sequences  # K and V, layers, kv heads, head dim, dtype, context, sequences
+    # one prefill: gate/up/product + hidden states; 9 heads' attention scores + the mask against the full context
+    prefill = prefill_tokens * (3 * 1536 + 4 * 576) * size + prefill_tokens * 10 * 8192 * size
+    return kv_cache + prefill + sequences * 49152 * 4  # + each sequence's last logits (float32)
+
+
+def smollm2_saved(tmp_path):
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "hf2triton.json").write_text(json.dumps({"parameters": 134_515_008}))
+    (saved / "config.json").write_text(json.dumps(SMOLLM2))
+    return saved
 
 
 def test_gpu_budget_counts_weights_working_memory_and_a_context_per_instance(tmp_path, monkeypatch):
@@ -85,28 +103,54 @@ def test_gpu_budget_counts_weights_working_memory_and_a_context_per_instance(tmp
     from hf2triton import host
     from hf2triton.pipeline import preflight as pf
 
-    saved = tmp_path / "saved"
-    saved.mkdir()
-    (saved / "hf2triton.json").write_text(json.dumps({"parameters": 134_515_008}))
-    (saved / "config.json").write_text(json.dumps(SMOLLM2))
+    saved = smollm2_saved(tmp_path)
     cfg = config(tmp_path)
     model = cfg.models[0].footprint()
-    generation = type(model)(**{**model.__dict__, "name": "mini", "task": "text-generation", "instances": 4, "max_sequences": 32})
-    kv_cache = 2 * 30 * 3 * 64 * 2 * 8192 * 32  # K and V, layers, kv heads, head dim, float16, context, sequences
-    assert pf.working_bytes(generation, SMOLLM2, "float16") == kv_cache + 32 * 49152 * 4
+    generation = type(model)(
+        **{**model.__dict__, "name": "mini", "task": "text-generation", "instances": 4, "max_sequences": 32, "max_prefill_tokens": 2048}
+    )
+    assert pf.working_bytes(generation, SMOLLM2, "float16") == smollm2_working(32, 2048, 2)
     need, lines = pf.gpu_budget([generation], {"mini": str(saved)})
-    assert need == 4 * (134_515_008 * 2 + kv_cache + 32 * 49152 * 4 + pf.CUDA_CONTEXT_BYTES)
-    assert lines[0].startswith("mini: 4 x (weights 256.6 MB + working 5.6 GB + CUDA context 600.0 MB) = 25.9 GB")
+    assert need == 4 * (134_515_008 * 2 + smollm2_working(32, 2048, 2) + pf.CUDA_CONTEXT_BYTES)
+    assert lines[0].startswith("mini: 4 x (weights 256.6 MB + working 6.0 GB + CUDA context 600.0 MB) = 27.2 GB")
     encoder = pf.working_bytes(model, {"hidden_size": 384, "num_attention_heads": 12, "max_position_embeddings": 512}, "float16")
     assert 0 < encoder < 512 * 1024**2, "an encoder's batch is small next to a generator's KV cache"
 
     monkeypatch.setattr(host, "gpu_free_memory_bytes", lambda: 8 * 1024**3)
-    settings = Settings.of(cfg.server, cfg.names, cfg.work)
-    with pytest.raises(UserError) as info:
-        run_preflight([generation], settings, cfg.work, {"mini": str(saved)}, True, str(tmp_path / "preflight.json"))
-    message = info.value.render()
+    fits = type(model)(**{**generation.__dict__, "instances": 1, "max_sequences": 4})
+    message = refused_then_fits(cfg, generation, fits, saved, "gpu-memory", gpu=True)
     assert "gpu-memory" in message and "at their limits, GPU 0 has 8.0 GB free" in message and "mini: 4 x (weights" in message
     assert "generation.max_sequences" in message, "the fix names the settings that shrink the budget"
-    fits = type(model)(**{**generation.__dict__, "instances": 1, "max_sequences": 4})
-    report = run_preflight([fits], settings, cfg.work, {"mini": str(saved)}, True, str(tmp_path / "preflight.json"))
-    assert next(c for c in report["checks"] if c["name"] == "gpu-memory")["ok"]
+
+
+def refused_then_fits(cfg, too_big, fits, saved, check_name: str, gpu: bool) -> str:
+    """Preflight refuses `too_big` (its message is returned) and passes `fits` on check `check_name`."""
+    settings = Settings.of(cfg.server, cfg.names, cfg.work)
+    output = str(Path(cfg.work) / "preflight.json")
+    with pytest.raises(UserError) as info:
+        run_preflight([too_big], settings, cfg.work, {"mini": str(saved)}, gpu, output)
+    report = run_preflight([fits], settings, cfg.work, {"mini": str(saved)}, gpu, output)
+    assert next(c for c in report["checks"] if c["name"] == check_name)["ok"]
+    return info.value.render()
+
+
+def test_cpu_memory_counts_the_working_memory_at_the_configured_limits(tmp_path, monkeypatch):
+    """Issue 24 #11: a CPU instance's estimate holds its KV cache at max_sequences and one prefill of
+    max_prefill_tokens (three 8,000-token prompts took a stub from 2.1 to 9.8 GB where preflight counted 1.1 GB);
+    a config that does not fit is refused naming the settings that shrink it."""
+    from hf2triton import host
+
+    saved = smollm2_saved(tmp_path)
+    cfg = config(tmp_path, task="text-generation", generation={"max_sequences": 32, "max_prefill_tokens": 2048})
+    model = cfg.models[0].footprint()
+    assert (model.max_sequences, model.max_prefill_tokens) == (32, 2048)
+    working = smollm2_working(32, 2048, 4)
+    assert estimate_model_memory(model, saved, gpu=False) == 134_515_008 * 4 + 450 * 1024**2 + working
+    assert estimate_model_memory(model, saved, gpu=True) == 134_515_008 * 2 + 450 * 1024**2, "a GPU's working memory is the GPU's"
+    smaller = type(model)(**{**model.__dict__, "max_prefill_tokens": 512})
+    assert working - working_bytes(smaller, SMOLLM2, "float32") == smollm2_working(32, 2048, 4) - smollm2_working(32, 512, 4) > 0
+
+    monkeypatch.setattr(host, "available_memory_bytes", lambda: 8 * 1024**3)
+    fits = type(model)(**{**model.__dict__, "max_sequences": 4, "max_prefill_tokens": 512})
+    message = refused_then_fits(cfg, model, fits, saved, "memory", gpu=False)
+    assert "memory" in message and "mini: 12.9 GB/instance" in message and "generation.max_sequences or max_prefill_tokens" in message

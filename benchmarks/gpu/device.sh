@@ -12,6 +12,12 @@
 #   bash benchmarks/gpu/device.sh probe [VARIANT ...]         single-text load on gpu-overlay.yaml ("base") and each variant
 #                                                             (default: all of benchmarks/h200/single-text/), served in turn
 #   bash benchmarks/gpu/device.sh bench-best                  bench on the overlay + the variant probe measured best at x16
+#   bash benchmarks/gpu/device.sh stash-vllm .gpu-assets/vllm/callN   keep prepare_vllm.sh's pieces in /tmp/gpu-assets-vllm
+#   bash benchmarks/gpu/device.sh setup-vllm                  (after setup) the vLLM environment /tmp/v-vllm over /tmp/v
+#   bash benchmarks/gpu/device.sh vllm-compare PART           issue 25's side by side, one part per call, in this order:
+#                                                             triton | real | anchor | torch | big-triton | big-anchor
+#                                                             (SPENT_S=seconds the call already spent: time checks)
+#                                                             -> results/vllm-compare/, $OUT/vllm-compare-PART.tar.gz
 #
 # `make serve` cannot run there (no package registry): `setup` replaces its install step (the same pinned
 # versions, from carried wheels) and the venv recipe of shared/reference/environment.md (numpy 1.26.4 first,
@@ -19,16 +25,15 @@
 set -euo pipefail
 STORE=/tmp/gpu-assets
 VENV=/tmp/v
-step=${1:?stash|setup|serve|bench|bench-best|extras|probe}
+VLLM_STORE=/tmp/gpu-assets-vllm  # prepare_vllm.sh's pieces (a MANIFEST.json of their own)
+VLLM_VENV=/tmp/v-vllm            # = paths.vllm_env in benchmarks/h200/vllm-overlay.yaml
+COMPARE=results/vllm-compare
+CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
+SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
+step=${1:?stash|setup|serve|bench|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-compare}
 
-case "$step" in
-stash)
-  mkdir -p "$STORE/pieces"
-  cp "$2"/* "$STORE/pieces/"
-  echo "stashed $(ls "$2" | wc -l) pieces; $(ls "$STORE/pieces" | wc -l) in store"
-  ;;
-setup)
-  python3 - "$STORE" <<'PY'
+join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
+  python3 - "$1" <<'PY'
 import hashlib, json, sys
 from pathlib import Path
 store = Path(sys.argv[1])
@@ -42,8 +47,57 @@ for relative, entry in manifest.items():
     digest = hashlib.sha256(target.read_bytes()).hexdigest()
     if digest != entry["sha256"]:
         sys.exit(f"setup: {relative} is corrupt (sha256 {digest} != {entry['sha256']}): carry its pieces again")
-print(f"setup: {len(manifest)} files joined and verified")
+print(f"setup: {len(manifest)} files joined and verified in {store}")
 PY
+}
+
+# vllm-compare's steps each have a time limit, so one device call (10 minutes) always comes back with its logs.
+serve_with() {  # PART OVERLAY...: snakemake serve with these overlays (its log and validation report kept)
+  local part=$1
+  shift
+  local rc=0
+  timeout 420 "$VENV/bin/snakemake" --cores 1 serve --configfile "$@" > "$COMPARE/serve-$part.log" 2>&1 || rc=$?
+  cp results/validation/report.md "$COMPARE/validation-$part.md" 2>/dev/null || true
+  echo "serve ($part): exit $rc after $SECONDS s"
+  [ "$rc" -eq 0 ] || tail -n 40 "$COMPARE/serve-$part.log"
+  return "$rc"
+}
+
+load() {  # LABEL TARGET...: generation_bench.py, cells 1/32/64/128, within what is left of this call
+  local label=$1
+  shift
+  local targets=()
+  for target in "$@"; do targets+=(--target "$target"); done
+  [ $((570 - SECONDS)) -gt 60 ] || { echo "load ($label): no time left in this call ($SECONDS s)"; return 1; }
+  timeout $((570 - SECONDS)) "$VENV/bin/python" benchmarks/gpu/generation_bench.py "${targets[@]}" --label "$label" \
+    --seconds "$CELL_S" --warmup-s 3 --budget-s $((550 - SECONDS)) --out "$COMPARE/generation.json" \
+    --markdown "$COMPARE/generation.md" 2>&1 | tee -a "$COMPARE/load.log"
+}
+
+start_anchor() {  # PART DIR DTYPE: `vllm serve` (vLLM's own OpenAI server) on 8100, random weights, the overlay's sizes
+  VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 setsid "$VLLM_VENV/bin/vllm" serve "$2" \
+    --host 127.0.0.1 --port 8100 --served-model-name smollm2 --dtype "$3" --max-model-len 4096 \
+    --gpu-memory-utilization 0.3 --max-num-seqs 256 --load-format dummy > "$COMPARE/anchor-$1.log" 2>&1 &
+  echo $! > /tmp/vllm-anchor.pid
+}
+
+stop_anchor() {  # the process group start_anchor made (vllm serve and its engine core process)
+  local pid
+  pid=$(cat /tmp/vllm-anchor.pid 2>/dev/null) || return 0
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  rm -f /tmp/vllm-anchor.pid
+}
+
+case "$step" in
+stash)
+  mkdir -p "$STORE/pieces"
+  cp "$2"/* "$STORE/pieces/"
+  echo "stashed $(ls "$2" | wc -l) pieces; $(ls "$STORE/pieces" | wc -l) in store"
+  ;;
+setup)
+  join_pieces "$STORE"
   BASE_SITE=$(python3 -c 'import site; print(site.getsitepackages()[0])')
   python3 -m venv "$VENV"
   SITE=$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')
@@ -118,6 +172,77 @@ PY
 bench-best)  # `bench` on the overlay + variant that `probe` found best (decided by the script: the machine idles back in 30 s)
   read -r -a files < results/probe/best.txt
   exec bash "$0" bench --configfile "${files[@]}"
+  ;;
+stash-vllm)
+  mkdir -p "$VLLM_STORE/pieces"
+  cp "$2"/* "$VLLM_STORE/pieces/"
+  echo "stashed $(ls "$2" | wc -l) vllm pieces; $(ls "$VLLM_STORE/pieces" | wc -l) in store"
+  ;;
+setup-vllm)  # the environment backend vllm models run in (their config.pbtxt's EXECUTION_ENV_PATH = /tmp/v-vllm)
+  [ -x "$VENV/bin/python" ] || { echo "setup-vllm: run setup first (it builds $VENV)" >&2; exit 2; }
+  join_pieces "$VLLM_STORE"
+  python3 -m venv "$VLLM_VENV"  # the same base Python as /tmp/v: Triton's stub (3.12) is that version
+  SITE=$("$VLLM_VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')
+  V_SITE=$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')
+  "$VLLM_VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile "$VLLM_STORE"/vllm-wheels/*.whl
+  # After vLLM's own packages: /tmp/v's (numpy 1.26.4 for the stub, transformers 4.57.6) and, through its .pth
+  # files, the machine's torch 2.11.0+cu130 (vLLM 0.22.1's pin) with the numpy-2-only packages hidden.
+  echo "import site; site.addsitedir('$V_SITE')" > "$SITE/zz-hf2triton-v.pth"
+  VLLM_USE_FLASHINFER_SAMPLER=0 "$VLLM_VENV/bin/python" -c 'import sys, numpy, torch, transformers, vllm, xgrammar
+from vllm.v1.engine.async_llm import AsyncLLM
+print("vLLM environment ready: python", sys.version.split()[0], "vllm", vllm.__version__, "torch", torch.__version__,
+      "transformers", transformers.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available())'
+  ;;
+vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 128 greedy tokens, 1/32/64/128 clients)
+  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | real | anchor | torch | big-triton | big-anchor" >&2; exit 2; }
+  export PATH="$VENV/bin:$PATH"
+  mkdir -p "$COMPARE"
+  overlays=(benchmarks/h200/gpu-overlay.yaml benchmarks/h200/vllm-overlay.yaml)
+  triton=http://127.0.0.1:8000
+  gateway=http://127.0.0.1:9000
+  rc=0
+  for part in "${@:2}"; do  # several parts may share one call: each step checks the time left
+    case "$part" in
+    triton)  # hf2triton backend vllm, random weights (load_format dummy): direct SSE and through the gateway
+      { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-dummy.yaml &&
+        load "SmolLM2-135M fp16, random weights" "135m-triton-vllm-sse=triton,$triton,smollm2" \
+          "135m-triton-vllm-gateway=openai,$gateway,smollm2"; } || rc=$?
+      ;;
+    real)  # backend vllm on SmolLM2's real weights: validation compares its greedy answer with the torch model's
+      serve_with "$part" "${overlays[@]}" || rc=$?
+      ;;
+    anchor)  # vLLM's own server on the same saved model (random weights; ignore_eos: 128 tokens every request)
+      start_anchor "$part" .hf2triton/models/smollm2/pretrained float16
+      load "SmolLM2-135M fp16, random weights" "135m-vllm-serve=openai,http://127.0.0.1:8100,smollm2,ignore_eos" || rc=$?
+      stop_anchor
+      ;;
+    torch)  # hf2triton backend python (the torch continuous batcher), real weights (answers may end before 128)
+      { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-torch.yaml &&
+        load "SmolLM2-135M fp16 (torch: real weights)" "135m-triton-torch-sse=triton,$triton,smollm2" \
+          "135m-triton-torch-gateway=openai,$gateway,smollm2"; } || rc=$?
+      ;;
+    big-triton)  # a SmolLM2-1.7B-shaped checkpoint (random weights) through the pipeline, served by backend vllm
+      timeout 240 "$VENV/bin/python" benchmarks/gpu/random_checkpoint.py benchmarks/h200/vllm/smollm2-1.7b-config.json \
+        /tmp/hf2triton-vllm/smollm2-1.7b-shape 2>&1 | tail -n 3 || rc=$?
+      { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-dummy.yaml benchmarks/h200/vllm-1.7b.yaml &&
+        load "SmolLM2-1.7B shape bf16, random weights" "1.7b-triton-vllm-sse=triton,$triton,smollm2"; } || rc=$?
+      ;;
+    big-anchor)  # after big-triton: the saved model named smollm2 is the 1.7B shape
+      start_anchor "$part" .hf2triton/models/smollm2/pretrained bfloat16
+      load "SmolLM2-1.7B shape bf16, random weights" "1.7b-vllm-serve=openai,http://127.0.0.1:8100,smollm2,ignore_eos" || rc=$?
+      stop_anchor
+      ;;
+    *)
+      echo "vllm-compare: unknown part $part (triton | real | anchor | torch | big-triton | big-anchor)" >&2
+      rc=2
+      ;;
+    esac
+    nvidia-smi > "$COMPARE/nvidia-smi-$part.txt" 2>&1 || true
+    tail -n 300 .hf2triton/server/tritonserver.log > "$COMPARE/tritonserver-tail-$part.log" 2>/dev/null || true
+    echo "vllm-compare $part: done at $SECONDS s (exit so far $rc)"
+  done
+  [ -z "${OUT:-}" ] || tar -czf "$OUT/vllm-compare-$(IFS=-; echo "${*:2}").tar.gz" "$COMPARE"
+  exit "$rc"
   ;;
 *)
   echo "unknown step $step" >&2

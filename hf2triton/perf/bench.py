@@ -320,7 +320,9 @@ def bench_streaming_model(
     streamed = measure(urls, True)
     static: list[dict[str, Any]] = []
     if bench.static_baseline and spec is not None and server is not None:
-        baseline = with_variant(spec, generation=dataclasses.replace(spec.generation, streaming=False))
+        # vLLM's engine only streams: a vllm model's static baseline is the same saved model on torch
+        backend = {"backend": "python", "vllm": None} if spec.backend == "vllm" else {}
+        baseline = with_variant(spec, generation=dataclasses.replace(spec.generation, streaming=False), **backend)
         paths = {"pretrained": params.model_dir}
         with scratch_server(baseline, scratch / "repository", scratch / "server", server, paths, uses_gpu(config)) as (settings, _):
             static = measure(settings.urls, False)

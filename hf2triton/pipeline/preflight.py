@@ -1,9 +1,10 @@
 """Step `preflight`: cheap checks of the host before any expensive work (runs first: highest priority).
 
 Python-backend stub for this Python, free disk for models still to be built, GPU presence against
-`device:`, ports free or held by our own server, estimated host memory of all model instances, and the GPU
-memory budget: weights + working memory at the configured limits + a CUDA context per GPU instance against
-the GPU's free memory.
+`device:`, ports free or held by our own server, estimated host memory of all model instances (CPU instances:
+with their working memory at the configured limits), and the GPU memory budget: weights + working memory at
+the configured limits + a CUDA context per GPU instance against the GPU's free memory (a backend vllm model:
+the share of the whole GPU its engine takes, vllm.gpu_memory_utilization).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 INSTANCE_OVERHEAD_BYTES = 450 * 1024**2  # a Python stub with torch + transformers imported
 CUDA_CONTEXT_BYTES = 600 * 1024**2  # per GPU instance (own process): CUDA context, cuBLAS workspace, allocator slack
+VLLM_ENGINE_PROCESS_BYTES = 2 * 1024**3  # backend vllm: vLLM's engine-core process beside the stub (torch, CUDA, vllm)
 GGUF_EXPANSION = 7.5  # Q4 GGUF -> float32 weights
 BYTES_PER_PARAM = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -72,9 +74,14 @@ def weight_bytes(model: Footprint, pretrained_dir: Path, gpu: bool) -> int | Non
 
 
 def estimate_model_memory(model: Footprint, pretrained_dir: Path, gpu: bool) -> int | None:
-    """Host bytes one instance needs: weights at the serving dtype plus the stub's own overhead."""
+    """Host bytes one instance needs: weights at the serving dtype plus the stub's own overhead; on the CPU also
+    its working memory at the configured limits (a GPU instance's is counted against the GPU: gpu_budget)."""
     weights = weight_bytes(model, pretrained_dir, gpu)
-    return None if weights is None else weights + INSTANCE_OVERHEAD_BYTES
+    if weights is None:
+        return None
+    working = 0 if gpu else working_bytes(model, architecture(model, pretrained_dir), serving_dtype(model, gpu=False))
+    engine = VLLM_ENGINE_PROCESS_BYTES if model.gpu_memory_utilization else 0
+    return weights + INSTANCE_OVERHEAD_BYTES + working + engine
 
 
 def architecture(model: Footprint, pretrained_dir: Path) -> dict[str, Any] | None:
@@ -97,30 +104,42 @@ def architecture(model: Footprint, pretrained_dir: Path) -> dict[str, Any] | Non
 
 
 def working_bytes(model: Footprint, arch: dict[str, Any] | None, dtype: str) -> int:
-    """Peak activation memory of one instance at its configured limits: streaming generation = the KV cache of
-    max_sequences sequences at the full context plus their logits; otherwise one max_batch_size batch at the
-    full length (feed-forward activations and attention scores of one layer at a time)."""
+    """Peak activation memory of one instance at its configured limits, one layer's activations at a time.
+    Generation: the KV cache of its rows (streaming: max_sequences) at the full context, their logits, and one
+    prefill (streaming: max_prefill_tokens tokens, their attention scores against the full context; static: a
+    max_batch_size batch of full-length prompts). Otherwise one max_batch_size batch at the full length."""
     if not arch:
         return 0
     size = BYTES_PER_PARAM[dtype]
     hidden = int(arch.get("hidden_size") or 0)
     heads = int(arch.get("num_attention_heads") or 1)
     context = int(arch.get("max_position_embeddings") or 512)
-    if model.task == GENERATION:
-        rows = max(model.max_sequences, model.max_batch_size)
-        kv_heads = int(arch.get("num_key_value_heads") or heads)
-        head_dim = int(arch.get("head_dim") or hidden // heads)
-        cache = 2 * int(arch.get("num_hidden_layers") or 0) * kv_heads * head_dim * size * context * rows
-        return cache + rows * int(arch.get("vocab_size") or 0) * 4
-    tokens = model.max_batch_size * context
     intermediate = int(arch.get("intermediate_size") or 4 * hidden)
-    return tokens * (intermediate + 4 * hidden) * size + model.max_batch_size * heads * context * context * size
+    if model.task != GENERATION:
+        tokens = model.max_batch_size * context
+        return tokens * (intermediate + 4 * hidden) * size + model.max_batch_size * heads * context * context * size
+    rows = max(model.max_sequences, model.max_batch_size)
+    kv_heads = int(arch.get("num_key_value_heads") or heads)
+    head_dim = int(arch.get("head_dim") or hidden // heads)
+    cache = 2 * int(arch.get("num_hidden_layers") or 0) * kv_heads * head_dim * size * context * rows
+    tokens = min(model.max_prefill_tokens or model.max_batch_size * context, rows * context)
+    # gated feed-forward (gate, up, their product), hidden states, attention scores + mask (eager / math SDPA)
+    prefill = tokens * (3 * intermediate + 4 * hidden) * size + tokens * (heads + 1) * context * size
+    logits = (tokens if model.backend == "onnx" else rows) * int(arch.get("vocab_size") or 0) * 4  # the ONNX decoder: every position's
+    return cache + prefill + logits
 
 
-def gpu_budget(models: list[Footprint], pretrained_dirs: dict[str, str]) -> tuple[int, list[str]]:
-    """Bytes the GPU instances need (weights + working memory + one CUDA context each) and one line per model."""
+def gpu_budget(models: list[Footprint], pretrained_dirs: dict[str, str], gpu_total: int | None = None) -> tuple[int, list[str]]:
+    """Bytes the GPU instances need (weights + working memory + one CUDA context each; a vllm model: its share of
+    the whole GPU, `gpu_total`, which vLLM takes at start whatever the model) and one line per model."""
     total, lines = 0, []
     for model in models:
+        if model.gpu_memory_utilization:
+            need = round(model.gpu_memory_utilization * (gpu_total or 0))
+            total += need
+            size = human_bytes(gpu_total) if gpu_total else "an unknown size"
+            lines.append(f"{model.name}: vLLM's engine takes {model.gpu_memory_utilization:g} of the GPU's {size} = {human_bytes(need)}")
+            continue
         pretrained = Path(pretrained_dirs[model.name])
         weights = weight_bytes(model, pretrained, gpu=True) or 0
         working = working_bytes(model, architecture(model, pretrained), serving_dtype(model, gpu=True))
@@ -207,13 +226,14 @@ def run_preflight(
             "memory",
             ram_need <= available,
             f"estimated {human_bytes(ram_need)} for all instances, {human_bytes(available)} available{per_model}",
-            "fewer instances, a smaller dtype, or fewer models",
+            "fewer instances, a smaller dtype, fewer models, or a lower generation.max_sequences or max_prefill_tokens",
         )
     )
     gpu_models = [m for m in models if on_gpu[m.name]]
     gpu_free = host.gpu_free_memory_bytes() if gpu_models else None
     if gpu_free is not None:
-        gpu_need, lines = gpu_budget(gpu_models, pretrained_dirs)
+        gpu_total = host.gpu_total_memory_bytes() if any(m.gpu_memory_utilization for m in gpu_models) else None
+        gpu_need, lines = gpu_budget(gpu_models, pretrained_dirs, gpu_total)
         held = host.gpu_memory_of([int(state["pid"]), *host.descendants(int(state["pid"]))]) if ours else 0
         checks.append(
             _check(
@@ -222,7 +242,8 @@ def run_preflight(
                 f"the GPU models need {human_bytes(gpu_need)} at their limits, GPU 0 has {human_bytes(gpu_free)} free"
                 + (f" + {human_bytes(held)} held by our running server" if held else "")
                 + f" ({'; '.join(lines)})",
-                "fewer GPU instances, a lower generation.max_sequences or max_batch_size, float16, or device: cpu for some models",
+                "fewer GPU instances, a lower generation.max_sequences, max_batch_size or vllm.gpu_memory_utilization, float16, "
+                "or device: cpu for some models",
             )
         )
     shm = Path("/dev/shm")  # noqa: S108 - only measured

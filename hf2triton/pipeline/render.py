@@ -1,7 +1,8 @@
-"""Step `repository`: render model_repository/<name>/config.pbtxt and 1/{model.py,interface.py} for one model.
+"""Step `repository`: render model_repository/<name>/config.pbtxt and 1/{model.py,interface.py,...} for one model.
 
 config.pbtxt is built as a real `inference.ModelConfig` protobuf (hf2triton.triton.modelconfig) from the
-model's derived serving values; the serving code is the package's own, copied verbatim.
+model's derived serving values; the serving code is the package's own, copied verbatim. A backend vllm model
+also names the venv Triton runs its stub in (EXECUTION_ENV_PATH; hf2triton.envs).
 """
 
 from __future__ import annotations
@@ -13,19 +14,21 @@ import os
 import shutil
 from pathlib import Path
 
+from hf2triton.envs import check_vllm_env
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory
 from hf2triton.integrity import write_manifest
 from hf2triton.serving.interface import FEATURE_EXTRACTION, ModelParameters
-from hf2triton.specs import ServingValues, from_param
+from hf2triton.specs import VLLM_MAX_MODEL_LEN, ServingValues, VllmSpec, from_param
 from hf2triton.triton.modelconfig import HEADER, build_model_config, config_text
 
 log = logging.getLogger(__name__)
 
 SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
 SERVING_MODULE = SERVING_DIR / "model.py"
-# Copied into <model>/1/: model.py loads interface.py (and generation.py, the continuous batcher) from there.
-SERVING_FILES = (SERVING_MODULE, SERVING_DIR / "interface.py", SERVING_DIR / "generation.py")
+# Copied into <model>/1/: model.py loads interface.py, generation.py (the continuous batcher) and, for backend
+# vllm, vllm_engine.py from there.
+SERVING_FILES = (SERVING_MODULE, SERVING_DIR / "interface.py", SERVING_DIR / "generation.py", SERVING_DIR / "vllm_engine.py")
 VERSION = "1"
 
 
@@ -41,6 +44,8 @@ def model_parameters_for(serving: ServingValues, pretrained: str, onnx_dir: str 
     if export is not None and export.is_file():
         quantize = json.loads(export.read_text()).get("quantize", "none")
     extra = dataclasses.asdict(serving.generation) if serving.generation else {}  # its fields are ModelParameters
+    if serving.vllm:  # so are these
+        extra.update(vllm_parameters(serving.vllm, served_context(serving, pretrained)))
     # every serving value model.py reads has a ModelParameters field of the same name
     shared = {f.name: getattr(serving, f.name) for f in dataclasses.fields(ModelParameters) if hasattr(serving, f.name)}
     return ModelParameters(
@@ -60,12 +65,39 @@ def context_length(pretrained: Path) -> int | None:
     return min((int(v) for v in values if isinstance(v, (int, float)) and v > 0), default=None)
 
 
+def served_context(serving: ServingValues, pretrained: str) -> int | None:
+    """Tokens per sequence the model is served with: its context, or for backend vllm vllm.max_model_len (null:
+    the context, at most VLLM_MAX_MODEL_LEN, so a model claiming a million tokens does not make vLLM reserve them)."""
+    context = context_length(Path(pretrained)) if (Path(pretrained) / "config.json").is_file() else None
+    if serving.vllm is None:
+        return context
+    wanted = serving.vllm.max_model_len
+    if wanted and context is not None and wanted > context:
+        raise UserError(
+            f"model {serving.name}: vllm.max_model_len = {wanted} exceeds the model's context of {context} tokens",
+            f"set vllm.max_model_len for {serving.name} to at most {context}, or leave it null (the model's context)",
+        )
+    return wanted or min(context or VLLM_MAX_MODEL_LEN, VLLM_MAX_MODEL_LEN)
+
+
+def vllm_parameters(vllm: VllmSpec, context: int | None) -> dict[str, object]:
+    """VllmSpec as ModelParameters fields, nulls resolved: max_model_len the served context; 0 / "" (vLLM's default
+    step size / the checkpoint's own quantization) for the others."""
+    values = dataclasses.asdict(vllm)
+    values.update(
+        max_model_len=context or VLLM_MAX_MODEL_LEN,
+        max_num_batched_tokens=vllm.max_num_batched_tokens or 0,
+        quantization=vllm.quantization or "",
+    )
+    return values
+
+
 def check_generation_fits(serving: ServingValues, pretrained: str) -> None:
     """Refuse a default max_new_tokens that leaves no room for a prompt, before the server is touched (every
     request without its own value would fail)."""
-    if not serving.generation or not (Path(pretrained) / "config.json").is_file():
+    if not serving.generation:
         return
-    context = context_length(Path(pretrained))
+    context = served_context(serving, pretrained)
     wanted = serving.generation.max_new_tokens
     if context is not None and wanted >= context:
         raise UserError(
@@ -78,6 +110,8 @@ def check_generation_fits(serving: ServingValues, pretrained: str) -> None:
 def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir: str = "", trt_engine: str = "") -> Path:
     """Write the model's repository directory `output` (config.pbtxt + 1/model.py + 1/interface.py) atomically."""
     check_generation_fits(serving, pretrained)
+    if serving.execution_env:
+        check_vllm_env(serving.execution_env)
     parameters = model_parameters_for(serving, pretrained, onnx_dir, trt_engine)
     dim = embedding_dim_of(Path(pretrained)) if serving.task == FEATURE_EXTRACTION else None
     config = build_model_config(
@@ -91,6 +125,7 @@ def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir:
         dim,
         (serving.queue.max_size, serving.queue.timeout_s),
         streaming=bool(serving.generation and serving.generation.streaming),
+        execution_env=serving.execution_env,
     )
     with atomic_directory(output) as tmp:
         (tmp / "config.pbtxt").write_text(config_text(config))

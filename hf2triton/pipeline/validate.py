@@ -8,6 +8,7 @@ latency of each call; the metrics endpoint counting the requests. Writes report.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ VALIDATION_MAX_NEW_TOKENS = 24
 # Greedy, whatever generation.temperature is configured: served, gRPC and in-process answers must be equal.
 VALIDATION_OPTIONS = {interface.MAX_NEW_TOKENS: VALIDATION_MAX_NEW_TOKENS, interface.TEMPERATURE: 0.0}
 COSINE_FLOOR = 0.999
+VLLM_AGREEMENT_CHARS = 40  # backend vllm vs the torch reference: greedy answers agree at least this far
 SUCCESS_METRIC = "nv_inference_request_success"
 _SUBJECTS = ["the weather", "a new phone", "this restaurant", "la réunion", "das Konzert", "el viaje", "東京の夜", "the quarterly report"]
 _VERBS = ["was surprisingly good", "disappointed everyone", "changed my mind", "ist ausgezeichnet", "fue increíble", "は静かだった"]
@@ -322,10 +324,21 @@ def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, 
     generated = answer.get(interface.TEXT_OUTPUT)
     checks.append(check("http generate (one answer)", status == 200 and generated is not None, f"HTTP {status}: {str(answer)[:120]}"))
     checks.append(check("stream equals generate", generated == streamed["text"], f"streamed {streamed['text']!r} vs {generated!r}"))
-    reference = _texts(reference_outputs(rendered, [prompt])[interface.TEXT_OUTPUT])[0]
-    checks.append(
-        check("served equals in-process", streamed["text"].strip() == reference, f"served {streamed['text']!r} vs in-process {reference!r}")
-    )
+    params = model_parameters(rendered)
+    if params.load_format == "dummy":  # vLLM made up its own random weights: nothing in-process gives the same noise
+        checks.append(check("served equals in-process", True, "not compared: random weights (vllm.load_format: dummy, for benchmarks)"))
+    else:  # backend vllm: the same saved model on torch (engine_from_parameters)
+        reference = _texts(reference_outputs(rendered, [prompt])[interface.TEXT_OUTPUT])[0]
+        served = streamed["text"].strip()
+        detail = f"served {served!r} vs in-process {reference!r}"
+        same = served == reference
+        if params.backend == "vllm" and not same:
+            # other kernels (vLLM's attention, fused layers; float16): greedy answers may part where two tokens are
+            # nearly tied. The engine is right when the answers agree well into the text, not only at its start.
+            agreed = len(os.path.commonprefix([served, reference]))
+            same = agreed >= min(VLLM_AGREEMENT_CHARS, len(served), len(reference))
+            detail = f"vLLM and torch agree on the first {agreed} characters: {detail}"
+        checks.append(check("served equals in-process", same, detail))
     temperature = model_parameters(rendered).temperature
     if temperature > 0:
         checks.append(seeded_sampling_check(settings.url(), name, prompt, temperature))

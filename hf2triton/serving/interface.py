@@ -146,9 +146,18 @@ class ModelParameters:
     chat_template: bool = True
     streaming: bool = False  # decoupled model: continuous batching, one response per new piece of text
     max_sequences: int = 32  # running batch of the continuous batcher
+    max_prefill_tokens: int = 2048  # prompt tokens prefilled per batcher step (longer prompts: in chunks)
     max_queue: int = 64  # requests waiting for a place; beyond it "busy" at once
     max_new_tokens_limit: int = 1024  # per-request cap
     time_limit_s: float = 300.0  # per-request generation time limit
+    # backend vllm (vllm_engine.py): vLLM's engine settings as render resolved them (the config's vllm block)
+    gpu_memory_utilization: float = 0.5  # fraction of the whole GPU the engine takes
+    max_model_len: int = 0  # prompt + answer tokens per sequence (rendered: the served context)
+    max_num_seqs: int = 64  # the engine's running batch
+    max_num_batched_tokens: int = 0  # tokens per engine step; 0: vLLM's default
+    enforce_eager: bool = False  # no torch.compile / CUDA graphs
+    quantization: str = ""  # vLLM's quantization method; "": the checkpoint's own
+    load_format: str = "auto"  # dummy: random weights (benchmarks)
 
     def relevant(self) -> tuple[str, ...]:
         keys = ["task", "backend", "model_dir", "dtype", "num_threads", "max_input_bytes", "max_texts_per_request", "max_request_bytes"]
@@ -161,7 +170,8 @@ class ModelParameters:
         if self.task == GENERATION:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
             if self.streaming:
-                keys += ["max_sequences", "max_queue", "max_new_tokens_limit", "time_limit_s"]
+                keys += ["max_queue", "max_new_tokens_limit", "time_limit_s"]
+                keys += VLLM_KEYS if self.backend == "vllm" else ["max_sequences", "max_prefill_tokens"]  # whose batcher
         return tuple(keys)
 
     def to_strings(self) -> dict[str, str]:
@@ -175,6 +185,17 @@ class ModelParameters:
             if item.name in values and values[item.name] != "":
                 kwargs[item.name] = _from_string(values[item.name], cls.__dataclass_fields__[item.name].type)
         return cls(**kwargs)
+
+
+VLLM_KEYS = [
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enforce_eager",
+    "quantization",
+    "load_format",
+]
 
 
 def _to_string(value: Any) -> str:

@@ -7,6 +7,8 @@ dtype, threads, limits, generation defaults), so this one file serves every task
 - `execute` decodes every request, answers bad ones (invalid UTF-8, empty, too long, bad options) with an
   error response of their own, and runs all good texts of the call through ONE forward pass
   (generation: one pass per distinct set of generation options), then splits the results per request.
+  A streaming generation model instead hands each checked request to its batcher: the torch continuous
+  batcher (generation.py) or, for backend vllm, vLLM's engine (vllm_engine.py).
 
 The engines below are plain Python, importable without Triton: hf2triton's validation runs them
 in-process as the reference the served outputs must match.
@@ -59,31 +61,47 @@ class RequestError(ValueError):
     """A problem with one request; it gets an error response, the rest of the batch is unaffected."""
 
 
+def _utf8(item: Any, name: str, what: str, max_bytes: int, limit: str) -> str:
+    """One string of a BYTES tensor (Triton hands them over as bytes objects): size checked, strict UTF-8."""
+    raw = item.encode("utf-8") if isinstance(item, str) else item
+    if not isinstance(raw, (bytes, np.bytes_)):
+        raise RequestError(f"input '{name}' must be BYTES (UTF-8 text), got {type(item).__name__}")
+    if len(raw) > max_bytes:
+        raise RequestError(f"{what} of {len(raw)} bytes exceeds {limit}")
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RequestError(f"{what} is not valid UTF-8 (byte {err.start})") from None
+
+
 def decode_texts(values: np.ndarray, max_bytes: int) -> list[str]:
-    """Triton hands strings over as bytes objects: check size, decode UTF-8 strictly, refuse empty text
-    (empty: nothing left once whitespace and control/format characters -- NUL, zero-width space/joiners,
-    BOM, soft hyphen -- are removed: tokenizers drop or ignore them, so there would be no text to embed)."""
+    """The texts of a request, refusing empty ones (empty: nothing left once whitespace and control/format
+    characters -- NUL, zero-width space/joiners, BOM, soft hyphen -- are removed: tokenizers drop or ignore
+    them, so there would be no text to embed)."""
 
     def _visible(text: str) -> bool:
         return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf") for c in text)
 
     texts = []
     for item in values.reshape(-1):
-        raw = item.encode("utf-8") if isinstance(item, str) else item
-        if not isinstance(raw, (bytes, np.bytes_)):
-            raise RequestError(f"input '{interface.TEXT}' must be BYTES (UTF-8 text), got {type(item).__name__}")
-        if len(raw) > max_bytes:
-            raise RequestError(f"text of {len(raw)} bytes exceeds max_input_bytes={max_bytes}")
-        try:
-            text = bytes(raw).decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise RequestError(f"text is not valid UTF-8 (byte {err.start})") from None
+        text = _utf8(item, interface.TEXT, "text", max_bytes, f"max_input_bytes={max_bytes}")
         if not _visible(text):
             raise RequestError("text is empty")
         texts.append(text)
     if not texts:
         raise RequestError("request holds no text")
     return texts
+
+
+MAX_STOP_BYTES = 1024
+
+
+def stop_strings(values: np.ndarray) -> tuple[str, ...]:
+    """The `stop` strings: any text but the empty one ("\n", the most common stop string, is whitespace)."""
+    stops = tuple(_utf8(v, interface.STOP, "stop string", MAX_STOP_BYTES, f"{MAX_STOP_BYTES} bytes") for v in values.reshape(-1))
+    if "" in stops:
+        raise RequestError(f"'{interface.STOP}' holds an empty string: every stop string needs at least one character")
+    return stops
 
 
 def torch_dtype(name: str, device: str):
@@ -653,18 +671,38 @@ ENGINES = {
 
 
 def engine_from_parameters(params: ModelParameters, device: str = "cpu") -> Engine:
-    """Build the engine a config.pbtxt `parameters` block describes."""
+    """Build the engine a config.pbtxt `parameters` block describes. backend vllm: the same saved model on torch,
+    what stands for it outside its Triton model (validation's reference, bench's yardstick): vLLM's engine runs
+    only in the vLLM environment, inside the model (VllmEngine)."""
     return ENGINES[params.task](
         params.model_dir,
         device=device,
         dtype=params.dtype,
         num_threads=params.num_threads,
-        backend=params.backend,
+        backend="python" if params.backend == "vllm" else params.backend,
         onnx_dir=params.onnx_dir,
         trt_engine=params.trt_engine,
         chat_template=params.chat_template,
         cuda_graphs=params.cuda_graphs,
     )
+
+
+class VllmEngine:
+    """backend vllm: vLLM's engine generates (vllm_engine.py, loaded only here, inside the vLLM environment);
+    requests are tokenized, templated and checked exactly as for GenerationEngine (its `prompt`, this tokenizer,
+    the served context), and `batcher` takes them as the torch continuous batcher does (submit / stop)."""
+
+    outputs = (interface.TEXT_OUTPUT,)
+    prompt = GenerationEngine.prompt
+
+    def __init__(self, params: ModelParameters, device: str, log=print):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(params.model_dir)
+        self.options = {"chat_template": params.chat_template}
+        self.max_length = params.max_model_len
+        self.device = device
+        self.batcher = _load_sibling("vllm_engine").VllmGenerator(params, device, log)
 
 
 def _one_value(raw: Any, name: str, kind: type, bounds: tuple, problem=None) -> Any:
@@ -745,12 +783,13 @@ class TritonPythonModel:
         gpu = args.get("model_instance_kind") == "GPU"
         device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"
         started = time.monotonic()
-        self.engine = engine_from_parameters(self.params, device)
+        vllm = self.params.backend == "vllm"
+        self.engine = VllmEngine(self.params, device, self._log) if vllm else engine_from_parameters(self.params, device)
         self.task = self.params.task
         self.max_bytes = self.params.max_input_bytes
         self.defaults = {interface.MAX_NEW_TOKENS: self.params.max_new_tokens, interface.TEMPERATURE: self.params.temperature}
-        self.batcher = None
-        if self.task == interface.GENERATION and self.params.streaming:
+        self.batcher = self.engine.batcher if vllm else None  # vLLM's engine schedules itself
+        if self.task == interface.GENERATION and self.params.streaming and not vllm:
             self._start_batcher()
         self._log(f"hf2triton: loaded {self.task} model from {self.params.model_dir} on {device} in {time.monotonic() - started:.1f} s")
 
@@ -792,7 +831,13 @@ class TritonPythonModel:
 
         engine = self.engine
         self.batcher = generation.ContinuousBatcher(
-            engine.model, engine.tokenizer, engine.device, self.params.max_sequences, self.params.max_queue, engine.max_length
+            engine.model,
+            engine.tokenizer,
+            engine.device,
+            self.params.max_sequences,
+            self.params.max_queue,
+            engine.max_length,
+            self.params.max_prefill_tokens,
         )
         self.loop = threading.Thread(target=self._run_batcher, name="hf2triton-batcher", daemon=True)
         self.loop.start()
@@ -830,7 +875,7 @@ class TritonPythonModel:
         if seed is not None:
             values["seed"] = _one_value(seed, interface.SEED, int, interface.SEED_RANGE)
         if stop is not None:
-            values["stop"] = tuple(s for s in decode_texts(stop, 1024))
+            values["stop"] = stop_strings(stop)
         return generation.Sampling(**values)
 
     def _prompt(self, request, options: dict[str, Any]) -> list[int]:

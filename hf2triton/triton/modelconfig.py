@@ -10,6 +10,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from hf2triton.serving.interface import ModelParameters, Tensor, task_inputs, task_outputs
 
+# Python-backend parameter: the environment (a directory holding bin/activate) the model's stub runs in
+EXECUTION_ENV_PATH = "EXECUTION_ENV_PATH"
 HEADER = "# Rendered by hf2triton from config.yaml; edits are overwritten. Change config.yaml instead.\n"
 # Triton's wire datatype -> the config.pbtxt data_type enum.
 DATA_TYPES = {"BYTES": mc.TYPE_STRING, "FP32": mc.TYPE_FP32, "INT32": mc.TYPE_INT32, "INT64": mc.TYPE_INT64, "BOOL": mc.TYPE_BOOL}
@@ -35,10 +37,12 @@ def build_model_config(
     embedding_dim: int | None = None,
     queue: tuple[int, float] | None = None,
     streaming: bool = False,
+    execution_env: str = "",
 ) -> mc.ModelConfig:
     """`queue` = (max waiting requests, seconds a request may wait; 0 = unbounded): Triton refuses requests beyond them.
     `streaming`: a decoupled generation model (one prompt per request, any number of responses; it batches
-    continuously itself, so Triton does not: max_batch_size 0)."""
+    continuously itself, so Triton does not: max_batch_size 0). `execution_env`: a venv directory Triton's Python
+    backend activates before it starts this model's stub (backend vllm: its own torch; hf2triton.envs)."""
     if streaming:
         max_batch_size = 0
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
@@ -62,6 +66,8 @@ def build_model_config(
             policy.allow_timeout_override = timeout_s > 0  # a client's own shorter timeout is honoured
     for key, value in sorted(parameters.items()):
         config.parameters[key].string_value = str(value)
+    if execution_env:
+        config.parameters[EXECUTION_ENV_PATH].string_value = execution_env
     return config
 
 

