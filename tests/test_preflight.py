@@ -12,7 +12,7 @@ from hf2triton.errors import UserError
 from hf2triton.pipeline.preflight import architecture, estimate_model_memory, run_preflight, working_bytes
 from hf2triton.specs import project_spec
 from hf2triton.triton.process import Settings
-from tests.helpers import server_block
+from tests.helpers import CUDA_TORCH, server_block
 
 
 def config(tmp_path, server=None, **model):
@@ -117,6 +117,7 @@ def test_gpu_budget_counts_weights_working_memory_and_a_context_per_instance(tmp
     assert 0 < encoder < 512 * 1024**2, "an encoder's batch is small next to a generator's KV cache"
 
     monkeypatch.setattr(host, "gpu_free_memory_bytes", lambda: 8 * 1024**3)
+    monkeypatch.setattr(host, "torch_facts", lambda: dict(CUDA_TORCH))
     fits = type(model)(**{**generation.__dict__, "instances": 1, "max_sequences": 4})
     message = refused_then_fits(cfg, generation, fits, saved, "gpu-memory", gpu=True)
     assert "gpu-memory" in message and "at their limits, GPU 0 has 8.0 GB free" in message and "mini: 4 x (weights" in message

@@ -19,7 +19,7 @@ import yaml
 from hf2triton.config import validate_config
 from hf2triton.errors import UserError
 from hf2triton.specs import VLLM_MAX_MODEL_LEN, GenerationSpec, ModelSpec, VllmSpec, project_spec, serving_values
-from tests.helpers import BIN, ROOT, SNAKEFILE, server_block
+from tests.helpers import BIN, CUDA_TORCH, ROOT, SNAKEFILE, server_block
 
 GENERATE = {"name": "llm", "source": "org/llm", "task": "text-generation", "backend": "vllm"}
 
@@ -823,6 +823,7 @@ def test_preflight_counts_vllm_s_share_of_the_gpu(tmp_path, monkeypatch):
     assert host_bytes == 1000 * 2 + pf.INSTANCE_OVERHEAD_BYTES + pf.VLLM_ENGINE_PROCESS_BYTES, "the engine-core process too"
     monkeypatch.setattr(host, "gpu_total_memory_bytes", lambda: gpu)
     monkeypatch.setattr(host, "gpu_free_memory_bytes", lambda: 30 * 1024**3)
+    monkeypatch.setattr(host, "torch_facts", lambda: dict(CUDA_TORCH))
     settings = Settings.of(cfg.server, cfg.names, str(tmp_path / "work"))
     with pytest.raises(UserError) as info:
         pf.run_preflight([model], settings, str(tmp_path / "work"), {"llm": str(tmp_path / "none")}, True, str(tmp_path / "p.json"))

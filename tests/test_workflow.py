@@ -54,7 +54,9 @@ def test_first_run_builds_everything_and_validates(tiny_workflow):
         transport = {"grpc stream", "stream equals generate"} if name == "generate" else {"http equals grpc"}
         assert {"ready", "served config equals rendered", *transport, "served equals in-process", "metrics count requests"} <= names, name
         assert all(c["ok"] for c in model["checks"]), model["checks"]
-    assert (tiny_workflow.directory / "results" / "validation" / "report.md").read_text().count("| ok |") >= 15
+    markdown = (tiny_workflow.directory / "results" / "validation" / "report.md").read_text()
+    assert markdown.count("| ok |") >= 15
+    assert f"Host: {host.describe_torch(report['torch'])}" in markdown and report["torch"]["version"].startswith("2.13.0")
 
 
 def test_rendered_repository_and_state_file_permissions(tiny_workflow):
@@ -187,6 +189,7 @@ def test_status_and_stop_targets(tiny_workflow):
     payload = json.loads(status.stdout[status.stdout.index("{") : status.stdout.rindex("}") + 1])
     assert payload["running"] and payload["ready"] and payload["current"]
     assert all(payload["models"].values())
+    assert set(payload["torch"]) >= {"version", "cuda_build", "driver", "cuda_works"}, "torch's build, the driver, CUDA"
     pid = tiny_workflow.state()["pid"]
     tiny_workflow.run("stop")
     assert host.process_cmdline(pid) is None

@@ -152,6 +152,17 @@ def gpu_budget(models: list[Footprint], pretrained_dirs: dict[str, str], gpu_tot
     return total, lines
 
 
+def torch_cuda_check(facts: dict[str, Any], gpu_models: list[str]) -> dict[str, Any]:
+    """torch must run CUDA on this GPU (its build follows the driver: hf2triton.torch_variant)."""
+    return _check(
+        "torch-cuda",
+        bool(facts["cuda_works"]),
+        f"{host.describe_torch(facts)}; on the GPU: {', '.join(gpu_models)}",
+        "set up again with the build this driver runs (rm .venv/.installed; make setup prints the choice; "
+        "TORCH_VARIANT=cu126 for drivers 525-575), or device: cpu for these models",
+    )
+
+
 def preflight_step(
     models: list[dict[str, Any]], server: dict[str, Any], work: str, pretrained_dirs: dict[str, str], gpu_available: bool, output: str
 ) -> dict[str, Any]:
@@ -210,6 +221,8 @@ def run_preflight(
 
     # where the instances will run (device: gpu without a GPU is refused by the gpu check above)
     on_gpu = {m.name: gpu_available and instance_kind(m.device, gpu_available) == "KIND_GPU" for m in models}
+    if any(on_gpu.values()):  # a GPU model needs a torch that runs CUDA here, not a silent fall back to the CPU
+        checks.append(torch_cuda_check(host.torch_facts(), [n for n, gpu in on_gpu.items() if gpu]))
     try:  # server.cuda_mps: on without a GPU model or without the MPS binary is refused here, before any model is built
         plan = mps.plan(settings.server.cuda_mps, sum(m.instances for m in models if on_gpu[m.name]), settings.server_dir)
         checks.append(_check("cuda_mps", True, ("on: " if plan.wanted else "off: ") + plan.reason))

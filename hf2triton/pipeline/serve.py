@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.gateway.process import ensure_gateway, exposure, gateway_status, log_file, require_api_key, stop_gateway
 from hf2triton.integrity import damaged
@@ -127,6 +128,7 @@ def status_step(
         status["validation"] = validation_outcome(validation)
         status["current"] = status["current"] and status["validation"] == "passed"
     status["openai"] = gateway_status(settings, from_param(OpenAISpec, openai))
+    status["torch"] = host.torch_facts()
     print(json.dumps(status, indent=2))
     return status
 

@@ -17,6 +17,7 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
 from hf2triton.gateway.process import require_api_key
@@ -366,6 +367,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"Server: Triton {server.get('version', '?')} ({server.get('origin', '?')}), live={server.get('live')}, "
         f"ready={server.get('ready')}, HTTP {server.get('http')}, gRPC {server.get('grpc')}, pid {server.get('pid')}",
         "",
+        *([f"Host: {host.describe_torch(report['torch'])}", ""] if "torch" in report else []),
         "| model | task | backend | check | result | detail |",
         "|---|---|---|---|---|---|",
     ]
@@ -404,6 +406,7 @@ def validate_server(
         "ok": server["live"] and server["ready"] and all(m["ok"] for m in models.values()),
         "server": server,
         "models": models,
+        "torch": host.torch_facts(),  # the build setup chose (hf2triton.torch_variant) and whether CUDA works
         "finished_at": time.time(),
     }
     # failed-report.md is deliberately not a rule output: Snakemake deletes the outputs of a failed job, and
