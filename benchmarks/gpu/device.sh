@@ -14,6 +14,7 @@
 #   bash benchmarks/gpu/device.sh bench-best                  bench on the overlay + the variant probe measured best at x16
 #   bash benchmarks/gpu/device.sh stash-vllm .gpu-assets/vllm/callN   keep prepare_vllm.sh's pieces in /tmp/gpu-assets-vllm
 #   bash benchmarks/gpu/device.sh setup-vllm                  (after setup) the vLLM environment /tmp/v-vllm over /tmp/v
+#   bash benchmarks/gpu/device.sh vllm-tests [PYTEST ARGS]    (after setup-vllm) tests/test_streaming.py on backend vllm
 #   bash benchmarks/gpu/device.sh vllm-compare PART           issue 25's side by side, one part per call, in this order:
 #                                                             triton | real | anchor | torch | big-triton | big-anchor
 #                                                             (SPENT_S=seconds the call already spent: time checks)
@@ -30,7 +31,7 @@ VLLM_VENV=/tmp/v-vllm            # = paths.vllm_env in benchmarks/h200/vllm-over
 COMPARE=results/vllm-compare
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
-step=${1:?stash|setup|serve|bench|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-compare}
+step=${1:?stash|setup|serve|bench|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
 join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
   python3 - "$1" <<'PY'
@@ -192,6 +193,18 @@ setup-vllm)  # the environment backend vllm models run in (their config.pbtxt's 
 from vllm.v1.engine.async_llm import AsyncLLM
 print("vLLM environment ready: python", sys.version.split()[0], "vllm", vllm.__version__, "torch", torch.__version__,
       "transformers", transformers.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available())'
+  ;;
+vllm-tests)  # (after setup-vllm) tests/test_streaming.py against backend vllm -> $OUT/vllm-tests.txt
+  export PATH="$VENV/bin:$PATH"
+  mkdir -p results
+  set +e
+  HF2TRITON_TEST_BACKEND=vllm HF2TRITON_TEST_VLLM_ENV="$VLLM_VENV" timeout 540 "$VENV/bin/python" -m pytest -ra -p no:cacheprovider \
+    tests/test_streaming.py "${@:2}" > results/vllm-tests.txt 2>&1
+  rc=$?
+  set -e
+  tail -n 40 results/vllm-tests.txt
+  [ -z "${OUT:-}" ] || cp results/vllm-tests.txt "$OUT/"
+  exit $rc
   ;;
 vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 128 greedy tokens, 1/32/64/128 clients)
   [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | real | anchor | torch | big-triton | big-anchor" >&2; exit 2; }
