@@ -163,6 +163,22 @@ def torch_cuda_check(facts: dict[str, Any], gpu_models: list[str]) -> dict[str, 
     )
 
 
+def onnx_providers() -> list[str]:
+    import onnxruntime
+
+    return list(onnxruntime.get_available_providers())
+
+
+def onnx_cuda_check(providers: list[str], gpu_models: list[str]) -> dict[str, Any]:
+    """backend onnx on a GPU runs ONNX Runtime's CUDA provider (the model refuses to load without it)."""
+    return _check(
+        "onnxruntime-cuda",
+        "CUDAExecutionProvider" in providers,
+        f"ONNX Runtime offers {', '.join(providers)}; backend onnx on the GPU: {', '.join(gpu_models)}",
+        "install onnxruntime-gpu in place of onnxruntime on this GPU host, or device: cpu for these models",
+    )
+
+
 def preflight_step(
     models: list[dict[str, Any]], server: dict[str, Any], work: str, pretrained_dirs: dict[str, str], gpu_available: bool, output: str
 ) -> dict[str, Any]:
@@ -223,6 +239,9 @@ def run_preflight(
     on_gpu = {m.name: gpu_available and instance_kind(m.device, gpu_available) == "KIND_GPU" for m in models}
     if any(on_gpu.values()):  # a GPU model needs a torch that runs CUDA here, not a silent fall back to the CPU
         checks.append(torch_cuda_check(host.torch_facts(), [n for n, gpu in on_gpu.items() if gpu]))
+    onnx_on_gpu = [m.name for m in models if on_gpu[m.name] and m.backend == "onnx"]
+    if onnx_on_gpu:  # and ONNX Runtime's CUDA provider for backend onnx there (the CPU package has none)
+        checks.append(onnx_cuda_check(onnx_providers(), onnx_on_gpu))
     try:  # server.cuda_mps: on without a GPU model or without the MPS binary is refused here, before any model is built
         plan = mps.plan(settings.server.cuda_mps, sum(m.instances for m in models if on_gpu[m.name]), settings.server_dir)
         checks.append(_check("cuda_mps", True, ("on: " if plan.wanted else "off: ") + plan.reason))

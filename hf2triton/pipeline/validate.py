@@ -282,6 +282,9 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         parity = parity_check(rendered, name, http_client, parity_floor)
         detail = ", ".join(f"{k} {v}" for k, v in parity.items() if k != "ok")
         checks.append(check(f"parity {backend} vs torch", parity["ok"], detail))
+    if backend == "onnx":  # the model refuses to load where its device's provider does not (serving/model.py ort_session)
+        provider = "CUDAExecutionProvider on the GPU" if uses_gpu(rendered) else "CPUExecutionProvider"
+        checks.append(check("onnx provider", True, f"{provider} (the served model loads with no other)"))
     time.sleep(0.2)
     after = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
     checks.append(check("metrics count requests", after >= before + 2, f"nv_inference_request_success {before:.0f} -> {after:.0f}"))

@@ -135,20 +135,46 @@ def ort_session_options(num_threads: int, spin_within_runs: bool = False):
     return options
 
 
-def ort_session(path: str, num_threads: int, spin_within_runs: bool = False):
+CUDA_PROVIDER = "CUDAExecutionProvider"
+
+
+def ort_providers(device: str, available: list[str]) -> list[Any]:
+    """The instance's device decides the provider, never what happens to be installed: the CPU provider on the CPU;
+    on cuda:N the CUDA provider on that GPU, refused where this ONNX Runtime has none (the CPU package)."""
+    if not device.startswith("cuda"):
+        return ["CPUExecutionProvider"]
+    if CUDA_PROVIDER not in available:
+        raise RuntimeError(
+            f"backend onnx on {device}: this ONNX Runtime has no CUDA provider (it offers {', '.join(available)}: the CPU "
+            "package onnxruntime) -- fix: install onnxruntime-gpu in its place on this GPU host, or set device: cpu for this model"
+        )
+    return [(CUDA_PROVIDER, {"device_id": int(device.split(":", 1)[1] or 0)}), "CPUExecutionProvider"]
+
+
+def ort_session(path: str, num_threads: int, spin_within_runs: bool = False, device: str = "cpu"):
+    """An InferenceSession on the instance's device. On a GPU the CUDA provider must be the one that loaded: ONNX
+    Runtime falls back to the CPU with only a warning when a CUDA or cuDNN library is missing."""
     import onnxruntime as ort
 
-    providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-    return ort.InferenceSession(path, ort_session_options(num_threads, spin_within_runs), providers=providers)
+    session = ort.InferenceSession(
+        path, ort_session_options(num_threads, spin_within_runs), providers=ort_providers(device, ort.get_available_providers())
+    )
+    if device.startswith("cuda") and session.get_providers()[0] != CUDA_PROVIDER:
+        raise RuntimeError(
+            f"backend onnx on {device}: ONNX Runtime's CUDA provider did not load (a CUDA or cuDNN library it needs is missing: "
+            "the warning above in the server log names it) -- fix: install the CUDA libraries onnxruntime-gpu asks for, or set "
+            "device: cpu for this model"
+        )
+    return session
 
 
 class OrtEncoder:
     """An exported encoder that answers like a transformers model: `model(**batch).<output>` as torch."""
 
-    def __init__(self, onnx_dir: str, num_threads: int, output_name: str):
+    def __init__(self, onnx_dir: str, num_threads: int, output_name: str, device: str = "cpu"):
         from transformers import AutoConfig
 
-        self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads)
+        self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads, device=device)
         self.config = AutoConfig.from_pretrained(onnx_dir)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_name = output_name
@@ -175,10 +201,10 @@ class OrtDecoder:
     (its rotary positions start at the row's first token) and appends a row's new key/value right after its
     own tokens, so prompts move to the left and each step adds a column of ones to the mask."""
 
-    def __init__(self, onnx_dir: str, num_threads: int):
+    def __init__(self, onnx_dir: str, num_threads: int, device: str = "cpu"):
         from transformers import AutoConfig, GenerationConfig
 
-        self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads, spin_within_runs=True)
+        self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads, spin_within_runs=True, device=device)
         self.config = AutoConfig.from_pretrained(onnx_dir)
         try:
             eos = GenerationConfig.from_pretrained(onnx_dir).eos_token_id
@@ -404,8 +430,8 @@ class Engine:
             model = getattr(transformers, self.auto_class).from_pretrained(model_dir)
             self.model = model.to(device=device, dtype=torch_dtype(dtype, device)).eval()
         elif backend == "onnx":
-            self.model = self.load_onnx(onnx_dir, num_threads)
-            self.device = "cpu"  # inputs are handed to ONNX Runtime as numpy
+            self.model = self.load_onnx(onnx_dir, num_threads, device)
+            self.device = "cpu"  # inputs are handed to ONNX Runtime as numpy (on a GPU: copied there by the provider)
         elif backend == "tensorrt":
             self.model = TrtEncoder(trt_engine, onnx_dir, self.onnx_output, device)
         else:
@@ -425,8 +451,8 @@ class Engine:
     def setup(self, model_dir: str) -> None:
         """Task-specific preparation before the model loads."""
 
-    def load_onnx(self, onnx_dir: str, num_threads: int):
-        return OrtEncoder(onnx_dir, num_threads, self.onnx_output)
+    def load_onnx(self, onnx_dir: str, num_threads: int, device: str):
+        return OrtEncoder(onnx_dir, num_threads, self.onnx_output, device)
 
     def _max_length(self, model_dir: str) -> int:
         limits = [getattr(self.model.config, "max_position_embeddings", None), self.tokenizer.model_max_length]
@@ -609,8 +635,8 @@ class GenerationEngine(Engine):
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
 
-    def load_onnx(self, onnx_dir: str, num_threads: int):
-        return OrtDecoder(onnx_dir, num_threads)
+    def load_onnx(self, onnx_dir: str, num_threads: int, device: str):
+        return OrtDecoder(onnx_dir, num_threads, device)
 
     def prompt(self, text: str) -> str:
         if self.options.get("chat_template", interface.DEFAULTS.chat_template) and getattr(self.tokenizer, "chat_template", None):

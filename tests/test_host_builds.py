@@ -1,7 +1,9 @@
-"""Issue 30: torch's build follows the host. The choice on recorded nvidia-smi outputs (drivers 535-580, compute
-capabilities 6.0-12.0), the install arguments each choice gives, the disk check, the override, the CLI with a fake
-nvidia-smi, the venv setup built here (a CPU host: the CPU build), and the preflight check that refuses a GPU model
-when torch cannot run CUDA."""
+"""What gets installed and loaded follows the host.
+
+Issue 30, torch's build: the choice on recorded nvidia-smi outputs (drivers 470-580, compute capabilities 6.0-12.0),
+the install arguments each choice gives, the disk check, the override, the CLI with a fake nvidia-smi, the venv built
+here (a CPU host: the CPU build), and the preflight check that refuses a GPU model when torch cannot run CUDA.
+Issue 29 #2: ONNX Runtime's provider follows the instance's device."""
 
 from __future__ import annotations
 
@@ -148,3 +150,33 @@ def test_the_vllm_environment_needs_gpus_that_run_cuda_13():
             require("cu130", parse_smi(smi), VARIANTS)
     recipe = (ROOT / "Makefile").read_text().split("$(VLLM_VENV)/.installed:", 1)[1]
     assert recipe.index("torch_variant supports cu130") < recipe.index("-m venv"), "checked before anything is installed"
+
+
+def test_onnx_runs_on_its_instance_s_device_or_refuses_to_load(tmp_path):
+    """Issue 29 #2: the provider follows the instance (no silent CPU on a GPU instance); the CPU package on a GPU
+    instance is refused at load and in preflight, naming the fix."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from hf2triton.pipeline.preflight import onnx_cuda_check
+    from hf2triton.serving.model import ort_providers, ort_session
+
+    cpu, cuda = "CPUExecutionProvider", "CUDAExecutionProvider"
+    assert ort_providers("cpu", [cuda, cpu]) == [cpu], "device: cpu forces the CPU"
+    assert ort_providers("cuda:1", [cuda, cpu]) == [(cuda, {"device_id": 1}), cpu]
+    with pytest.raises(RuntimeError, match="no CUDA provider .* install onnxruntime-gpu .* or set device: cpu"):
+        ort_providers("cuda:0", [cpu])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    path = tmp_path / "identity.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert ort_session(str(path), 1).get_providers() == [cpu]
+    with pytest.raises(RuntimeError, match="no CUDA provider"):  # this machine's onnxruntime is the CPU package
+        ort_session(str(path), 1, device="cuda:0")
+    check = onnx_cuda_check([cpu], ["minilm"])
+    assert not check["ok"] and "backend onnx on the GPU: minilm" in check["detail"] and "onnxruntime-gpu" in check["fix"]
+    assert onnx_cuda_check([cuda, cpu], ["minilm"])["ok"]
