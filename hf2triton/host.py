@@ -36,18 +36,28 @@ def driver_version() -> str:
     return _first_gpu("driver_version")
 
 
+def query_gpus(fields: str, units: bool = True) -> list[list[str]] | None:
+    """`nvidia-smi --query-gpu=FIELDS` as one list of values per GPU; None without a working nvidia-smi (or with
+    HF2TRITON_ASSUME_NO_GPU=1). Standard library only: hf2triton.torch_variant runs before the venv exists."""
+    smi = shutil.which("nvidia-smi")
+    if os.environ.get("HF2TRITON_ASSUME_NO_GPU") == "1" or not smi:
+        return None
+    query = [smi, f"--query-gpu={fields}", "--format=csv,noheader" + ("" if units else ",nounits")]
+    try:
+        result = subprocess.run(query, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if result.returncode != 0:
+        return None
+    return [[value.strip() for value in line.split(",")] for line in result.stdout.strip().splitlines() if line.strip()]
+
+
 def _first_gpu(field: str) -> str:
     """nvidia-smi's `field` of the first GPU: "none" without a GPU, "unknown" where nvidia-smi fails."""
-    smi = shutil.which("nvidia-smi")
-    if not smi or not has_gpu():
+    if not has_gpu():
         return "none"
-    try:
-        query = [smi, f"--query-gpu={field}", "--format=csv,noheader"]
-        result = subprocess.run(query, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    lines = result.stdout.strip().splitlines()
-    return lines[0].strip() if result.returncode == 0 and lines else "unknown"
+    rows = query_gpus(field)
+    return rows[0][0] if rows else "unknown"
 
 
 def torch_facts() -> dict[str, object]:
@@ -198,19 +208,10 @@ def gpu_total_memory_bytes() -> int | None:
 
 
 def _gpu_memory(field: str) -> int | None:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
+    rows = query_gpus(field, units=False)
     try:
-        result = subprocess.run(
-            [smi, f"--query-gpu={field}", "--format=csv,noheader,nounits", "--id=0"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-        return int(result.stdout.strip().splitlines()[0]) * 1024**2 if result.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return int(rows[0][0]) * 1024**2 if rows else None
+    except ValueError:
         return None
 
 

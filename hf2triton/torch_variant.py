@@ -12,10 +12,11 @@ import argparse
 import os
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from hf2triton import host  # standard library only, like this module
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "envs" / "torch-variants.txt"
@@ -75,25 +76,16 @@ def read_table(path: Path = TABLE) -> list[Variant]:
 
 def parse_smi(output: str) -> list[Gpu]:
     """`nvidia-smi --query-gpu=driver_version,compute_cap --format=csv,noheader` -> one Gpu per line."""
-    gpus = []
-    for line in output.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0] and parts[1]:
-            gpus.append(Gpu(parts[0], parts[1]))
-    return gpus
+    return gpus_of([[p.strip() for p in line.split(",")] for line in output.strip().splitlines()])
+
+
+def gpus_of(rows: list[list[str]]) -> list[Gpu]:
+    return [Gpu(row[0], row[1]) for row in rows if len(row) == 2 and row[0] and row[1]]
 
 
 def detect_gpus() -> list[Gpu]:
     """The host's NVIDIA GPUs (none without a working nvidia-smi; HF2TRITON_ASSUME_NO_GPU=1: none)."""
-    smi = shutil.which("nvidia-smi")
-    if os.environ.get("HF2TRITON_ASSUME_NO_GPU") == "1" or not smi:
-        return []
-    try:
-        query = [smi, "--query-gpu=driver_version,compute_cap", "--format=csv,noheader"]
-        done = subprocess.run(query, capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return parse_smi(done.stdout) if done.returncode == 0 else []
+    return gpus_of(host.query_gpus("driver_version,compute_cap") or [])
 
 
 def supports(variant: Variant, gpu: Gpu) -> bool:

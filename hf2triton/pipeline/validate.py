@@ -343,16 +343,15 @@ def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, 
             same = agreed >= min(VLLM_AGREEMENT_CHARS, len(served), len(reference))
             detail = f"vLLM and torch agree on the first {agreed} characters: {detail}"
         checks.append(check("served equals in-process", same, detail))
-    temperature = model_parameters(rendered).temperature
-    if temperature > 0:
-        checks.append(seeded_sampling_check(settings.url(), name, prompt, temperature))
+    if params.temperature > 0:
+        checks.append(seeded_sampling_check(settings.url(), name, prompt, params.temperature))
     time.sleep(0.2)
     after = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
     checks.append(check("metrics count requests", after >= before + 2, f"{SUCCESS_METRIC} {before:.0f} -> {after:.0f}"))
     return {
         "ok": all(c["ok"] for c in checks),
         "task": GENERATION,
-        "backend": model_parameters(rendered).backend,
+        "backend": params.backend,
         "streaming": True,
         "latency_ms": {"first_piece": round(1000 * streamed["first_piece_s"], 1), "stream": round(1000 * streamed["piece_times_s"][-1], 1)},
         "sample": {"input": prompt, "output": streamed["text"]},
