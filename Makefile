@@ -25,7 +25,7 @@ SMK_CONFIG := $(if $(OVERLAY),--configfile "$$HF2TRITON_OVERLAY")
 # perf_analyzer's wheel needs glibc >= 2.38; where it runs, `bench` uses it (else tritonclient's async APIs).
 PERF_ANALYZER_PIN := perf-analyzer==2.60.0
 
-.PHONY: serve setup test test-fast lint stop status dry-run soak bench tune clean clean-all check-paths vllm-env
+.PHONY: onnx-runtime serve setup test test-fast lint stop status dry-run soak bench tune clean clean-all check-paths vllm-env
 
 # Checked before anything is installed or run, the first prerequisite of the targets that install or serve:
 # the project directory (Snakemake's step commands, Triton's stub launch and LD_PRELOAD break on a space or
@@ -36,10 +36,10 @@ check-paths:
 	@test -z "$$HF2TRITON_CONFIG" || test -f "$$HF2TRITON_CONFIG" || { echo "hf2triton: error: CONFIG file '$$HF2TRITON_CONFIG' not found -- fix: give an existing config file or leave CONFIG out (config.yaml)" >&2; exit 2; }
 	@test -z "$$HF2TRITON_OVERLAY" || test -f "$$HF2TRITON_OVERLAY" || { echo "hf2triton: error: OVERLAY file '$$HF2TRITON_OVERLAY' not found -- fix: give an existing overlay file (\`make tune\` writes results/tune/overlay.yaml) or leave OVERLAY out" >&2; exit 2; }
 
-serve: check-paths $(VENV)/.installed vllm-env ## set up (if needed) and serve the models of config.yaml
+serve: check-paths $(VENV)/.installed onnx-runtime vllm-env ## set up (if needed) and serve the models of config.yaml
 	$(SNAKEMAKE) --cores $(CORES) serve $(SMK_CONFIG)
 
-setup: check-paths $(VENV)/.installed
+setup: check-paths $(VENV)/.installed onnx-runtime
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,12 @@ $(VENV)/.installed: $(VENV)/bin/python envs/requirements.txt envs/models.txt env
 $(VENV)/.installed-test: $(VENV)/.installed envs/test.txt
 	$(PIP) install $(PIP_FLAGS) -r envs/test.txt
 	touch $@
+
+# ONNX Runtime's CPU packages (requirements.txt) or, where the host runs CUDA 13 and a model of the config (CONFIG,
+# OVERLAY) has backend onnx on the GPU, onnxruntime-gpu (envs/onnxruntime-gpu.txt) in their place; ONNXRUNTIME=cpu|gpu
+# forces it. Nothing is installed when the right one is there (hf2triton/envs.py).
+onnx-runtime: check-paths $(VENV)/.installed
+	$(BIN)/python -m hf2triton.envs onnx-runtime
 
 # backend vllm runs in a venv of its own (vLLM pins another torch; hf2triton/envs.py, envs/vllm.txt), built only
 # when the config (CONFIG, OVERLAY) has a vllm model. It is made by .venv's Python: Triton's stub is that version.

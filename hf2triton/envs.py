@@ -10,12 +10,22 @@ the config needs it before serving:
     python -m hf2triton.envs needs-vllm [--config FILE] [--configfile OVERLAY ...]
 
 prints the vLLM environment's directory when a model of the config uses backend vllm, and nothing otherwise.
+
+ONNX Runtime comes in two packages that install the same module: `onnxruntime` (CPU, envs/requirements.txt) and
+`onnxruntime-gpu` (CUDA 13, envs/onnxruntime-gpu.txt). After requirements.txt, the Makefile runs
+
+    python -m hf2triton.envs onnx-runtime [--config FILE] [--configfile OVERLAY ...]
+
+which keeps the CPU packages unless the host runs torch's CUDA 13 build (hf2triton.torch_variant) and a model has
+backend onnx on the GPU; then it swaps them for the GPU packages (and back, when that stops being true).
+ONNXRUNTIME=cpu|gpu forces the choice.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +35,11 @@ from hf2triton.specs import ModelSpec, ProjectSpec
 
 VLLM = "vllm"
 VLLM_REQUIREMENTS = "envs/vllm.txt"
+ORT_CPU_PACKAGES = ("onnxruntime", "onnxruntime-genai")  # pinned in envs/requirements.txt
+ORT_GPU_PACKAGES = ("onnxruntime-gpu", "onnxruntime-genai-cuda")  # pinned in envs/onnxruntime-gpu.txt
+ENVS = Path(__file__).resolve().parent.parent / "envs"
+ORT_GPU_REQUIREMENTS = str(ENVS / "onnxruntime-gpu.txt")
+ORT_GPU_CUDA = "cu130"  # onnxruntime-gpu 1.31.1 is a CUDA 13 build: the torch build (hf2triton.torch_variant) it matches
 
 
 def vllm_env_needed(project: ProjectSpec) -> str | None:
@@ -61,6 +76,100 @@ def check_vllm_env(path: str) -> None:
         )
 
 
+def onnx_gpu_models(project: ProjectSpec, gpu_available: bool) -> list[str]:
+    """Models that run ONNX Runtime on a GPU instance (backend onnx, device gpu or auto on a GPU host)."""
+    from hf2triton.specs import instance_kind
+
+    return [m.name for m in project.models if m.backend == "onnx" and instance_kind(m.device, gpu_available) == "KIND_GPU"]
+
+
+def host_torch_build() -> str:
+    """The torch build setup installs on this host (cpu, cu126, cu130)."""
+    from hf2triton import torch_variant
+
+    try:
+        gpus, table = torch_variant.detect_gpus(), torch_variant.read_table()
+        return torch_variant.choose(gpus, table, os.environ.get("TORCH_VARIANT", "").strip())[0].name
+    except torch_variant.VariantError as err:
+        raise UserError(*err.args[:2]) from None
+
+
+def onnx_runtime_choice(gpu_models: list[str], torch_build: str, override: str = "") -> tuple[str, str]:
+    """("cpu" | "gpu", why). The GPU package where a model runs ONNX on the GPU and the host runs CUDA 13 (the build
+    onnxruntime-gpu is); a GPU host on an older driver is refused with the fix rather than served on the CPU."""
+    if override:
+        if override not in ("cpu", "gpu"):
+            raise UserError(f"ONNXRUNTIME={override} is not a choice", "ONNXRUNTIME=cpu or ONNXRUNTIME=gpu (or leave it unset)")
+        return override, f"ONNXRUNTIME={override}"
+    if not gpu_models:
+        return "cpu", "no model runs backend onnx on a GPU"
+    if torch_build == "cpu":
+        raise UserError(
+            f"model {', '.join(gpu_models)}: backend onnx with device gpu, and this host has no NVIDIA GPU (nvidia-smi)",
+            "set device: cpu (or auto) for these models, or serve on a machine with an NVIDIA GPU",
+        )
+    if torch_build != ORT_GPU_CUDA:
+        raise UserError(
+            f"model {', '.join(gpu_models)}: backend onnx on the GPU needs onnxruntime-gpu 1.31.1, a CUDA 13 build, and this "
+            f"host's torch build is {torch_build} (the driver decides: hf2triton.torch_variant)",
+            "update the NVIDIA driver to 580 or newer, or set device: cpu for these models (ONNX Runtime on the CPU), "
+            "or backend: python (torch on the GPU)",
+        )
+    return "gpu", f"backend onnx on the GPU: {', '.join(gpu_models)}"
+
+
+def installed_versions(names: Sequence[str]) -> dict[str, str]:
+    """Which of `names` this environment's own site-packages holds (not packages a .pth makes visible from
+    elsewhere: pip would not remove those, nor do they shadow this environment's)."""
+    import sysconfig
+    from importlib import metadata
+
+    wanted = {re.sub(r"[-_.]+", "-", n).lower(): n for n in names}
+    found = {}
+    for dist in metadata.distributions(path=[sysconfig.get_paths()["purelib"]]):
+        key = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+        if key in wanted:
+            found[wanted[key]] = dist.version
+    return found
+
+
+def onnx_runtime_commands(choice: str, installed: dict[str, str], python: str = sys.executable) -> list[list[str]]:
+    """The pip commands that leave exactly the chosen packages installed (none when they already are)."""
+    wanted, unwanted = (ORT_GPU_PACKAGES, ORT_CPU_PACKAGES) if choice == "gpu" else (ORT_CPU_PACKAGES, ORT_GPU_PACKAGES)
+    stale = [name for name in unwanted if name in installed]
+    if not stale and all(name in installed for name in wanted):
+        return []
+    pip = [python, "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
+    if choice == "gpu":
+        install = [*pip, "-r", ORT_GPU_REQUIREMENTS]
+    else:  # the CPU pins of requirements.txt (their dependencies are the GPU packages' own: already there)
+        install = [*pip, "--no-deps", *pinned_requirements(ORT_CPU_PACKAGES)]
+    # The two packages share the module's files: removing the stale one breaks the other, so both go and the
+    # wanted one comes back whole.
+    remove = stale + [name for name in wanted if name in installed]
+    return ([[python, "-m", "pip", "uninstall", "-y", *remove]] if stale else []) + [install]
+
+
+def pinned_requirements(names: Sequence[str], path: Path = ENVS / "requirements.txt") -> list[str]:
+    lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
+    return [line for line in lines if line.split("==", 1)[0].lower() in names]
+
+
+def ensure_onnx_runtime(project: ProjectSpec, override: str = "") -> str:
+    """Install the ONNX Runtime packages this host and config need; returns what was decided, for the log."""
+    import subprocess
+
+    from hf2triton import host
+
+    gpu_models = onnx_gpu_models(project, host.has_gpu())
+    choice, why = onnx_runtime_choice(gpu_models, host_torch_build() if gpu_models and not override else "", override)
+    packages = ORT_GPU_PACKAGES if choice == "gpu" else ORT_CPU_PACKAGES
+    for command in onnx_runtime_commands(choice, installed_versions(ORT_CPU_PACKAGES + ORT_GPU_PACKAGES)):
+        print("hf2triton:", " ".join(command[1:]), file=sys.stderr, flush=True)
+        subprocess.run(command, check=True)  # noqa: S603 - fixed programs and pinned names, no shell
+    return f"ONNX Runtime: {', '.join(packages)} ({why}; ONNXRUNTIME=cpu|gpu overrides)"
+
+
 def _project(config: str | None, overlays: Sequence[str]) -> ProjectSpec:
     from hf2triton.config import deep_merge, read_yaml
     from hf2triton.specs import load_project
@@ -78,11 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     needs = sub.add_parser("needs-vllm", help="print the vLLM environment's directory if the config needs it (else nothing)")
-    needs.add_argument("--config", help="config file (default: $HF2TRITON_CONFIG, else ./config.yaml)")
-    needs.add_argument("--configfile", nargs="*", default=[], help="overlays merged over it (default: $HF2TRITON_OVERLAY)")
+    runtime = sub.add_parser("onnx-runtime", help="install ONNX Runtime's CPU or GPU packages, as this host and config need")
+    for command in (needs, runtime):
+        command.add_argument("--config", help="config file (default: $HF2TRITON_CONFIG, else ./config.yaml)")
+        command.add_argument("--configfile", nargs="*", default=[], help="overlays merged over it (default: $HF2TRITON_OVERLAY)")
     args = parser.parse_args(argv)
     overlays = args.configfile or [p for p in [os.environ.get("HF2TRITON_OVERLAY")] if p]
-    env = vllm_env_needed(_project(args.config, overlays))
+    project = _project(args.config, overlays)
+    if args.command == "onnx-runtime":
+        print(ensure_onnx_runtime(project, os.environ.get("ONNXRUNTIME", "").strip()))
+        return 0
+    env = vllm_env_needed(project)
     if env:
         print(env)
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -272,6 +273,32 @@ class ServingValues:
 def instance_kind(device: str, gpu_available: bool) -> str:
     """config `device` -> Triton instance kind (auto: the GPU when this machine has one)."""
     return "KIND_GPU" if device == "gpu" or (device == "auto" and gpu_available) else "KIND_CPU"
+
+
+def onnx_precision(backend: str, kind: str, dtype: str, task: str) -> str:
+    """The ONNX export's float precision: float16 for an encoder run by ONNX Runtime on a GPU instance (dtype auto or
+    float16: the GPU's fast path, as torch gets there), float32 otherwise (CPU kernels; TensorRT picks its own; the
+    decoder graph's float16 build is not served yet)."""
+    half = backend == "onnx" and kind == "KIND_GPU" and dtype in ("auto", "float16") and task != GENERATION
+    return "float16" if half else "float32"
+
+
+def require_onnx_on_gpu(models: Sequence[ModelSpec], gpu_available: bool) -> None:
+    """What ONNX Runtime cannot do on a GPU instance, refused before any work: dynamic int8 (a CPU technique: the
+    CUDA provider has no kernels for its integer MatMuls, they would run on the CPU) and bfloat16 (the export converts to float16)."""
+    for model in models:
+        if model.backend != "onnx" or instance_kind(model.device, gpu_available) != "KIND_GPU":
+            continue
+        if model.onnx.quantize == "dynamic-int8":
+            raise UserError(
+                f"model {model.name}: onnx.quantize dynamic-int8 is a CPU technique, and this model runs on the GPU",
+                "use quantize: none (on the GPU the export is float16), or device: cpu to serve the int8 model on the CPU",
+            )
+        if model.dtype == "bfloat16":
+            raise UserError(
+                f"model {model.name}: dtype bfloat16 with backend onnx on the GPU (the ONNX export is float16 or float32)",
+                "use dtype: auto or float16 (or float32), or backend: python for bfloat16",
+            )
 
 
 def threads_per_instance(instances: int, cpus: int) -> int:

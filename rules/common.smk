@@ -16,7 +16,7 @@ from hf2triton.pipeline.export import EXPORT_VERSION
 from hf2triton.pipeline.render import SERVING_FILES
 from hf2triton.pipeline.sources import package_version, resolve_model_sources
 from hf2triton.pipeline.tensorrt import require_tensorrt, tensorrt_version
-from hf2triton.specs import load_project, serving_values, to_param
+from hf2triton.specs import instance_kind, load_project, onnx_precision, require_onnx_on_gpu, serving_values, to_param
 from hf2triton.triton.process import REPOSITORY
 
 # config.yaml next to the Snakefile, or the file $HF2TRITON_CONFIG names (read by hf2triton's bounded
@@ -31,6 +31,7 @@ try:
     SOURCES, LOCAL_SOURCES = resolve_model_sources(PROJECT.models)
     require_tensorrt(PROJECT.models, GPU_AVAILABLE)
     require_vllm_gpu(PROJECT.models, GPU_AVAILABLE)
+    require_onnx_on_gpu(PROJECT.models, GPU_AVAILABLE)
 except UserError as err:
     sys.exit(f"hf2triton: error: {err.render()}")
 
@@ -135,6 +136,12 @@ def model_value(key):
 
 def onnx_value(key):
     return lambda wildcards: getattr(PROJECT.model(wildcards.model).onnx, key)
+
+
+def export_precision(wildcards):
+    """float16 for ONNX Runtime on a GPU instance, else float32 (hf2triton.specs.onnx_precision)."""
+    model = PROJECT.model(wildcards.model)
+    return onnx_precision(model.backend, instance_kind(model.device, GPU_AVAILABLE), model.dtype, model.task)
 
 
 def serving(wildcards):

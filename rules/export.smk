@@ -12,6 +12,7 @@ rule export_onnx:
         exporter=onnx_value("exporter"),
         optimize=onnx_value("optimize"),
         quantize=onnx_value("quantize"),
+        precision=export_precision,
         export_version=EXPORT_VERSION,
     log:
         logs("export_onnx"),

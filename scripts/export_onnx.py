@@ -13,5 +13,6 @@ run_step(
     exporter=params.exporter,
     optimize=params.optimize,
     quantize=params.quantize,
+    precision=params.precision,
     output=snakemake.output[0],
 )

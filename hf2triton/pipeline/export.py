@@ -41,8 +41,10 @@ ENCODER_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert",
 OPTIMIZATION_LEVELS = {"none": 0, "O1": 1, "O2": 2, "O3": 2}  # O3 = O2 + GELU approximation below
 
 
-def _fuse_encoder(onnx_path: Path, config: dict[str, Any], level: str) -> dict[str, int]:
-    """ONNX Runtime's transformer optimizer on a BERT-like encoder; returns the fused operator counts."""
+def _fuse_encoder(onnx_path: Path, config: dict[str, Any], level: str, for_gpu: bool = False) -> dict[str, int]:
+    """ONNX Runtime's transformer optimizer on a BERT-like encoder; returns the fused operator counts. For the GPU
+    only its own fusions run (opt_level 0): ONNX Runtime's graph optimizations are then applied when the CUDA
+    provider loads the model, for that provider (offline they would be the CPU provider's here)."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -55,10 +57,23 @@ def _fuse_encoder(onnx_path: Path, config: dict[str, Any], level: str) -> dict[s
         num_heads=config.get("num_attention_heads", 0),
         hidden_size=config.get("hidden_size", 0),
         optimization_options=options,
-        opt_level=OPTIMIZATION_LEVELS[level] if level != "O3" else 2,
+        opt_level=0 if for_gpu else OPTIMIZATION_LEVELS[level],
+        use_gpu=for_gpu,
     )
     optimized.save_model_to_file(str(onnx_path))
     return {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+
+
+def _to_float16(onnx_path: Path) -> int:
+    """Weights and compute in float16 for the CUDA provider; inputs and outputs keep their types (int64 ids in,
+    float32 out), so the served model's tensors do not change. Returns the number of float16 initializers."""
+    import onnx
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    model = OnnxModel(onnx.load(str(onnx_path)))
+    model.convert_float_to_float16(keep_io_types=True)
+    model.save_model_to_file(str(onnx_path))
+    return sum(1 for tensor in model.model.graph.initializer if tensor.data_type == onnx.TensorProto.FLOAT16)
 
 
 def _quantize(onnx_path: Path) -> list[str]:
@@ -132,8 +147,11 @@ def _build_with_genai(pretrained: str, out: Path, architectures: list[str], requ
     raise RuntimeError(f"ONNX Runtime GenAI's model builder failed (exit {done.returncode}): " + " | ".join(lines[-6:]))
 
 
-def export_onnx_step(pretrained: str, task: str, opset: int, exporter: str, optimize: str, quantize: str, output: str) -> dict[str, Any]:
-    """Export `pretrained` for `task` into `output` (directory), then fuse/quantise as configured."""
+def export_onnx_step(
+    pretrained: str, task: str, opset: int, exporter: str, optimize: str, quantize: str, output: str, precision: str = "float32"
+) -> dict[str, Any]:
+    """Export `pretrained` for `task` into `output` (directory), then fuse/quantise as configured; `precision`
+    float16 (ONNX Runtime on a GPU: hf2triton.specs.onnx_precision) converts a fused encoder's graph to float16."""
     from optimum.exporters.onnx import onnx_export_from_model
     from transformers import AutoTokenizer
 
@@ -143,6 +161,8 @@ def export_onnx_step(pretrained: str, task: str, opset: int, exporter: str, opti
     encoder = task != GENERATION
     if quantize == "dynamic-int8" and not encoder:
         raise UserError("onnx.quantize: dynamic-int8 is supported for encoder tasks only", "use quantize: none for text-generation")
+    if precision == "float16" and (not encoder or quantize != "none"):  # hf2triton.specs.onnx_precision never asks this
+        raise ValueError(f"float16 is for unquantised encoder exports (task {task}, quantize {quantize})")
     if exporter == "genai-builder" and encoder:
         raise UserError(f"onnx.exporter: genai-builder builds decoder graphs (task is {task})", "use exporter: auto or optimum")
     started = time.monotonic()
@@ -161,7 +181,11 @@ def export_onnx_step(pretrained: str, task: str, opset: int, exporter: str, opti
         fused: dict[str, int] = {}
         if encoder and optimize != "none" and config.get("model_type") in ENCODER_MODEL_TYPES:
             log.info("fusing the encoder graph (%s)", optimize)
-            fused = _fuse_encoder(tmp / "model.onnx", config, optimize)
+            fused = _fuse_encoder(tmp / "model.onnx", config, optimize, for_gpu=precision == "float16")
+        half = 0
+        if precision == "float16":
+            log.info("converting the graph to float16 (for ONNX Runtime's CUDA provider)")
+            half = _to_float16(tmp / "model.onnx")
         if quantize == "dynamic-int8":
             log.info("quantising to int8 (dynamic, per channel)")
             _quantize(tmp / "model.onnx")
@@ -174,6 +198,8 @@ def export_onnx_step(pretrained: str, task: str, opset: int, exporter: str, opti
             "opset": opset if built_by == "optimum" else None,
             "optimize": optimize,
             "quantize": quantize,
+            "precision": precision,
+            **({"float16_initializers": half} if half else {}),
             "fused_operators": fused,
             **({"gguf_blocks": blocks} if blocks else {}),
             "source": str(pretrained),

@@ -25,7 +25,7 @@ from hf2triton.pipeline.render import prune_repository
 from hf2triton.pipeline.serve import FAILED_REPORT, settings_from_params
 from hf2triton.serving import interface
 from hf2triton.serving.interface import GENERATION, ModelParameters
-from hf2triton.specs import OnnxSpec
+from hf2triton.specs import OnnxSpec, onnx_precision
 from hf2triton.triton import client
 from hf2triton.triton.modelconfig import model_parameters, read_model_config, uses_gpu
 from hf2triton.triton.pitfalls import explain
@@ -218,6 +218,12 @@ def infer_in_chunks(
     return {o: np.concatenate([p[o] for p in parts]) for o in outputs}
 
 
+def export_precision(rendered: mc.ModelConfig) -> str:
+    """The float precision the model's ONNX export was built in (the export rule's own choice)."""
+    params = model_parameters(rendered)
+    return onnx_precision(params.backend, "KIND_GPU" if uses_gpu(rendered) else "KIND_CPU", params.dtype, params.task)
+
+
 def parity_check(rendered: mc.ModelConfig, name: str, http_client, floor: float) -> dict[str, Any]:
     """Served non-torch backend vs the torch reference on the fixed probe set, with the figures."""
     import tritonclient.http as httpclient
@@ -226,7 +232,8 @@ def parity_check(rendered: mc.ModelConfig, name: str, http_client, floor: float)
     texts = PARITY_GENERATION_PROMPTS if params.task == GENERATION else PARITY_PROBES
     outputs = tuple(o.name for o in rendered.output)
     served = infer_in_chunks(http_client, httpclient, name, params.task, texts, outputs, rendered.max_batch_size or len(texts))
-    torch_ref = reference_outputs(rendered, texts, backend="python")
+    # a float16 export (ONNX Runtime on a GPU) answers to the full-precision model: torch float32 on the CPU
+    torch_ref = reference_outputs(rendered, texts, backend="python", float32_cpu=export_precision(rendered) == "float16")
     lossy = params.quantize == "dynamic-int8"  # gguf-blocks is lossless: held to the float32 floor
     result = compare(params.task, served, torch_ref, floor if lossy else COSINE_FLOOR)
     return {k: v for k, v in result.items() if k not in ("served", "reference")}
@@ -284,7 +291,8 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         checks.append(check(f"parity {backend} vs torch", parity["ok"], detail))
     if backend == "onnx":  # the model refuses to load where its device's provider does not (serving/model.py ort_session)
         provider = "CUDAExecutionProvider on the GPU" if uses_gpu(rendered) else "CPUExecutionProvider"
-        checks.append(check("onnx provider", True, f"{provider} (the served model loads with no other)"))
+        detail = f"{provider}, {export_precision(rendered)} graph (the served model loads with no other provider)"
+        checks.append(check("onnx provider", True, detail))
     time.sleep(0.2)
     after = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
     checks.append(check("metrics count requests", after >= before + 2, f"nv_inference_request_success {before:.0f} -> {after:.0f}"))

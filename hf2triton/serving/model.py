@@ -156,6 +156,10 @@ def ort_session(path: str, num_threads: int, spin_within_runs: bool = False, dev
     Runtime falls back to the CPU with only a warning when a CUDA or cuDNN library is missing."""
     import onnxruntime as ort
 
+    if device.startswith("cuda") and hasattr(ort, "preload_dlls"):
+        # the CUDA and cuDNN libraries of the venv's nvidia-* packages (torch's CUDA build installs them), which the
+        # CUDA provider would otherwise look for only on the system's library path
+        ort.preload_dlls()
     session = ort.InferenceSession(
         path, ort_session_options(num_threads, spin_within_runs), providers=ort_providers(device, ort.get_available_providers())
     )
@@ -168,8 +172,16 @@ def ort_session(path: str, num_threads: int, spin_within_runs: bool = False, dev
     return session
 
 
+ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
 class OrtEncoder:
-    """An exported encoder that answers like a transformers model: `model(**batch).<output>` as torch."""
+    """An exported encoder that answers like a transformers model: `model(**batch).<output>` as torch.
+
+    On the CPU, numpy in and out. On a GPU (`binds_device`) the batch arrives as torch tensors on that GPU and the
+    output is written into a torch tensor there (I/O binding): pooling and normalisation stay on the GPU and only
+    the pooled rows come back to the host, where handing ONNX Runtime numpy would copy the ids up and the whole
+    hidden state (rows x length x width floats) down on every run."""
 
     def __init__(self, onnx_dir: str, num_threads: int, output_name: str, device: str = "cpu"):
         from transformers import AutoConfig
@@ -178,15 +190,42 @@ class OrtEncoder:
         self.config = AutoConfig.from_pretrained(onnx_dir)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_name = output_name
+        self.binds_device = device.startswith("cuda")
+        self.device_id = int(device.split(":", 1)[1] or 0) if self.binds_device else 0
+        (output,) = [o for o in self.session.get_outputs() if o.name == output_name]
+        self.output_dims, self.output_dtype = output.shape, ORT_FLOATS.get(output.type, np.float32)
 
     def __call__(self, **batch):
         import torch
 
+        if self.binds_device:
+            return SimpleNamespace(**{self.output_name: self._run_bound(torch, batch)})
         feeds = {name: batch[name].cpu().numpy().astype(np.int64) for name in self.input_names if name in batch}
         if "token_type_ids" in self.input_names and "token_type_ids" not in feeds:
             feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
         (output,) = self.session.run([self.output_name], feeds)
         return SimpleNamespace(**{self.output_name: torch.from_numpy(output)})
+
+    def output_shape(self, rows: int, length: int) -> tuple[int, ...]:
+        """The output's shape for this batch: the graph's fixed dims, its symbolic ones (batch, sequence) filled in."""
+        return tuple(d if isinstance(d, int) else (rows, length)[min(i, 1)] for i, d in enumerate(self.output_dims))
+
+    def _run_bound(self, torch, batch: dict[str, Any]):
+        feeds = {name: batch[name].to(torch.int64).contiguous() for name in self.input_names if name in batch}
+        if "token_type_ids" in self.input_names and "token_type_ids" not in feeds:
+            feeds["token_type_ids"] = torch.zeros_like(feeds["input_ids"])
+        rows, length = feeds["input_ids"].shape
+        dtype = getattr(torch, np.dtype(self.output_dtype).name)
+        output = torch.empty(self.output_shape(rows, length), dtype=dtype, device=feeds["input_ids"].device)
+        binding = self.session.io_binding()
+        for name, tensor in feeds.items():
+            binding.bind_input(name, "cuda", self.device_id, np.int64, tuple(tensor.shape), tensor.data_ptr())
+        binding.bind_output(self.output_name, "cuda", self.device_id, self.output_dtype, tuple(output.shape), output.data_ptr())
+        # ONNX Runtime runs on its own CUDA stream: the ids torch copied up must be there first; its Run returns
+        # once its stream is done, so torch may read the output right after.
+        torch.cuda.current_stream(output.device).synchronize()
+        self.session.run_with_iobinding(binding)
+        return output
 
 
 class OrtDecoder:
@@ -431,7 +470,8 @@ class Engine:
             self.model = model.to(device=device, dtype=torch_dtype(dtype, device)).eval()
         elif backend == "onnx":
             self.model = self.load_onnx(onnx_dir, num_threads, device)
-            self.device = "cpu"  # inputs are handed to ONNX Runtime as numpy (on a GPU: copied there by the provider)
+            if not getattr(self.model, "binds_device", False):
+                self.device = "cpu"  # inputs are handed to ONNX Runtime as numpy (on a GPU: copied there by the provider)
         elif backend == "tensorrt":
             self.model = TrtEncoder(trt_engine, onnx_dir, self.onnx_output, device)
         else:

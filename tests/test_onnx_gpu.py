@@ -1,0 +1,167 @@
+"""Issue 29: ONNX on the GPU.
+
+#1 which ONNX Runtime package a host gets (CPU unless a model runs backend onnx on a CUDA 13 GPU host; ONNXRUNTIME
+overrides) and the pip commands that switch; #3 the float16 export for the CUDA provider (real optimum export, ONNX
+Runtime's fusions and float16 conversion), what a GPU instance refuses (dynamic int8, bfloat16), and the I/O-bound
+encoder. The float16 graph's parity with torch float32 runs where ONNX Runtime has a CUDA provider and a GPU (the H200
+through benchmarks/gpu/device.sh); elsewhere it is skipped with the reason."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from hf2triton.envs import (
+    ORT_CPU_PACKAGES,
+    ORT_GPU_PACKAGES,
+    ORT_GPU_REQUIREMENTS,
+    installed_versions,
+    onnx_runtime_choice,
+    onnx_runtime_commands,
+)
+from hf2triton.errors import UserError
+from hf2triton.specs import ModelSpec, OnnxSpec, onnx_precision, require_onnx_on_gpu
+from tests.helpers import ROOT, minilm_dir
+
+EMBED = {"name": "minilm", "source": "org/minilm", "task": "feature-extraction", "backend": "onnx"}
+
+
+def test_the_cpu_packages_unless_a_model_runs_onnx_on_a_cuda_13_gpu():
+    assert onnx_runtime_choice([], "cu130")[0] == "cpu", "a GPU host without onnx models keeps the CPU package"
+    assert onnx_runtime_choice([], "cpu")[0] == "cpu"
+    choice, why = onnx_runtime_choice(["minilm"], "cu130")
+    assert choice == "gpu" and "minilm" in why
+    assert onnx_runtime_choice(["minilm"], "cu126", "cpu") == ("cpu", "ONNXRUNTIME=cpu")
+    assert onnx_runtime_choice([], "cpu", "gpu") == ("gpu", "ONNXRUNTIME=gpu")
+    with pytest.raises(UserError, match="ONNXRUNTIME=tpu is not a choice"):
+        onnx_runtime_choice([], "cpu", "tpu")
+
+
+@pytest.mark.parametrize(
+    ("build", "named", "fix"),
+    [("cu126", "a CUDA 13 build, and this host's torch build is cu126", "driver to 580"), ("cpu", "no NVIDIA GPU", "device: cpu")],
+)
+def test_onnx_on_a_gpu_that_cannot_run_the_gpu_package_is_refused(build, named, fix):
+    with pytest.raises(UserError) as info:
+        onnx_runtime_choice(["minilm"], build)
+    assert "model minilm" in info.value.message and named in info.value.message and fix in info.value.fix
+
+
+def test_switching_leaves_exactly_one_runtime():
+    cpu = {"onnxruntime": "1.32.0", "onnxruntime-genai": "0.11.0"}
+    gpu = {"onnxruntime-gpu": "1.31.1", "onnxruntime-genai-cuda": "0.18.0"}
+    assert onnx_runtime_commands("cpu", cpu, "py") == [], "the right packages: nothing to do"
+    assert onnx_runtime_commands("gpu", gpu, "py") == []
+    to_gpu = onnx_runtime_commands("gpu", cpu, "py")
+    assert to_gpu[0] == ["py", "-m", "pip", "uninstall", "-y", *ORT_CPU_PACKAGES]
+    assert to_gpu[1][-2:] == ["-r", ORT_GPU_REQUIREMENTS]
+    to_cpu = onnx_runtime_commands("cpu", gpu, "py")
+    assert to_cpu[0][-2:] == list(ORT_GPU_PACKAGES) and to_cpu[1][-3:] == ["--no-deps", "onnxruntime==1.32.0", "onnxruntime-genai==0.11.0"]
+    # both at once (requirements.txt re-installed the CPU one over the GPU one): they share files, so both go
+    both = onnx_runtime_commands("gpu", {**cpu, **gpu}, "py")
+    assert set(both[0][5:]) == {*ORT_CPU_PACKAGES, *ORT_GPU_PACKAGES} and both[1][-1] == ORT_GPU_REQUIREMENTS
+    pins = (ROOT / "envs" / "onnxruntime-gpu.txt").read_text()
+    assert "onnxruntime-gpu[cuda,cudnn]==1.31.1" in pins and "onnxruntime-genai-cuda==0.18.0" in pins
+
+
+def test_this_cpu_host_keeps_the_cpu_package(tmp_path):
+    if set(installed_versions(ORT_GPU_PACKAGES)):  # (the step would switch this host back to the CPU package)
+        pytest.skip("this environment has the GPU package: a CPU host's choice is tested where setup installed the CPU one")
+    assert set(installed_versions(ORT_CPU_PACKAGES + ORT_GPU_PACKAGES)) == set(ORT_CPU_PACKAGES)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"models": [{**EMBED, "source": str(minilm_dir())}]}))
+    done = subprocess.run(
+        [sys.executable, "-m", "hf2triton.envs", "onnx-runtime", "--config", str(config)],
+        capture_output=True, text=True, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "HF2TRITON_ASSUME_NO_GPU": "1"}, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "onnxruntime, onnxruntime-genai (no model runs backend onnx on a GPU" in done.stdout and "pip" not in done.stderr
+    config.write_text(yaml.safe_dump({"models": [{**EMBED, "source": str(minilm_dir()), "device": "gpu"}]}))
+    done = subprocess.run(
+        [sys.executable, "-m", "hf2triton.envs", "onnx-runtime", "--config", str(config)],
+        capture_output=True, text=True, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "HF2TRITON_ASSUME_NO_GPU": "1"}, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and "hf2triton: error: model minilm: backend onnx with device gpu" in done.stderr
+    assert "Traceback" not in done.stderr
+    recipes = (ROOT / "Makefile").read_text()
+    for target in ("serve:", "setup:"):
+        assert "onnx-runtime" in recipes.split(f"\n{target}", 1)[1].split("\n", 1)[0], f"{target} installs the runtime it needs"
+
+
+def test_precision_and_what_a_gpu_instance_refuses():
+    assert onnx_precision("onnx", "KIND_GPU", "auto", "feature-extraction") == "float16"
+    assert onnx_precision("onnx", "KIND_GPU", "float32", "feature-extraction") == "float32"
+    assert onnx_precision("onnx", "KIND_CPU", "auto", "feature-extraction") == "float32"
+    assert onnx_precision("tensorrt", "KIND_GPU", "auto", "feature-extraction") == "float32"
+    assert onnx_precision("onnx", "KIND_GPU", "auto", "text-generation") == "float32"
+    int8 = ModelSpec(**EMBED, onnx=OnnxSpec(quantize="dynamic-int8"))
+    require_onnx_on_gpu([int8], gpu_available=False)  # the CPU: int8 is what it is for
+    require_onnx_on_gpu([ModelSpec(**EMBED, onnx=OnnxSpec(quantize="dynamic-int8"), device="cpu")], gpu_available=True)
+    with pytest.raises(UserError) as info:
+        require_onnx_on_gpu([int8], gpu_available=True)
+    assert "model minilm: onnx.quantize dynamic-int8 is a CPU technique" in info.value.message
+    assert "quantize: none" in info.value.fix and "device: cpu" in info.value.fix
+    with pytest.raises(UserError, match="dtype bfloat16 with backend onnx on the GPU"):
+        require_onnx_on_gpu([ModelSpec(**EMBED, dtype="bfloat16")], gpu_available=True)
+
+
+def test_the_float16_export_keeps_the_served_tensors(tiny_models, tmp_path):
+    """Fused, then float16 inside; int64 ids in and float32 out, as the float32 export."""
+    import onnx
+
+    from hf2triton.pipeline.export import export_onnx_step
+
+    out = tmp_path / "onnx"
+    manifest = export_onnx_step(str(tiny_models["feature-extraction"]), "feature-extraction", 17, "auto", "O2", "none", str(out), "float16")
+    assert manifest["precision"] == "float16" and manifest["float16_initializers"] > 0
+    assert manifest["fused_operators"].get("Attention", 0) == 2, manifest["fused_operators"]
+    graph = onnx.load(str(out / "model.onnx")).graph
+    assert {i.name: i.type.tensor_type.elem_type for i in graph.input}["input_ids"] == onnx.TensorProto.INT64
+    assert graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert not any(t.data_type == onnx.TensorProto.FLOAT and len(t.dims) > 1 for t in graph.initializer), "weights are float16"
+    assert json.loads((out / "export.json").read_text())["precision"] == "float16"
+
+
+def test_the_bound_output_shape_fills_the_symbolic_dims():
+    from hf2triton.serving.model import OrtEncoder
+
+    encoder = OrtEncoder.__new__(OrtEncoder)
+    encoder.output_dims = ["batch_size", "sequence_length", 384]
+    assert encoder.output_shape(16, 40) == (16, 40, 384)
+    encoder.output_dims = ["batch_size", 2]
+    assert encoder.output_shape(3, 40) == (3, 2)
+
+
+def _cuda_onnx_runtime() -> str:
+    """Why the GPU parity cannot run here ("" when it can)."""
+    import onnxruntime
+    import torch
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        return f"ONNX Runtime here is the CPU package ({onnxruntime.__version__}): onnxruntime-gpu runs this on a GPU host"
+    return "" if torch.cuda.is_available() else "no CUDA GPU visible to torch"
+
+
+def test_float16_on_the_gpu_matches_torch_float32(tmp_path):
+    """MiniLM's float16 export on the CUDA provider, I/O bound, against torch float32 on the CPU: cosine >= 0.999."""
+    reason = _cuda_onnx_runtime()
+    if reason:
+        pytest.skip(reason)
+    from hf2triton.pipeline.export import export_onnx_step
+    from hf2triton.serving.model import EmbeddingEngine
+
+    out = tmp_path / "onnx"
+    export_onnx_step(str(minilm_dir()), "feature-extraction", 17, "auto", "O2", "none", str(out), "float16")
+    texts = ["a GPU runs this", "ONNX Runtime on CUDA, float16", "x" * 40, "short"] * 8
+    served = EmbeddingEngine(str(minilm_dir()), device="cuda:0", backend="onnx", onnx_dir=str(out))
+    assert served.model.binds_device and served.model.session.get_providers()[0] == "CUDAExecutionProvider"
+    reference = EmbeddingEngine(str(minilm_dir()), device="cpu", dtype="float32").run(texts)
+    got = served.run(texts)
+    cosine = np.sum(got["embedding"] * reference["embedding"], axis=1)
+    assert cosine.min() >= 0.999, cosine.min()
+    assert (got["prompt_tokens"] == reference["prompt_tokens"]).all()
