@@ -39,6 +39,29 @@ def timed(call, seconds: float) -> float:
     return round(1000 * (time.perf_counter() - started) / calls, 3)
 
 
+def stage_split(engine: EmbeddingEngine, texts: list[str], seconds: float) -> dict[str, float]:
+    """ms per call of each stage of one engine call, each timed on its own (synchronised): what the engine adds
+    around the network."""
+    torch = engine.torch
+
+    def synced(call):
+        def run():
+            with torch.inference_mode():
+                call()
+            torch.cuda.synchronize()
+
+        return run
+
+    batch = engine.encode(texts)
+    return {
+        "encode (tokenise, pad, to the GPU)": timed(synced(lambda: engine.encode(texts)), seconds),
+        "network": timed(synced(lambda: engine.model(**batch)), seconds),
+        "network + pooling": timed(synced(lambda: engine.compute(batch)), seconds),
+        "network + pooling + to host": timed(synced(lambda: engine.forward(batch)), seconds),
+        "whole run": timed(synced(lambda: engine.run(texts)), seconds),
+    }
+
+
 def bare_session_variants(onnx_path: str, batch: dict, seconds: float) -> dict[str, float]:
     import onnxruntime as ort
     import torch
@@ -99,11 +122,17 @@ def main() -> int:
             args.model_dir, device="cuda:0", backend="onnx", onnx_dir=str(onnx_dir), num_threads=2
         ),
     }
-    report: dict = {"engines_ms_per_call": {}, "bare_session_ms_per_call": {}}
+    report: dict = {"engines_ms_per_call": {}, "stages_ms_per_call": {}, "bare_session_ms_per_call": {}}
     for batch in (1, 16, 256):
         chunk = texts[:batch]
         report["engines_ms_per_call"][batch] = {label: timed(lambda e=e, c=chunk: e.run(c), args.seconds) for label, e in engines.items()}
         print(batch, report["engines_ms_per_call"][batch], flush=True)
+    for batch in (1, 16):
+        report["stages_ms_per_call"][batch] = {
+            label: stage_split(engines[label], texts[:batch], args.seconds / 2)
+            for label in ("torch float16 eager", "onnxruntime float16 (OrtEncoder)")
+        }
+        print(batch, report["stages_ms_per_call"][batch], flush=True)
     ort_engine = engines["onnxruntime float16 (OrtEncoder)"]
     for batch in (1, 16):
         padded = ort_engine.encode(texts[:batch])
