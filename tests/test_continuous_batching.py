@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf2triton.serving.generation import Busy, ContinuousBatcher, Sampling, Sequence
+from hf2triton.serving.generation import Busy, ContinuousBatcher, Sampling, Sequence, SlotBatcher
 from hf2triton.serving.interface import DEFAULTS
 
 
@@ -46,16 +46,22 @@ class Collector:
         return "".join(self.pieces)
 
 
-def new_batcher(llm, **limits) -> ContinuousBatcher:
-    """A batcher over the tiny model with the served defaults unless a test sets its own limits."""
-    limits = {
-        "max_sequences": DEFAULTS.max_sequences,
-        "max_queue": DEFAULTS.max_queue,
-        "context": 2048,
-        "max_prefill_tokens": DEFAULTS.max_prefill_tokens,
-        **limits,
-    }
-    return ContinuousBatcher(*llm, "cpu", **limits)
+@pytest.fixture(params=[ContinuousBatcher, SlotBatcher], ids=["dynamic-cache", "slots"])
+def new_batcher(request):
+    """A batcher over the tiny model with the served defaults unless a test sets its own limits: every test runs
+    on the CPU's dynamic cache and on the GPU's preallocated slots (here without CUDA graphs: on the CPU)."""
+
+    def build(llm, **limits) -> ContinuousBatcher:
+        limits = {
+            "max_sequences": DEFAULTS.max_sequences,
+            "max_queue": DEFAULTS.max_queue,
+            "context": 2048,
+            "max_prefill_tokens": DEFAULTS.max_prefill_tokens,
+            **limits,
+        }
+        return request.param(*llm, "cpu", **limits)
+
+    return build
 
 
 def submit(batcher, llm, prompt, **sampling) -> Collector:
@@ -73,7 +79,7 @@ def drain(batcher, limit: int = 1000) -> None:
     raise AssertionError("the batch did not finish")
 
 
-def test_staggered_sequences_equal_their_solo_greedy_text(llm):
+def test_staggered_sequences_equal_their_solo_greedy_text(llm, new_batcher):
     batcher = new_batcher(llm, max_sequences=3, context=256)
     lengths = [12, 20, 7, 16]
     first = [submit(batcher, llm, p, max_new_tokens=n) for p, n in zip(PROMPTS[:2], lengths)]
@@ -88,7 +94,7 @@ def test_staggered_sequences_equal_their_solo_greedy_text(llm):
         assert collector.finish.prompt_tokens == len(llm[1](prompt, add_special_tokens=False)["input_ids"])
 
 
-def test_stop_string_ends_and_is_cut(llm):
+def test_stop_string_ends_and_is_cut(llm, new_batcher):
     batcher = new_batcher(llm)
     full = solo(llm, PROMPTS[0], 20)
     stop = full[len(full) // 2 : len(full) // 2 + 3]
@@ -97,14 +103,14 @@ def test_stop_string_ends_and_is_cut(llm):
     assert collector.finish.reason == "stop" and collector.text == full[: full.index(stop)]
 
 
-def test_same_seed_same_text(llm):
+def test_same_seed_same_text(llm, new_batcher):
     batcher = new_batcher(llm)
     runs = [submit(batcher, llm, PROMPTS[1], max_new_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=s) for s in (7, 7, 8)]
     drain(batcher)
     assert runs[0].text == runs[1].text and runs[0].text != runs[2].text
 
 
-def test_cancelled_sequence_leaves_within_one_step_and_frees_its_place(llm):
+def test_cancelled_sequence_leaves_within_one_step_and_frees_its_place(llm, new_batcher):
     batcher = new_batcher(llm, max_sequences=1)
     gone = {"flag": False}
     collector = Collector()
@@ -121,7 +127,7 @@ def test_cancelled_sequence_leaves_within_one_step_and_frees_its_place(llm):
     assert waiting.text == solo(llm, PROMPTS[1], 4)
 
 
-def test_full_queue_is_refused_at_once(llm):
+def test_full_queue_is_refused_at_once(llm, new_batcher):
     batcher = new_batcher(llm, max_sequences=1, max_queue=2)
     for _ in range(2):
         submit(batcher, llm, PROMPTS[1], max_new_tokens=2)
@@ -130,14 +136,14 @@ def test_full_queue_is_refused_at_once(llm):
     drain(batcher)
 
 
-def test_context_limit_ends_with_length(llm):
+def test_context_limit_ends_with_length(llm, new_batcher):
     batcher = new_batcher(llm, context=12)
     collector = submit(batcher, llm, PROMPTS[0], max_new_tokens=100)
     drain(batcher)
     assert collector.finish.reason == "length" and collector.finish.prompt_tokens + collector.finish.completion_tokens == 12
 
 
-def test_time_limit_ends_a_sequence_and_spares_the_others(llm):
+def test_time_limit_ends_a_sequence_and_spares_the_others(llm, new_batcher):
     import time
 
     batcher = new_batcher(llm)
@@ -150,7 +156,7 @@ def test_time_limit_ends_a_sequence_and_spares_the_others(llm):
     assert other.text == solo(llm, PROMPTS[1], 6)
 
 
-def test_long_prompt_prefilled_in_chunks_equals_its_solo_greedy_text(llm):
+def test_long_prompt_prefilled_in_chunks_equals_its_solo_greedy_text(llm, new_batcher):
     """max_prefill_tokens 16: a 110-token prompt goes in as 7 chunks, its KV cache growing per chunk."""
     batcher = new_batcher(llm, max_prefill_tokens=16)
     prompt_tokens = len(llm[1](LONG_PROMPT, add_special_tokens=False)["input_ids"])
@@ -165,7 +171,7 @@ def test_long_prompt_prefilled_in_chunks_equals_its_solo_greedy_text(llm):
     assert collector.text == solo(llm, LONG_PROMPT, 12) and collector.finish.prompt_tokens == prompt_tokens
 
 
-def test_running_sequences_decode_while_a_long_prompt_is_prefilled_and_short_ones_go_ahead(llm):
+def test_running_sequences_decode_while_a_long_prompt_is_prefilled_and_short_ones_go_ahead(llm, new_batcher):
     batcher = new_batcher(llm, max_prefill_tokens=16)
     running = submit(batcher, llm, PROMPTS[1], max_new_tokens=30)
     batcher.step()
@@ -181,7 +187,7 @@ def test_running_sequences_decode_while_a_long_prompt_is_prefilled_and_short_one
     assert running.text == solo(llm, PROMPTS[1], 30) and long.text == solo(llm, LONG_PROMPT, 8) and short.text == solo(llm, PROMPTS[0], 8)
 
 
-def test_a_cancelled_long_prefill_frees_its_place_and_cache(llm):
+def test_a_cancelled_long_prefill_frees_its_place_and_cache(llm, new_batcher):
     batcher = new_batcher(llm, max_prefill_tokens=16, max_sequences=1)
     gone = {"flag": False}
     collector = Collector()
@@ -196,3 +202,60 @@ def test_a_cancelled_long_prefill_frees_its_place_and_cache(llm):
     assert collector.finish.reason == "cancelled" and sequence.past is None and batcher.partial is None
     drain(batcher)
     assert waiting.text == solo(llm, PROMPTS[1], 4)
+
+
+def test_served_batcher_is_the_preallocated_one_where_it_reproduces_the_dynamic_cache(llm):
+    from hf2triton.serving.generation import new_batcher as served_batcher
+
+    lines: list[str] = []
+    limits = {"max_sequences": 4, "max_queue": 4, "context": 256}
+    assert type(served_batcher(*llm, "cpu", cuda_graphs=True, log=lines.append, **limits)) is ContinuousBatcher, "the CPU default"
+    batcher = served_batcher(*llm, "cpu", cuda_graphs=True, log=lines.append, slots=True, **limits)
+    assert type(batcher) is SlotBatcher and not batcher.use_graphs and "preallocated KV cache (4 slots x 256 tokens)" in lines[-1]
+
+
+def test_slots_refill_from_the_last_row_and_padded_rows_stay_in_free_slots(llm, new_batcher):
+    """Six sequences of different lengths through three slots: rows leave from the middle (the last row moves into
+    the hole), the bucket pads 3 rows to 4, and every text equals its solo greedy text."""
+    batcher = new_batcher(llm, max_sequences=3, context=256)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(6)]
+    lengths = [5, 14, 9, 3, 11, 7]
+    collectors = [submit(batcher, llm, p, max_new_tokens=n) for p, n in zip(prompts, lengths)]
+    drain(batcher)
+    for prompt, n, collector in zip(prompts, lengths, collectors):
+        assert collector.text == solo(llm, prompt, n), (prompt, n)
+
+
+def test_responder_sends_pieces_that_queue_during_a_send_as_one_and_notices_gone_clients(llm):
+    import threading
+    import time
+
+    from hf2triton.serving.generation import Responder
+
+    sends: list[str] = []
+    release = threading.Event()
+
+    def slow_emit(text, finish):
+        release.wait(5)
+        sends.append(text if finish is None else f"{text}|{finish.reason}")
+
+    gone = {"flag": False}
+    responder = Responder(log=print)
+    batcher = ContinuousBatcher(*llm, "cpu", max_sequences=2, max_queue=2, context=256, responder=responder)
+    ids = llm[1](PROMPTS[2], add_special_tokens=False)["input_ids"]
+    sequence = Sequence(ids, Sampling(max_new_tokens=200), slow_emit, cancelled=lambda: gone["flag"])
+    batcher.submit(sequence)
+    for _ in range(6):
+        batcher.step()  # the first piece is being sent (blocked): the next ones wait and go together
+    release.set()
+    deadline = time.monotonic() + 5
+    while len(sends) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(sends) == 2 and "".join(sends) == sequence.text, "6 pieces, 2 sends"
+    gone["flag"] = True
+    while not sequence.gone and time.monotonic() < deadline:
+        time.sleep(0.01)
+    batcher.step()
+    assert sequence.gone and batcher.idle
+    responder.stop()
+    assert sends[-1].endswith("|cancelled")

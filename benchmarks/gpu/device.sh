@@ -18,6 +18,10 @@
 #   bash benchmarks/gpu/device.sh stash-vllm .gpu-assets/vllm/callN   keep prepare_vllm.sh's pieces in /tmp/gpu-assets-vllm
 #   bash benchmarks/gpu/device.sh setup-vllm                  (after setup) the vLLM environment /tmp/v-vllm over /tmp/v
 #   bash benchmarks/gpu/device.sh vllm-tests [PYTEST ARGS]    (after setup-vllm) tests/test_streaming.py on backend vllm
+#   bash benchmarks/gpu/device.sh torch-gen PART...           issue 25 #3, the torch engine (no vLLM needed), parts in order:
+#                                                             serve (graphs; + decode_probe.py in-process + the GPU tests) |
+#                                                             load | eager (serve without graphs + load)
+#                                                             -> results/torch-gen/, $OUT/torch-gen-PARTS.tar.gz
 #   bash benchmarks/gpu/device.sh vllm-compare PART           issue 25's side by side, one part per call, in this order:
 #                                                             triton | real | anchor | torch | big-triton | big-anchor
 #                                                             (SPENT_S=seconds the call already spent: time checks)
@@ -31,7 +35,7 @@ STORE=/tmp/gpu-assets
 VENV=/tmp/v
 VLLM_STORE=/tmp/gpu-assets-vllm  # prepare_vllm.sh's pieces (a MANIFEST.json of their own)
 VLLM_VENV=/tmp/v-vllm            # = paths.vllm_env in benchmarks/h200/vllm-overlay.yaml
-COMPARE=results/vllm-compare
+COMPARE=${COMPARE:-results/vllm-compare}  # where serve_with and load write (torch-gen: results/torch-gen)
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
 step=${1:?stash|setup|setup-onnx|serve|bench|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
@@ -222,6 +226,44 @@ vllm-tests)  # (after setup-vllm) tests/test_streaming.py against backend vllm -
   set -e
   tail -n 40 results/vllm-tests.txt
   [ -z "${OUT:-}" ] || cp results/vllm-tests.txt "$OUT/"
+  exit $rc
+  ;;
+torch-gen)  # issue 25 #3: SmolLM2 on the torch engine (preallocated KV cache, CUDA graphs), in-process and served
+  [ $# -ge 2 ] || { echo "torch-gen PART...: serve | load | eager" >&2; exit 2; }
+  export PATH="$VENV/bin:$PATH"
+  COMPARE=results/torch-gen
+  mkdir -p "$COMPARE"
+  overlays=(benchmarks/h200/gpu-overlay.yaml benchmarks/h200/torch-gen.yaml)
+  triton=http://127.0.0.1:8000
+  gateway=http://127.0.0.1:9000
+  rc=0
+  for part in "${@:2}"; do
+    case "$part" in
+    serve)  # graphs on; then the engine alone (dynamic cache vs slots eager vs slots + graphs) and the GPU tests
+      serve_with "$part" "${overlays[@]}" || rc=$?
+      timeout 240 "$VENV/bin/python" benchmarks/gpu/decode_probe.py .hf2triton/models/smollm2/pretrained \
+        "$COMPARE/decode-probe.json" 2>&1 | tee "$COMPARE/decode-probe.log" | grep -v Warning || rc=$?
+      timeout 120 "$VENV/bin/python" -m pytest -ra -p no:cacheprovider tests/test_generation_gpu.py \
+        > "$COMPARE/gpu-tests.txt" 2>&1 || rc=$?
+      tail -n 3 "$COMPARE/gpu-tests.txt"
+      ;;
+    load)  # the served model as it is (graphs): direct SSE and through the gateway
+      load "SmolLM2-135M fp16 (torch engine, slots + CUDA graphs; real weights)" "135m-torch-graphs-sse=triton,$triton,smollm2" \
+        "135m-torch-graphs-gateway=openai,$gateway,smollm2" || rc=$?
+      ;;
+    eager)  # the A/B: the same slots without CUDA graphs
+      { serve_with "$part" "${overlays[@]}" benchmarks/h200/torch-gen-eager.yaml &&
+        load "SmolLM2-135M fp16 (torch engine, slots eager; real weights)" "135m-torch-eager-sse=triton,$triton,smollm2"; } || rc=$?
+      ;;
+    *)
+      echo "torch-gen: unknown part $part (serve | load | eager)" >&2
+      rc=2
+      ;;
+    esac
+    echo "torch-gen $part: done at $SECONDS s (exit so far $rc)"
+  done
+  tail -n 300 .hf2triton/server/tritonserver.log > "$COMPARE/tritonserver-tail.log" 2>/dev/null || true
+  [ -z "${OUT:-}" ] || tar -czf "$OUT/torch-gen-$(IFS=-; echo "${*:2}").tar.gz" "$COMPARE"
   exit $rc
   ;;
 vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 128 greedy tokens, 1/32/64/128 clients)

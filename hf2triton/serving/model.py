@@ -896,14 +896,18 @@ class TritonPythonModel:
         import threading
 
         engine = self.engine
-        self.batcher = generation.ContinuousBatcher(
+        self.responder = generation.Responder(self._log)
+        self.batcher = generation.new_batcher(
             engine.model,
             engine.tokenizer,
             engine.device,
-            self.params.max_sequences,
-            self.params.max_queue,
-            engine.max_length,
-            self.params.max_prefill_tokens,
+            cuda_graphs=self.params.cuda_graphs,
+            log=self._log,
+            max_sequences=self.params.max_sequences,
+            max_queue=self.params.max_queue,
+            context=engine.max_length,
+            max_prefill_tokens=self.params.max_prefill_tokens,
+            responder=self.responder,
         )
         self.loop = threading.Thread(target=self._run_batcher, name="hf2triton-batcher", daemon=True)
         self.loop.start()
@@ -1047,6 +1051,8 @@ class TritonPythonModel:
     def finalize(self) -> None:
         if self.batcher is not None:
             self.batcher.stop()
+        if getattr(self, "responder", None) is not None:
+            self.responder.stop()
         self.engine = None
 
 
