@@ -37,6 +37,7 @@ VLLM_STORE=/tmp/gpu-assets-vllm  # prepare_vllm.sh's pieces (a MANIFEST.json of 
 VLLM_VENV=/tmp/v-vllm            # = paths.vllm_env in benchmarks/h200/vllm-overlay.yaml
 COMPARE=${COMPARE:-results/vllm-compare}  # where serve_with and load write (torch-gen: results/torch-gen)
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
+CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for the ratio goals alone)
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
 step=${1:?stash|setup|setup-onnx|serve|bench|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
@@ -71,14 +72,14 @@ serve_with() {  # PART OVERLAY...: snakemake serve with these overlays (its log 
   return "$rc"
 }
 
-load() {  # LABEL TARGET...: generation_bench.py, cells 1/32/64/128, within what is left of this call
+load() {  # LABEL TARGET...: generation_bench.py, cells $CLIENTS, within what is left of this call
   local label=$1
   shift
   local targets=()
   for target in "$@"; do targets+=(--target "$target"); done
   [ $((570 - SECONDS)) -gt 60 ] || { echo "load ($label): no time left in this call ($SECONDS s)"; return 1; }
   timeout $((570 - SECONDS)) "$VENV/bin/python" benchmarks/gpu/generation_bench.py "${targets[@]}" --label "$label" \
-    --seconds "$CELL_S" --warmup-s 3 --budget-s $((550 - SECONDS)) --out "$COMPARE/generation.json" \
+    --clients $CLIENTS --seconds "$CELL_S" --warmup-s 3 --budget-s $((550 - SECONDS)) --out "$COMPARE/generation.json" \
     --markdown "$COMPARE/generation.md" 2>&1 | tee -a "$COMPARE/load.log"
 }
 
