@@ -855,6 +855,7 @@ class TritonPythonModel:
         self.max_bytes = self.params.max_input_bytes
         self.defaults = {interface.MAX_NEW_TOKENS: self.params.max_new_tokens, interface.TEMPERATURE: self.params.temperature}
         self.batcher = self.engine.batcher if vllm else None  # vLLM's engine schedules itself
+        self.responder = None  # the torch batcher's response thread (_start_batcher)
         if self.task == interface.GENERATION and self.params.streaming and not vllm:
             self._start_batcher()
         self._log(f"hf2triton: loaded {self.task} model from {self.params.model_dir} on {device} in {time.monotonic() - started:.1f} s")
@@ -1051,7 +1052,7 @@ class TritonPythonModel:
     def finalize(self) -> None:
         if self.batcher is not None:
             self.batcher.stop()
-        if getattr(self, "responder", None) is not None:
+        if self.responder is not None:
             self.responder.stop()
         self.engine = None
 
