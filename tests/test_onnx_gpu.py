@@ -137,6 +137,19 @@ def test_the_bound_output_shape_fills_the_symbolic_dims():
     assert encoder.output_shape(3, 40) == (3, 2)
 
 
+def test_graph_capable_sessions_ask_the_cuda_provider_for_graphs_and_only_there():
+    from hf2triton.serving.interface import ModelParameters
+    from hf2triton.serving.model import ort_providers
+
+    available = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert ort_providers("cuda:1", available, cuda_graphs=True)[0] == ("CUDAExecutionProvider", {"device_id": 1, "enable_cuda_graph": "1"})
+    assert ort_providers("cuda:0", available)[0] == ("CUDAExecutionProvider", {"device_id": 0})
+    assert ort_providers("cpu", available, cuda_graphs=True) == ["CPUExecutionProvider"]
+    onnx_encoder = ModelParameters(task="feature-extraction", backend="onnx", model_dir="m", onnx_dir="o")
+    assert "cuda_graphs" in onnx_encoder.relevant(), "the rendered config carries it: a change rebuilds the repository"
+    assert "cuda_graphs" not in ModelParameters(task="text-generation", backend="onnx", model_dir="m", onnx_dir="o").relevant()
+
+
 def _cuda_onnx_runtime() -> str:
     """Why the GPU parity cannot run here ("" when it can)."""
     import onnxruntime
@@ -165,3 +178,28 @@ def test_float16_on_the_gpu_matches_torch_float32(tmp_path):
     cosine = np.sum(got["embedding"] * reference["embedding"], axis=1)
     assert cosine.min() >= 0.999, cosine.min()
     assert (got["prompt_tokens"] == reference["prompt_tokens"]).all()
+
+
+def test_onnx_runtime_cuda_graphs_answer_like_its_eager_runs(tmp_path):
+    """The served ONNX encoder on a GPU replays ONNX Runtime's graph per bucket + a torch graph of the pooling:
+    the same embeddings as the same session run eagerly (padded rows and columns change nothing), for batches in
+    several buckets, a bucket met again (replayed, not captured), and a batch beyond the buckets (eager)."""
+    reason = _cuda_onnx_runtime()
+    if reason:
+        pytest.skip(reason)
+    from hf2triton.pipeline.export import export_onnx_step
+    from hf2triton.serving.model import EmbeddingEngine, OrtGraphs
+
+    out = tmp_path / "onnx"
+    export_onnx_step(str(minilm_dir()), "feature-extraction", 17, "auto", "O2", "none", str(out), "float16")
+    texts = [f"sentence number {i} " * (i % 7 + 1) for i in range(300)]
+    graphed = EmbeddingEngine(str(minilm_dir()), device="cuda:0", backend="onnx", onnx_dir=str(out), cuda_graphs=True)
+    eager = EmbeddingEngine(str(minilm_dir()), device="cuda:0", backend="onnx", onnx_dir=str(out), cuda_graphs=False)
+    assert isinstance(graphed.graphs, OrtGraphs) and graphed.model.graph_capable and eager.graphs is None
+    for size in (1, 3, 16, 3, 40, 300):
+        got, want = graphed.run(texts[:size]), eager.run(texts[:size])
+        cosine = (got["embedding"] * want["embedding"]).sum(axis=1)
+        assert cosine.min() >= 0.9999, (size, cosine.min())
+        assert (got["prompt_tokens"] == want["prompt_tokens"]).all()
+    assert not graphed.graphs.failed, graphed.graphs.failed
+    assert len(graphed.graphs.graphs) >= 3, sorted(graphed.graphs.graphs)

@@ -168,15 +168,36 @@ def test_model_reads_its_parameters_through_the_interface():
 
 
 def test_cuda_graph_buckets_pad_small_batches_and_leave_big_ones_eager():
-    from hf2triton.serving.model import CudaGraphs
+    from hf2triton.serving.model import graph_bucket
 
-    graphs = CudaGraphs(None, None, "cuda:0", ("input_ids", "attention_mask"), max_length=256, pad_id=0)
-    assert graphs.bucket(1, 9) == (1, 16)
-    assert graphs.bucket(3, 40) == (4, 64)
-    assert graphs.bucket(5, 200) == (8, 256), "widths stop at the model's max_length"
-    assert graphs.bucket(32, 256) == (32, 256)
-    assert graphs.bucket(64, 200) is None, "more than MAX_TOKENS tokens: compute-bound, eager"
-    assert graphs.bucket(65, 8) is None
+    assert graph_bucket(1, 9, 256) == (1, 16)
+    assert graph_bucket(3, 40, 256) == (4, 64)
+    assert graph_bucket(5, 200, 256) == (8, 256), "widths stop at the model's max_length"
+    assert graph_bucket(32, 256, 256) == (32, 256)
+    assert graph_bucket(64, 200, 256) is None, "more than GRAPH_MAX_TOKENS tokens: compute-bound, eager"
+    assert graph_bucket(65, 8, 256) is None
+
+
+def test_a_batch_fills_a_buckets_fixed_buffers_as_masked_padding():
+    """What both graph kinds replay over: the batch top-left, padding ids and zero masks beside it, and rows
+    beyond it attending to their first token only (a fully masked row would be NaN)."""
+    import torch
+
+    from hf2triton.serving.model import fill_static, static_inputs
+
+    names = ("input_ids", "attention_mask", "token_type_ids")
+    inputs = static_inputs(torch, (4, 8), names, "cpu", pad_id=7)
+    ones = torch.ones(3, 6, dtype=torch.int64)
+    first = {"input_ids": torch.full((3, 6), 5), "attention_mask": ones, "token_type_ids": ones}
+    fill_static(inputs, first, pad_id=7)
+    second = {name: value[:1, :2] * 2 for name, value in first.items()}
+    pointers = {name: buffer.data_ptr() for name, buffer in inputs.items()}
+    fill_static(inputs, second, pad_id=7)  # a smaller batch leaves nothing of the last one behind
+    assert {name: buffer.data_ptr() for name, buffer in inputs.items()} == pointers, "graphs read fixed addresses"
+    assert inputs["input_ids"][0, :2].tolist() == [10, 10] and (inputs["input_ids"][0, 2:] == 7).all()
+    assert (inputs["input_ids"][1:] == 7).all()
+    assert inputs["attention_mask"].tolist() == [[2, 2, 0, 0, 0, 0, 0, 0]] + [[1, 0, 0, 0, 0, 0, 0, 0]] * 3
+    assert inputs["token_type_ids"].sum().item() == 4
 
 
 def _gpu_available() -> bool:

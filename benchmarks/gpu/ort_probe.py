@@ -2,7 +2,8 @@
 (issue 29: served single texts were slower on ONNX Runtime than on torch). One run measures, per batch size:
 
 - the engines model.py runs: torch float16 eager, torch float16 with CUDA graphs, ONNX Runtime (the float16 export,
-  I/O bound: hf2triton.serving.model.OrtEncoder);
+  I/O bound: hf2triton.serving.model.OrtEncoder) eager and with its CUDA graphs per bucket (OrtGraphs: ONNX
+  Runtime's graph of the network + a torch graph of the pooling, the served default since issue 29);
 - the bare float16 session on one fixed batch: numpy feeds (ONNX Runtime copies), I/O binding as OrtEncoder does,
   I/O binding on torch's own stream (no host sync before the run), and ONNX Runtime's CUDA graph (enable_cuda_graph:
   fixed buffers, one shape).
@@ -119,11 +120,14 @@ def main() -> int:
         "torch float16 eager": EmbeddingEngine(args.model_dir, device="cuda:0", cuda_graphs=False),
         "torch float16 CUDA graphs": EmbeddingEngine(args.model_dir, device="cuda:0", cuda_graphs=True),
         "onnxruntime float16 (OrtEncoder)": EmbeddingEngine(
-            args.model_dir, device="cuda:0", backend="onnx", onnx_dir=str(onnx_dir), num_threads=2
+            args.model_dir, device="cuda:0", backend="onnx", onnx_dir=str(onnx_dir), num_threads=2, cuda_graphs=False
+        ),
+        "onnxruntime float16, CUDA graphs (OrtGraphs)": EmbeddingEngine(
+            args.model_dir, device="cuda:0", backend="onnx", onnx_dir=str(onnx_dir), num_threads=2, cuda_graphs=True
         ),
     }
     report: dict = {"engines_ms_per_call": {}, "stages_ms_per_call": {}, "bare_session_ms_per_call": {}}
-    for batch in (1, 16, 256):
+    for batch in (1, 4, 16, 64, 256):
         chunk = texts[:batch]
         report["engines_ms_per_call"][batch] = {label: timed(lambda e=e, c=chunk: e.run(c), args.seconds) for label, e in engines.items()}
         print(batch, report["engines_ms_per_call"][batch], flush=True)

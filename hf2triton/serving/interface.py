@@ -133,7 +133,7 @@ class ModelParameters:
     model_dir: str = ""
     backend: str = "python"
     dtype: str = "auto"
-    cuda_graphs: bool = True  # on a GPU (python backend): encoders' small batches, generation's decoding steps replay graphs
+    cuda_graphs: bool = True  # on a GPU: encoders' small batches (python, onnx), generation's decoding steps (python) replay graphs
     num_threads: int = 0
     max_input_bytes: int = 65536
     max_texts_per_request: int = 256
@@ -165,7 +165,8 @@ class ModelParameters:
             keys += ["onnx_dir", "quantize"]
         if self.backend == "tensorrt":
             keys.append("trt_engine")
-        if self.backend == "python" and (self.task != GENERATION or self.streaming):
+        graphed = self.task != GENERATION or (self.streaming and self.backend == "python")  # encoders; torch decoding
+        if graphed and self.backend in ("python", "onnx"):
             keys.append("cuda_graphs")
         if self.task == GENERATION:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]

@@ -26,6 +26,7 @@ import os
 import sys
 import time
 import unicodedata
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -138,9 +139,10 @@ def ort_session_options(num_threads: int, spin_within_runs: bool = False):
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
 
-def ort_providers(device: str, available: list[str]) -> list[Any]:
+def ort_providers(device: str, available: list[str], cuda_graphs: bool = False) -> list[Any]:
     """The instance's device decides the provider, never what happens to be installed: the CPU provider on the CPU;
-    on cuda:N the CUDA provider on that GPU, refused where this ONNX Runtime has none (the CPU package)."""
+    on cuda:N the CUDA provider on that GPU (`cuda_graphs`: able to capture CUDA graphs), refused where this ONNX
+    Runtime has none (the CPU package)."""
     if not device.startswith("cuda"):
         return ["CPUExecutionProvider"]
     if CUDA_PROVIDER not in available:
@@ -148,21 +150,31 @@ def ort_providers(device: str, available: list[str]) -> list[Any]:
             f"backend onnx on {device}: this ONNX Runtime has no CUDA provider (it offers {', '.join(available)}: the CPU "
             "package onnxruntime) -- fix: install onnxruntime-gpu in its place on this GPU host, or set device: cpu for this model"
         )
-    return [(CUDA_PROVIDER, {"device_id": int(device.split(":", 1)[1] or 0)}), "CPUExecutionProvider"]
+    options = {"device_id": int(device.split(":", 1)[1] or 0), **({"enable_cuda_graph": "1"} if cuda_graphs else {})}
+    return [(CUDA_PROVIDER, options), "CPUExecutionProvider"]
 
 
-def ort_session(path: str, num_threads: int, spin_within_runs: bool = False, device: str = "cpu"):
+def ort_session(path: str, num_threads: int, spin_within_runs: bool = False, device: str = "cpu", cuda_graphs: bool = False):
     """An InferenceSession on the instance's device. On a GPU the CUDA provider must be the one that loaded: ONNX
-    Runtime falls back to the CPU with only a warning when a CUDA or cuDNN library is missing."""
+    Runtime falls back to the CPU with only a warning when a CUDA or cuDNN library is missing. `cuda_graphs`: a
+    session that can capture CUDA graphs, or (a graph with nodes outside the CUDA provider, which ONNX Runtime
+    refuses to capture) a plain one, logged."""
     import onnxruntime as ort
 
     if device.startswith("cuda") and hasattr(ort, "preload_dlls"):
         # the CUDA and cuDNN libraries of the venv's nvidia-* packages (torch's CUDA build installs them), which the
         # CUDA provider would otherwise look for only on the system's library path
         ort.preload_dlls()
-    session = ort.InferenceSession(
-        path, ort_session_options(num_threads, spin_within_runs), providers=ort_providers(device, ort.get_available_providers())
-    )
+    available = ort.get_available_providers()
+    options = ort_session_options(num_threads, spin_within_runs)
+    session = None
+    if cuda_graphs and device.startswith("cuda"):
+        try:
+            session = ort.InferenceSession(path, options, providers=ort_providers(device, available, cuda_graphs=True))
+        except Exception as err:  # noqa: BLE001 - ONNX Runtime refuses graphs for some models: they still serve
+            _graphs_off(str(err).splitlines()[0][:300])
+    if session is None:
+        session = ort.InferenceSession(path, options, providers=ort_providers(device, available))
     if device.startswith("cuda") and session.get_providers()[0] != CUDA_PROVIDER:
         raise RuntimeError(
             f"backend onnx on {device}: ONNX Runtime's CUDA provider did not load (a CUDA or cuDNN library it needs is missing: "
@@ -183,10 +195,16 @@ class OrtEncoder:
     the pooled rows come back to the host, where handing ONNX Runtime numpy would copy the ids up and the whole
     hidden state (rows x length x width floats) down on every run."""
 
-    def __init__(self, onnx_dir: str, num_threads: int, output_name: str, device: str = "cpu"):
+    def __init__(self, onnx_dir: str, num_threads: int, output_name: str, device: str = "cpu", cuda_graphs: bool = False):
+        import onnxruntime as ort
         from transformers import AutoConfig
 
-        self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads, device=device)
+        self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads, device=device, cuda_graphs=cuda_graphs)
+        provider_options = self.session.get_provider_options().get(CUDA_PROVIDER, {})
+        self.graph_capable = provider_options.get("enable_cuda_graph") in ("1", "True", "true")
+        self.eager_options = ort.RunOptions()
+        if self.graph_capable:  # a graph-capable session captures every run unless told not to
+            self.eager_options.add_run_config_entry("gpu_graph_id", "-1")
         self.config = AutoConfig.from_pretrained(onnx_dir)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_name = output_name
@@ -210,22 +228,55 @@ class OrtEncoder:
         """The output's shape for this batch: the graph's fixed dims, its symbolic ones (batch, sequence) filled in."""
         return tuple(d if isinstance(d, int) else (rows, length)[min(i, 1)] for i, d in enumerate(self.output_dims))
 
-    def _run_bound(self, torch, batch: dict[str, Any]):
-        feeds = {name: batch[name].to(torch.int64).contiguous() for name in self.input_names if name in batch}
-        if "token_type_ids" in self.input_names and "token_type_ids" not in feeds:
-            feeds["token_type_ids"] = torch.zeros_like(feeds["input_ids"])
-        rows, length = feeds["input_ids"].shape
-        dtype = getattr(torch, np.dtype(self.output_dtype).name)
-        output = torch.empty(self.output_shape(rows, length), dtype=dtype, device=feeds["input_ids"].device)
+    def _bind(self, feeds: dict[str, Any], output) -> Any:
         binding = self.session.io_binding()
         for name, tensor in feeds.items():
             binding.bind_input(name, "cuda", self.device_id, np.int64, tuple(tensor.shape), tensor.data_ptr())
         binding.bind_output(self.output_name, "cuda", self.device_id, self.output_dtype, tuple(output.shape), output.data_ptr())
+        return binding
+
+    def _device_feeds(self, torch, batch: dict[str, Any]) -> dict[str, Any]:
+        feeds = {name: batch[name].to(torch.int64).contiguous() for name in self.input_names if name in batch}
+        if "token_type_ids" in self.input_names and "token_type_ids" not in feeds:
+            feeds["token_type_ids"] = torch.zeros_like(feeds["input_ids"])
+        return feeds
+
+    def _output(self, torch, feeds: dict[str, Any]):
+        rows, length = feeds["input_ids"].shape
+        dtype = getattr(torch, np.dtype(self.output_dtype).name)
+        return torch.empty(self.output_shape(rows, length), dtype=dtype, device=feeds["input_ids"].device)
+
+    def _run_bound(self, torch, batch: dict[str, Any]):
+        feeds = self._device_feeds(torch, batch)
+        output = self._output(torch, feeds)
+        binding = self._bind(feeds, output)
         # ONNX Runtime runs on its own CUDA stream: the ids torch copied up must be there first; its Run returns
         # once its stream is done, so torch may read the output right after.
         torch.cuda.current_stream(output.device).synchronize()
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, self.eager_options)
         return output
+
+    def graph_run(self, inputs: dict[str, Any], graph_id: int) -> Callable[[], Any]:
+        """A run of one CUDA graph over fixed buffers (`inputs`, and the output it returns): ONNX Runtime captures
+        it on an early call and replays it from then on; the buffers' addresses must never change."""
+        import onnxruntime as ort
+        import torch
+
+        feeds = self._device_feeds(torch, inputs)
+        output = self._output(torch, feeds)
+        binding = self._bind(feeds, output)
+        options = ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        stream = torch.cuda.current_stream(output.device)
+
+        def run():
+            stream.synchronize()
+            self.session.run_with_iobinding(binding, options)
+            return output
+
+        run.buffers = feeds  # the binding holds raw pointers: the tensors live as long as the run
+
+        return run
 
 
 class OrtDecoder:
@@ -355,20 +406,72 @@ class TrtEncoder:
         return SimpleNamespace(**{self.output_name: output})
 
 
+GRAPH_ROWS = (1, 2, 4, 8, 16, 32, 64)
+GRAPH_MIN_WIDTH = 16
+GRAPH_MAX_TOKENS = 8192
+
+
+def graph_bucket(rows: int, width: int, max_length: int) -> tuple[int, int] | None:
+    """The (rows, width) a CUDA graph serves a batch with -- rows rounded up to GRAPH_ROWS, width to a power of
+    two (at most the model's length) -- or None: too big to gain from a graph (eager)."""
+    padded_rows = next((r for r in GRAPH_ROWS if r >= rows), None)
+    padded_width = GRAPH_MIN_WIDTH
+    while padded_width < width:
+        padded_width *= 2
+    padded_width = max(min(padded_width, max_length), width)
+    if padded_rows is None or padded_rows * padded_width > GRAPH_MAX_TOKENS:
+        return None
+    return padded_rows, padded_width
+
+
+def static_inputs(torch, shape: tuple[int, int], names: tuple[str, ...], device: str, pad_id: int) -> dict[str, Any]:
+    """A graph's fixed input buffers: padding rows that attend to their first token only (no NaN rows)."""
+    inputs = {name: torch.zeros(shape, dtype=torch.int64, device=device) for name in names}
+    inputs["input_ids"].fill_(pad_id)
+    inputs["attention_mask"][:, 0] = 1
+    return inputs
+
+
+def fill_static(inputs: dict[str, Any], batch: dict[str, Any], pad_id: int) -> None:
+    """Copy a batch into a bucket's fixed buffers: extra columns are masked padding (real rows' results do not
+    change), extra rows attend to their first token only and are dropped by the caller."""
+    rows, width = batch["input_ids"].shape
+    inputs["input_ids"].fill_(pad_id)
+    for name, buffer in inputs.items():
+        if name != "input_ids":
+            buffer.zero_()
+        buffer[:rows, :width].copy_(batch[name])
+    inputs["attention_mask"][rows:, 0] = 1
+
+
+def capture_graph(torch, device: str, pool, work: Callable[[], Any]):
+    """(graph, outputs): `work` warmed up twice on a side stream (lazy initialisation, library handles), then
+    captured into a torch CUDA graph that shares `pool`."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            work()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = work()
+    return graph, outputs
+
+
+def _graphs_off(failed: str) -> None:
+    logging.getLogger(__name__).warning("CUDA graphs off for this model (capture failed: %s)", failed)
+
+
 class CudaGraphs:
-    """`compute(batch)` replayed from CUDA graphs on a GPU, one graph per (rows, width) bucket, captured on
-    first use, for batches of at most MAX_TOKENS tokens: a batch of a few texts is launch-bound in eager mode
-    (MiniLM: ~4.7 ms per forward at batch 1 on the H200, whatever the length); a replay launches once.
+    """`compute(batch)` replayed from CUDA graphs on a GPU, one graph per (rows, width) bucket (`graph_bucket`),
+    captured on first use: a batch of a few texts is launch-bound in eager mode (MiniLM: ~4.7 ms per forward at
+    batch 1 on the H200, whatever the length); a replay launches once.
 
-    A batch is copied into the bucket's static inputs: extra columns are masked padding (real rows' results do
-    not change), extra rows attend to their first token only and are dropped. The model gets a square
-    (rows, width, width) mask built on the GPU: transformers' 2-D mask path asks the GPU whether the mask is all
-    ones (a host sync, which a capture forbids). Graphs share one memory pool (an instance replays one at a
-    time and outputs are copied out before the next). A model that cannot be captured runs eagerly (logged)."""
-
-    ROWS = (1, 2, 4, 8, 16, 32, 64)
-    MIN_WIDTH = 16
-    MAX_TOKENS = 8192
+    The model gets a square (rows, width, width) mask built on the GPU: transformers' 2-D mask path asks the GPU
+    whether the mask is all ones (a host sync, which a capture forbids). Graphs share one memory pool (an instance
+    replays one at a time and outputs are copied out before the next). A model that cannot be captured runs
+    eagerly (logged)."""
 
     def __init__(self, torch, compute, device: str, names: tuple[str, ...], max_length: int, pad_id: int):
         self.torch, self.compute, self.device, self.names = torch, compute, device, names
@@ -377,55 +480,74 @@ class CudaGraphs:
         self.pool = None
         self.failed = ""
 
-    def bucket(self, rows: int, width: int) -> tuple[int, int] | None:
-        """The graph shape for a batch, or None (too big to gain: eager)."""
-        padded_rows = next((r for r in self.ROWS if r >= rows), None)
-        padded_width = self.MIN_WIDTH
-        while padded_width < width:
-            padded_width *= 2
-        padded_width = max(min(padded_width, self.max_length), width)
-        if padded_rows is None or padded_rows * padded_width > self.MAX_TOKENS:
-            return None
-        return padded_rows, padded_width
-
     def _capture(self, shape: tuple[int, int]):
-        torch = self.torch
         if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        inputs = {name: torch.zeros(shape, dtype=torch.int64, device=self.device) for name in self.names}
-        inputs["input_ids"].fill_(self.pad_id)
-        inputs["attention_mask"][:, 0] = 1
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm-up outside the graph: lazy initialisation, library handles
-            for _ in range(2):
-                self.compute(inputs, square_mask=True)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            outputs = self.compute(inputs, square_mask=True)
+            self.pool = self.torch.cuda.graph_pool_handle()
+        inputs = static_inputs(self.torch, shape, self.names, self.device, self.pad_id)
+        graph, outputs = capture_graph(self.torch, self.device, self.pool, lambda: self.compute(inputs, square_mask=True))
         self.graphs[shape] = (graph, inputs, outputs)
         return self.graphs[shape]
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any] | None:
         """The outputs for `batch` (device tensors), or None: run it eagerly."""
         rows, width = batch["input_ids"].shape
-        shape = self.bucket(rows, width)
+        shape = graph_bucket(rows, width, self.max_length)
         if shape is None or self.failed:
             return None
         try:
             graph, inputs, outputs = self.graphs.get(shape) or self._capture(shape)
         except Exception as err:  # noqa: BLE001 - an architecture that cannot be captured still serves, eagerly
             self.failed = f"{type(err).__name__}: {err}"
-            logging.getLogger(__name__).warning("CUDA graphs off for this model (capture failed: %s)", self.failed)
+            _graphs_off(self.failed)
             return None
-        inputs["input_ids"].fill_(self.pad_id)
-        for name in self.names:
-            if name != "input_ids":
-                inputs[name].zero_()
-            inputs[name][:rows, :width].copy_(batch[name])
-        inputs["attention_mask"][rows:, 0] = 1
+        fill_static(inputs, batch, self.pad_id)
         graph.replay()
+        return {name: value[:rows] for name, value in outputs.items()}
+
+
+class OrtGraphs:
+    """The ONNX Runtime counterpart of CudaGraphs for an exported encoder on a GPU: per (rows, width) bucket, ONNX
+    Runtime's own CUDA graph of the network (`enable_cuda_graph`, one `gpu_graph_id` per bucket, inputs and output
+    bound to fixed torch buffers) and the task's head (pooling and normalisation, softmax) as a torch CUDA graph
+    over that output, replayed right after. Two launches per batch instead of ~100 kernels (H200, MiniLM float16,
+    batch 1: the bare session 0.55-0.63 ms eager, 0.19 ms replayed; pooling as separate kernels another
+    0.35-0.46 ms: benchmarks/h200/onnx/). Batches beyond the buckets run the same session eagerly
+    (`gpu_graph_id` -1)."""
+
+    def __init__(self, torch, encoder: OrtEncoder, head, device: str, names: tuple[str, ...], max_length: int, pad_id: int):
+        self.torch, self.encoder, self.head, self.device, self.names = torch, encoder, head, device, names
+        self.max_length, self.pad_id = max_length, pad_id
+        self.graphs: dict[tuple[int, int], tuple[Any, Any, dict, dict]] = {}
+        self.pool = None
+        self.failed = ""
+
+    def _capture(self, shape: tuple[int, int]):
+        torch = self.torch
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        inputs = static_inputs(torch, shape, self.names, self.device, self.pad_id)
+        run = self.encoder.graph_run(inputs, len(self.graphs) + 1)  # graph ids from 1 (0 is ONNX Runtime's own)
+        output = run()  # ONNX Runtime warms up, then captures on a later run of this id
+        run()
+        head_graph, outputs = capture_graph(torch, self.device, self.pool, lambda: self.head(output, inputs))
+        self.graphs[shape] = (run, head_graph, inputs, outputs)
+        return self.graphs[shape]
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any] | None:
+        """The outputs for `batch` (device tensors), or None: run it eagerly."""
+        rows, width = batch["input_ids"].shape
+        shape = graph_bucket(rows, width, self.max_length)
+        if shape is None or self.failed:
+            return None
+        try:
+            run, head_graph, inputs, outputs = self.graphs.get(shape) or self._capture(shape)
+        except Exception as err:  # noqa: BLE001 - a graph ONNX Runtime cannot capture still serves, eagerly
+            self.failed = f"{type(err).__name__}: {err}"
+            _graphs_off(self.failed)
+            return None
+        fill_static(inputs, batch, self.pad_id)
+        run()
+        head_graph.replay()
         return {name: value[:rows] for name, value in outputs.items()}
 
 
@@ -484,15 +606,18 @@ class Engine:
         self.min_bucket = int(options.get("min_bucket") or (64 if self.device.startswith("cuda") else 2))
         self.pad_multiple = int(options.get("pad_multiple") or (8 if self.device.startswith("cuda") else 1))
         self.graphs = None
-        if backend == "python" and self.device.startswith("cuda") and options.get("cuda_graphs") and self.fast_tokenizer is not None:
+        if self.device.startswith("cuda") and options.get("cuda_graphs") and self.fast_tokenizer is not None:
             names = ("input_ids", "attention_mask", *(("token_type_ids",) if "token_type_ids" in self.tokenizer.model_input_names else ()))
-            self.graphs = CudaGraphs(torch, self.compute, self.device, names, self.max_length, self.pad_id)
+            if backend == "python":
+                self.graphs = CudaGraphs(torch, self.compute, self.device, names, self.max_length, self.pad_id)
+            elif getattr(self.model, "graph_capable", False):
+                self.graphs = OrtGraphs(torch, self.model, self.head, self.device, names, self.max_length, self.pad_id)
 
     def setup(self, model_dir: str) -> None:
         """Task-specific preparation before the model loads."""
 
     def load_onnx(self, onnx_dir: str, num_threads: int, device: str):
-        return OrtEncoder(onnx_dir, num_threads, self.onnx_output, device)
+        return OrtEncoder(onnx_dir, num_threads, self.onnx_output, device, cuda_graphs=bool(self.options.get("cuda_graphs")))
 
     def _max_length(self, model_dir: str) -> int:
         limits = [getattr(self.model.config, "max_position_embeddings", None), self.tokenizer.model_max_length]
@@ -560,6 +685,10 @@ class Engine:
 
     def compute(self, batch: dict[str, Any], square_mask: bool = False) -> dict[str, Any]:
         """The task's outputs as device tensors (encoders; inside inference mode)."""
+        return self.head(getattr(self.model_outputs(batch, square_mask), self.onnx_output), batch)
+
+    def head(self, output, batch: dict[str, Any]) -> dict[str, Any]:
+        """The task's outputs from the network's (`onnx_output`: last_hidden_state, logits) on the device."""
         raise NotImplementedError
 
     def model_outputs(self, batch: dict[str, Any], square_mask: bool):
@@ -609,9 +738,8 @@ class EmbeddingEngine(Engine):
     def run(self, texts: list[str], **_: Any) -> dict[str, np.ndarray]:
         return self.run_buckets(texts, self.forward)
 
-    def compute(self, batch: dict[str, Any], square_mask: bool = False) -> dict[str, Any]:
+    def head(self, hidden, batch: dict[str, Any]) -> dict[str, Any]:
         torch = self.torch
-        hidden = self.model_outputs(batch, square_mask).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         if self.pooling == "cls":
             pooled = hidden[:, 0]
@@ -645,9 +773,9 @@ class ClassificationEngine(Engine):
         labels = [str(id2label.get(int(i), int(i))).encode("utf-8") for i in scored["label_id"].tolist()]
         return {interface.LABEL: np.array(labels, dtype=np.object_), interface.SCORE: scored[interface.SCORE]}
 
-    def compute(self, batch: dict[str, Any], square_mask: bool = False) -> dict[str, Any]:
+    def head(self, logits, batch: dict[str, Any]) -> dict[str, Any]:
         torch = self.torch
-        logits = self.model_outputs(batch, square_mask).logits.float()
+        logits = logits.float()
         if getattr(self.model.config, "problem_type", None) == "multi_label_classification":
             probs = torch.sigmoid(logits)
         else:
