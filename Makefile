@@ -25,7 +25,7 @@ SMK_CONFIG := $(if $(OVERLAY),--configfile "$$HF2TRITON_OVERLAY")
 # perf_analyzer's wheel needs glibc >= 2.38; where it runs, `bench` uses it (else tritonclient's async APIs).
 PERF_ANALYZER_PIN := perf-analyzer==2.60.0
 
-.PHONY: onnx-runtime serve setup test test-fast lint stop status dry-run soak bench tune clean clean-all check-paths vllm-env
+.PHONY: onnx-runtime serve setup publish k8s slurm-tools test test-fast lint stop status dry-run soak bench tune clean clean-all check-paths vllm-env
 
 # Checked before anything is installed or run, the first prerequisite of the targets that install or serve:
 # the project directory (Snakemake's step commands, Triton's stub launch and LD_PRELOAD break on a space or
@@ -88,7 +88,21 @@ $(HUB_VENV)/.installed: envs/hub-mirror.txt
 	$(HUB_VENV)/bin/python -m pip install $(PIP_FLAGS) -r envs/hub-mirror.txt
 	touch $@
 
-test: $(VENV)/.installed-test $(HUB_VENV)/.installed ## set up (if needed) and run the whole test suite
+publish: check-paths $(VENV)/.installed onnx-runtime ## serve + validate (if needed), then publish the repository to publish.url (S3)
+	$(SNAKEMAKE) --cores $(CORES) publish $(SMK_CONFIG)
+
+k8s: check-paths $(VENV)/.installed ## Kubernetes + KServe manifests for the published repository (results/k8s/)
+	$(SNAKEMAKE) --cores $(CORES) k8s $(SMK_CONFIG)
+
+# The SLURM test's single-node cluster comes from Debian's packages (root + apt); elsewhere it skips, saying why.
+slurm-tools:
+	@if command -v slurmctld >/dev/null && command -v munged >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null) \
+	  || echo "hf2triton: slurm-wlm/munge did not install: tests/test_slurm_executor.py skips with the reason"; \
+	else echo "hf2triton: no root/apt for slurm-wlm and munge: tests/test_slurm_executor.py skips with the reason"; fi
+
+test: $(VENV)/.installed-test $(HUB_VENV)/.installed slurm-tools ## set up (if needed) and run the whole test suite
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-test ## unit tests only (no server, no snakemake runs)

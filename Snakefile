@@ -21,6 +21,7 @@ include: "rules/repository.smk"
 include: "rules/validate.smk"
 include: "rules/server.smk"
 include: "rules/bench.smk"
+include: "rules/publish.smk"
 
 
 # The default target: everything through validation, then make sure the server is up and current.

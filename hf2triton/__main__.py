@@ -6,6 +6,8 @@
     python -m hf2triton chat MODEL                     a conversation with a streaming generation model
     python -m hf2triton embed MODEL TEXT...            embeddings as JSON
     python -m hf2triton key                            where the client key is (curl needs it), never the key
+    python -m hf2triton replica S3_URL --work DIR      serve a published repository (make publish) with a
+                                                       tritonserver of its own (--http-port etc.), validated
 
 Addresses: --grpc HOST:PORT alone is enough; without it they come from the config (--config, default
 $HF2TRITON_CONFIG or ./config.yaml). --http (optional) sends non-streaming requests over HTTP."""
@@ -26,6 +28,14 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 (got {value}); leave it out for the model's default")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (1-65535)")
     return value
 
 
@@ -54,7 +64,20 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("--json", action="store_true", default=name == "embed", help="print the answer as JSON")
         if name == "infer":
             command.add_argument("--stream", action="store_true", help="print generated text as it arrives")
+    replica = sub.add_parser("replica", help="fetch a published repository (make publish) and serve it with a tritonserver of its own")
+    replica.add_argument("url", help="publish.url: s3://BUCKET/PREFIX")
+    replica.add_argument("--work", required=True, help="this replica's directory (the fetched repository, server state, report)")
+    replica.add_argument("--endpoint-url", default="", help="an S3-compatible server (default: AWS); credentials: AWS_* environment")
+    replica.add_argument("--region", default="us-east-1")
+    replica.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    for flag, port in (("--http-port", 8000), ("--grpc-port", 8001), ("--metrics-port", 8002)):
+        replica.add_argument(flag, type=port_number, default=port)
+    replica.add_argument("--stop", action="store_true", help="stop this replica's server")
     args = parser.parse_args(argv)
+    if args.command == "replica":
+        from hf2triton.deploy.publish import replica_main
+
+        return replica_main(args)
     if args.command != "lint":
         from hf2triton.triton.commands import main as client_main
 

@@ -182,6 +182,16 @@ class OpenAISpec:
 
 
 @dataclass(frozen=True)
+class PublishSpec:
+    """Where `make publish` puts the validated repository and replicas serve it from (credentials: the standard
+    AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY environment, never the config)."""
+
+    url: str = ""  # s3://bucket/prefix; "": not configured
+    endpoint_url: str = ""  # an S3-compatible server (MinIO, moto, Ceph); "": AWS
+    region: str = "us-east-1"
+
+
+@dataclass(frozen=True)
 class ProjectSpec:
     models: tuple[ModelSpec, ...]
     server: ServerSpec = ServerSpec()
@@ -190,6 +200,7 @@ class ProjectSpec:
     bench: BenchSpec = BenchSpec()
     tune: TuneSpec = TuneSpec()
     openai: OpenAISpec = OpenAISpec()
+    publish: PublishSpec = PublishSpec()
 
     @property
     def names(self) -> list[str]:
@@ -234,6 +245,7 @@ def project_spec(cfg: dict[str, Any]) -> ProjectSpec:
         bench=BenchSpec(**_tuples(cfg["bench"])),
         tune=TuneSpec(**_tuples(cfg["tune"])),
         openai=OpenAISpec(**_tuples(cfg["openai"])),
+        publish=PublishSpec(**cfg["publish"]),
     )
 
 

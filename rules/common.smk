@@ -196,3 +196,19 @@ def tune_inputs(wildcards):
         for key, path in artifacts(model.name, {*PROJECT.tune.backends, model.backend}).items():
             inputs[f"{model.name}__{key}"] = path
     return inputs
+
+
+# ---------------------------------------------------------------- publishing (rules/publish.smk)
+
+
+def published_url(path):
+    return f"{PROJECT.publish.url}/{path}"
+
+
+def publish_inputs(wildcards):
+    """The rendered model, what its parameters name (so a rebuilt export republishes), and the validation."""
+    return {
+        "repository": repository_dir(wildcards.model),
+        **artifacts(wildcards.model, [PROJECT.model(wildcards.model).backend]),
+        "validated": rules.validate.output.json,
+    }

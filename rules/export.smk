@@ -16,6 +16,11 @@ rule export_onnx:
         export_version=EXPORT_VERSION,
     log:
         logs("export_onnx"),
+    threads: 4
+    # What an executor books per job (see rule fetch): the model, its traced graph and the optimized copy.
+    resources:
+        mem_mb=16000,
+        runtime=120,
     conda:
         "../envs/hf2triton.yaml"
     script:
@@ -36,7 +41,12 @@ rule tensorrt_engine:
         gpu_name=GPU_NAME,
     log:
         logs("tensorrt_engine"),
+    threads: 4
+    # What an executor books per job (see rule fetch); gpu=1 becomes sbatch --gpus=1 under the SLURM
+    # executor (its type: --set-resources tensorrt_engine:gpu_model=h100; anything else: slurm_extra).
     resources:
+        mem_mb=16000,
+        runtime=120,
         gpu=1,
     conda:
         "../envs/hf2triton.yaml"

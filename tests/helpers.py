@@ -201,3 +201,23 @@ def server_block() -> dict:
 def make_workflow(directory: Path, models: list[dict]) -> Workflow:
     directory.mkdir(parents=True, exist_ok=True)
     return Workflow(directory, {"models": models, "server": server_block(), "paths": {"work": ".hf2triton"}})
+
+
+def ask_each_model(repository: Path, work: Path, names: list[str]) -> dict[str, dict]:
+    """Serve `repository` on free ports, send each model a one-text generate request, stop: {name: its JSON answer}
+    (the execution-environment tests' probe models answer with facts about the Python they run in)."""
+    from hf2triton.triton import client
+    from hf2triton.triton.process import start_server
+
+    ports = {k: v for k, v in server_block().items() if k != "startup_timeout_s"}
+    settings = Settings.of(ServerSpec(**ports, startup_timeout_s=120), names, str(work), str(repository))
+    answers = {}
+    try:
+        start_server(settings)
+        for name in names:
+            status, body = client.http_generate(settings.url(), name, {"text": "x"}, timeout=60)
+            assert status == 200, body
+            answers[name] = json.loads(body["text_output"])
+    finally:
+        stop_server(settings)
+    return answers

@@ -19,7 +19,7 @@ import yaml
 from hf2triton.config import validate_config
 from hf2triton.errors import UserError
 from hf2triton.specs import VLLM_MAX_MODEL_LEN, GenerationSpec, ModelSpec, VllmSpec, project_spec, serving_values
-from tests.helpers import BIN, CUDA_TORCH, ROOT, SNAKEFILE, server_block
+from tests.helpers import BIN, CUDA_TORCH, ROOT, SNAKEFILE, ask_each_model, server_block
 
 GENERATE = {"name": "llm", "source": "org/llm", "task": "text-generation", "backend": "vllm"}
 
@@ -335,10 +335,7 @@ def probe_env(directory: Path) -> Path:
 def test_execution_env_path_runs_the_stub_in_that_venv(tmp_path):
     """Triton 24.10's Python backend takes an uncompressed venv directory: it sources bin/activate and starts the
     stub there, so the model imports that venv's packages; a model without the parameter does not."""
-    from hf2triton.specs import ServerSpec
-    from hf2triton.triton import client
     from hf2triton.triton.modelconfig import build_model_config, config_text
-    from hf2triton.triton.process import Settings, start_server, stop_server
 
     env = probe_env(tmp_path / "probe-env")
     for name, execution_env in (("inenv", str(env)), ("plain", "")):
@@ -348,17 +345,7 @@ def test_execution_env_path_runs_the_stub_in_that_venv(tmp_path):
         (model / "config.pbtxt").write_text(config_text(config))
         (model / "1" / "model.py").write_text(PROBE_MODEL)
     assert "EXECUTION_ENV_PATH" in (tmp_path / "repo" / "inenv" / "config.pbtxt").read_text()
-    ports = {k: v for k, v in server_block().items() if k != "startup_timeout_s"}
-    settings = Settings.of(ServerSpec(**ports, startup_timeout_s=120), ["inenv", "plain"], str(tmp_path / "work"), str(tmp_path / "repo"))
-    try:
-        start_server(settings)
-        answers = {}
-        for name in ("inenv", "plain"):
-            status, body = client.http_generate(settings.url(), name, {"text": "x"}, timeout=60)
-            assert status == 200, body
-            answers[name] = json.loads(body["text_output"])
-    finally:
-        stop_server(settings)
+    answers = ask_each_model(tmp_path / "repo", tmp_path / "work", ["inenv", "plain"])
     assert answers["inenv"]["marker"] == "from the execution environment"
     assert Path(answers["inenv"]["prefix"]) == env
     assert Path(answers["inenv"]["executable"]).parent == env / "bin", "subprocesses (vLLM's engine core) start in that venv too"

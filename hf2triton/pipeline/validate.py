@@ -21,13 +21,13 @@ from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
 from hf2triton.gateway.process import require_api_key
-from hf2triton.pipeline.render import prune_repository
+from hf2triton.pipeline.render import VERSION, prune_repository
 from hf2triton.pipeline.serve import FAILED_REPORT, settings_from_params
 from hf2triton.serving import interface
 from hf2triton.serving.interface import GENERATION, ModelParameters
 from hf2triton.specs import OnnxSpec, onnx_precision
 from hf2triton.triton import client
-from hf2triton.triton.modelconfig import model_parameters, read_model_config, uses_gpu
+from hf2triton.triton.modelconfig import located_config, model_parameters, read_model_config, uses_gpu
 from hf2triton.triton.pitfalls import explain
 from hf2triton.triton.process import Settings, ensure_server, public_state
 
@@ -254,6 +254,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     checks.append(
         check("served config equals rendered", not diffs, "identical in every rendered field" if not diffs else "; ".join(diffs[:5]))
     )
+    rendered = located_config(rendered, Path(settings.repository) / name / VERSION)  # the in-process references load its files
     params = model_parameters(rendered)
     task = params.task
     if rendered.model_transaction_policy.decoupled:

@@ -8,7 +8,8 @@ rendered model (`<repository>/<name>/1/interface.py`), so a rendered repository 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import os
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 # Tensor names.
@@ -124,6 +125,9 @@ def check_task(task: str) -> None:
         raise ValueError(f"unknown task {task!r} (one of {', '.join(TASKS)})")
 
 
+PORTABLE_PATHS = ("model_dir", "onnx_dir", "trt_engine")  # the parameters that name a model's files
+
+
 @dataclass(frozen=True)
 class ModelParameters:
     """What config.pbtxt `parameters` tell model.py; the defaults apply to keys a hand-written config leaves
@@ -177,6 +181,15 @@ class ModelParameters:
 
     def to_strings(self) -> dict[str, str]:
         return {key: _to_string(getattr(self, key)) for key in self.relevant()}
+
+    def located(self, version_dir: str) -> ModelParameters:
+        """The artifact paths resolved against the model's version directory: a published repository
+        (hf2triton.deploy.publish) carries its weights inside and names them relative to it, so it loads wherever a
+        replica puts it; a repository rendered here names absolute paths, which stay as they are."""
+        paths = {
+            key: os.path.join(version_dir, value) for key in PORTABLE_PATHS if (value := getattr(self, key)) and not os.path.isabs(value)
+        }
+        return replace(self, **paths)
 
     @classmethod
     def from_strings(cls, values: dict[str, str]) -> ModelParameters:

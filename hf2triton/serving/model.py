@@ -981,7 +981,10 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        self.params = ModelParameters.from_strings({k: v["string_value"] for k, v in config.get("parameters", {}).items()})
+        version_dir = os.path.join(args.get("model_repository", ""), args.get("model_version", ""))
+        self.params = ModelParameters.from_strings({k: v["string_value"] for k, v in config.get("parameters", {}).items()}).located(
+            version_dir
+        )
         gpu = args.get("model_instance_kind") == "GPU"
         device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu else "cpu"
         started = time.monotonic()

@@ -8,7 +8,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from hf2triton.serving.interface import ModelParameters, Tensor, task_inputs, task_outputs
+from hf2triton.serving.interface import PORTABLE_PATHS, ModelParameters, Tensor, task_inputs, task_outputs
 
 # Python-backend parameter: the environment (a directory holding bin/activate) the model's stub runs in
 EXECUTION_ENV_PATH = "EXECUTION_ENV_PATH"
@@ -91,6 +91,18 @@ def read_model_config_or_none(path: Path | str) -> mc.ModelConfig | None:
 def model_parameters(config: mc.ModelConfig) -> ModelParameters:
     """The typed `parameters` block model.py reads."""
     return ModelParameters.from_strings({key: value.string_value for key, value in config.parameters.items()})
+
+
+def located_config(config: mc.ModelConfig, version_dir: Path | str) -> mc.ModelConfig:
+    """A copy whose file parameters are absolute (ModelParameters.located): what in-process references load, for a
+    published repository's relative paths as for a rendered one's absolute ones."""
+    located = mc.ModelConfig()
+    located.CopyFrom(config)
+    params = model_parameters(config).located(str(version_dir))
+    for key in PORTABLE_PATHS:
+        if key in located.parameters:
+            located.parameters[key].string_value = getattr(params, key)
+    return located
 
 
 def instance_count(config: mc.ModelConfig | None) -> int:

@@ -1,0 +1,1 @@
+"""Beyond one machine: publishing to object storage, replicas, Kubernetes manifests, execution environments."""
