@@ -219,3 +219,34 @@ def test_cuda_graphs_answer_like_eager_and_like_float32_on_the_cpu():
             assert (got * want).sum(axis=1).min() >= 0.999, size
     assert graphed.graphs.graphs and not graphed.graphs.failed, graphed.graphs.failed
     assert eager.graphs is None
+
+
+def test_bucket_graphs_capture_once_per_bucket_replay_after_and_turn_off_on_a_failed_capture():
+    """What CudaGraphs and OrtGraphs share, on the CPU with a stand-in capture: a bucket is captured once and
+    replayed after, the batch's rows are cut from the fixed outputs, big batches and a failed capture run eagerly."""
+    import torch
+
+    from hf2triton.serving.model import BucketGraphs, static_inputs
+
+    class Doubling(BucketGraphs):
+        captured: list = []
+
+        def _capture(self, shape):
+            if shape[1] > 32:
+                raise RuntimeError("not capturable")
+            self.captured.append(shape)
+            inputs = static_inputs(torch, shape, self.names, "cpu", self.pad_id)
+            outputs = {"ids": torch.zeros(shape, dtype=torch.int64)}
+            return (lambda: outputs["ids"].copy_(inputs["input_ids"] * 2)), inputs, outputs
+
+    graphs = Doubling(torch, "cpu", ("input_ids", "attention_mask"), max_length=256, pad_id=0)
+    graphs.pool = "a pool"  # (torch's would need CUDA)
+    batch = {"input_ids": torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]]), "attention_mask": torch.ones(3, 3, dtype=torch.int64)}
+    first = graphs(batch)
+    assert first["ids"].shape == (3, 16) and first["ids"][:, :3].tolist() == [[2, 4, 6], [8, 10, 12], [14, 16, 18]]
+    assert graphs({k: v[:1] * 1 for k, v in batch.items()}) is not None and graphs(batch)["ids"][2, 0] == 14
+    assert graphs.captured == [(4, 16), (1, 16)], "one capture per bucket, replays after"
+    assert graphs({"input_ids": torch.ones(65, 4, dtype=torch.int64), "attention_mask": torch.ones(65, 4, dtype=torch.int64)}) is None
+    wide = {"input_ids": torch.ones(1, 40, dtype=torch.int64), "attention_mask": torch.ones(1, 40, dtype=torch.int64)}
+    assert graphs(wide) is None and "not capturable" in graphs.failed
+    assert graphs(batch) is None, "a model that failed a capture runs eagerly from then on"

@@ -463,30 +463,21 @@ def _graphs_off(failed: str) -> None:
     logging.getLogger(__name__).warning("CUDA graphs off for this model (capture failed: %s)", failed)
 
 
-class CudaGraphs:
-    """`compute(batch)` replayed from CUDA graphs on a GPU, one graph per (rows, width) bucket (`graph_bucket`),
-    captured on first use: a batch of a few texts is launch-bound in eager mode (MiniLM: ~4.7 ms per forward at
-    batch 1 on the H200, whatever the length); a replay launches once.
+class BucketGraphs:
+    """CUDA graphs per (rows, width) bucket (`graph_bucket`), captured on first use over fixed input buffers: a batch
+    is copied into its bucket's buffers, the bucket's graphs replay, and its rows are cut from the fixed outputs.
+    Subclasses capture (`_capture`). One that cannot be captured turns graphs off for the model: it runs eagerly
+    (logged)."""
 
-    The model gets a square (rows, width, width) mask built on the GPU: transformers' 2-D mask path asks the GPU
-    whether the mask is all ones (a host sync, which a capture forbids). Graphs share one memory pool (an instance
-    replays one at a time and outputs are copied out before the next). A model that cannot be captured runs
-    eagerly (logged)."""
-
-    def __init__(self, torch, compute, device: str, names: tuple[str, ...], max_length: int, pad_id: int):
-        self.torch, self.compute, self.device, self.names = torch, compute, device, names
+    def __init__(self, torch, device: str, names: tuple[str, ...], max_length: int, pad_id: int):
+        self.torch, self.device, self.names = torch, device, names
         self.max_length, self.pad_id = max_length, pad_id
-        self.graphs: dict[tuple[int, int], tuple[Any, dict, dict]] = {}
-        self.pool = None
+        self.graphs: dict[tuple[int, int], tuple[Callable[[], Any], dict, dict]] = {}  # shape -> (replay, inputs, outputs)
+        self.pool = None  # one memory pool: an instance replays one graph at a time, outputs copied out before the next
         self.failed = ""
 
-    def _capture(self, shape: tuple[int, int]):
-        if self.pool is None:
-            self.pool = self.torch.cuda.graph_pool_handle()
-        inputs = static_inputs(self.torch, shape, self.names, self.device, self.pad_id)
-        graph, outputs = capture_graph(self.torch, self.device, self.pool, lambda: self.compute(inputs, square_mask=True))
-        self.graphs[shape] = (graph, inputs, outputs)
-        return self.graphs[shape]
+    def _capture(self, shape: tuple[int, int]) -> tuple[Callable[[], Any], dict, dict]:
+        raise NotImplementedError
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any] | None:
         """The outputs for `batch` (device tensors), or None: run it eagerly."""
@@ -495,60 +486,61 @@ class CudaGraphs:
         if shape is None or self.failed:
             return None
         try:
-            graph, inputs, outputs = self.graphs.get(shape) or self._capture(shape)
-        except Exception as err:  # noqa: BLE001 - an architecture that cannot be captured still serves, eagerly
+            if shape not in self.graphs:
+                if self.pool is None:
+                    self.pool = self.torch.cuda.graph_pool_handle()
+                self.graphs[shape] = self._capture(shape)
+            replay, inputs, outputs = self.graphs[shape]
+        except Exception as err:  # noqa: BLE001 - a model that cannot be captured still serves, eagerly
             self.failed = f"{type(err).__name__}: {err}"
             _graphs_off(self.failed)
             return None
         fill_static(inputs, batch, self.pad_id)
-        graph.replay()
+        replay()
         return {name: value[:rows] for name, value in outputs.items()}
 
 
-class OrtGraphs:
-    """The ONNX Runtime counterpart of CudaGraphs for an exported encoder on a GPU: per (rows, width) bucket, ONNX
-    Runtime's own CUDA graph of the network (`enable_cuda_graph`, one `gpu_graph_id` per bucket, inputs and output
-    bound to fixed torch buffers) and the task's head (pooling and normalisation, softmax) as a torch CUDA graph
-    over that output, replayed right after. Two launches per batch instead of ~100 kernels (H200, MiniLM float16,
-    batch 1: the bare session 0.55-0.63 ms eager, 0.19 ms replayed; pooling as separate kernels another
-    0.35-0.46 ms: benchmarks/h200/onnx/). Batches beyond the buckets run the same session eagerly
-    (`gpu_graph_id` -1)."""
+class CudaGraphs(BucketGraphs):
+    """`compute(batch)` replayed from torch CUDA graphs on a GPU: a batch of a few texts is launch-bound in eager mode
+    (MiniLM: ~4.7 ms per forward at batch 1 on the H200, whatever the length); a replay launches once.
+
+    The model gets a square (rows, width, width) mask built on the GPU: transformers' 2-D mask path asks the GPU
+    whether the mask is all ones (a host sync, which a capture forbids)."""
+
+    def __init__(self, torch, compute, device: str, names: tuple[str, ...], max_length: int, pad_id: int):
+        super().__init__(torch, device, names, max_length, pad_id)
+        self.compute = compute
+
+    def _capture(self, shape: tuple[int, int]) -> tuple[Callable[[], Any], dict, dict]:
+        inputs = static_inputs(self.torch, shape, self.names, self.device, self.pad_id)
+        graph, outputs = capture_graph(self.torch, self.device, self.pool, lambda: self.compute(inputs, square_mask=True))
+        return graph.replay, inputs, outputs
+
+
+class OrtGraphs(BucketGraphs):
+    """The ONNX Runtime counterpart of CudaGraphs for an exported encoder on a GPU: per bucket, ONNX Runtime's own
+    CUDA graph of the network (`enable_cuda_graph`, one `gpu_graph_id` per bucket, inputs and output bound to fixed
+    torch buffers) and the task's head (pooling and normalisation, softmax) as a torch CUDA graph over that output,
+    replayed right after. Two launches per batch instead of ~100 kernels (H200, MiniLM float16, batch 1: the bare
+    session 0.55-0.63 ms eager, 0.19 ms replayed; pooling as separate kernels another 0.35-0.46 ms:
+    benchmarks/h200/onnx/). Batches beyond the buckets run the same session eagerly (`gpu_graph_id` -1)."""
 
     def __init__(self, torch, encoder: OrtEncoder, head, device: str, names: tuple[str, ...], max_length: int, pad_id: int):
-        self.torch, self.encoder, self.head, self.device, self.names = torch, encoder, head, device, names
-        self.max_length, self.pad_id = max_length, pad_id
-        self.graphs: dict[tuple[int, int], tuple[Any, Any, dict, dict]] = {}
-        self.pool = None
-        self.failed = ""
+        super().__init__(torch, device, names, max_length, pad_id)
+        self.encoder, self.head = encoder, head
 
-    def _capture(self, shape: tuple[int, int]):
-        torch = self.torch
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        inputs = static_inputs(torch, shape, self.names, self.device, self.pad_id)
+    def _capture(self, shape: tuple[int, int]) -> tuple[Callable[[], Any], dict, dict]:
+        inputs = static_inputs(self.torch, shape, self.names, self.device, self.pad_id)
         run = self.encoder.graph_run(inputs, len(self.graphs) + 1)  # graph ids from 1 (0 is ONNX Runtime's own)
         output = run()  # ONNX Runtime warms up, then captures on a later run of this id
         run()
-        head_graph, outputs = capture_graph(torch, self.device, self.pool, lambda: self.head(output, inputs))
-        self.graphs[shape] = (run, head_graph, inputs, outputs)
-        return self.graphs[shape]
+        head_graph, outputs = capture_graph(self.torch, self.device, self.pool, lambda: self.head(output, inputs))
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any] | None:
-        """The outputs for `batch` (device tensors), or None: run it eagerly."""
-        rows, width = batch["input_ids"].shape
-        shape = graph_bucket(rows, width, self.max_length)
-        if shape is None or self.failed:
-            return None
-        try:
-            run, head_graph, inputs, outputs = self.graphs.get(shape) or self._capture(shape)
-        except Exception as err:  # noqa: BLE001 - a graph ONNX Runtime cannot capture still serves, eagerly
-            self.failed = f"{type(err).__name__}: {err}"
-            _graphs_off(self.failed)
-            return None
-        fill_static(inputs, batch, self.pad_id)
-        run()
-        head_graph.replay()
-        return {name: value[:rows] for name, value in outputs.items()}
+        def replay() -> None:
+            run()
+            head_graph.replay()
+
+        return replay, inputs, outputs
 
 
 class Engine:
