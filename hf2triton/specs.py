@@ -175,6 +175,7 @@ class OpenAISpec:
     allowed_origins: tuple[str, ...] = ()
     max_embedding_inputs: int | None = None  # None: the model's max_texts_per_request
     request_timeout_s: float = 30
+    workers: int = 1  # gateway processes sharing the port
 
     def bind_host(self, server_host: str) -> str:
         """Where the gateway listens: its own host, or Triton's."""

@@ -185,3 +185,14 @@ def test_allowed_origins_get_cors_headers_and_preflights():
     status, headers, answer = asgi("POST", "/v1/chat/completions", {"origin": "http://app.example:8080", **JSON}, [CHAT])
     assert status == 404 and headers["access-control-allow-origin"] == "http://app.example:8080", "errors are readable by the page too"
     assert asgi("OPTIONS", "/v1/chat/completions", {**preflight, "origin": "http://app.example:8081"})[0] == 403
+
+
+def test_several_grpc_addresses_become_one_round_robin_channel_and_bad_ones_are_named():
+    from hf2triton.gateway.app import grpc_target
+
+    assert grpc_target("127.0.0.1:8001") == ("127.0.0.1:8001", [])
+    assert grpc_target("127.0.0.1:8001, localhost:8101") == ("ipv4:127.0.0.1:8001,127.0.0.1:8101", [("grpc.lb_policy_name", "round_robin")])
+    assert grpc_target("[::1]:8001,[::1]:8101")[0] == "ipv6:[::1]:8001,[::1]:8101"
+    for bad, words in (("8001", "not host:port"), ("a:0", "not host:port"), (",", "names no address"), ("127.0.0.1:1,[::1]:2", "mixes")):
+        with pytest.raises(ValueError, match=words):
+            grpc_target(bad)

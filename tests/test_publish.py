@@ -106,8 +106,11 @@ def test_publish_again_is_incremental(published):
     assert "publish_model" not in published.jobs_run(again), again.stdout[-2000:]
 
 
-def replica(work: Path, url: str, endpoint: str, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
-    block = server_block()
+URL = f"s3://{BUCKET}/team/v1"
+
+
+def replica(work: Path, url: str, endpoint: str, *extra: str, check: bool = True, block: dict | None = None) -> subprocess.CompletedProcess:
+    block = block or server_block()
     ports = ["--http-port", str(block["http_port"]), "--grpc-port", str(block["grpc_port"]), "--metrics-port", str(block["metrics_port"])]
     done = subprocess.run(
         [sys.executable, "-m", "hf2triton", "replica", url, "--work", str(work), "--endpoint-url", endpoint, *ports, *extra],
@@ -119,13 +122,28 @@ def replica(work: Path, url: str, endpoint: str, *extra: str, check: bool = True
     return done
 
 
-def test_a_replica_on_another_path_fetches_serves_and_validates(published, s3_endpoint, tmp_path):
-    spaced = replica(tmp_path / "replica one", f"s3://{BUCKET}/team/v1", s3_endpoint, check=False)
+@pytest.fixture(scope="module")
+def replicas(published, s3_endpoint, tmp_path_factory):
+    """Two replicas of the published repository, each in its own directory (nothing of the publisher's) with its
+    own tritonserver and ports: [(work, ports, the replica command's output)]."""
+    base = tmp_path_factory.mktemp("replicas")
+    started = []
+    try:
+        for name in ("replica-one", "replica-two"):
+            block = server_block()
+            started.append((base / name, block, None))
+            started[-1] = (base / name, block, replica(base / name, URL, s3_endpoint, block=block))
+        yield started
+    finally:
+        for work, block, _ in started:
+            replica(work, URL, s3_endpoint, "--stop", check=False, block=block)
+
+
+def test_a_replica_on_another_path_fetches_serves_and_validates(replicas, s3_endpoint, tmp_path):
+    spaced = replica(tmp_path / "replica one", URL, s3_endpoint, check=False)
     assert spaced.returncode == 1 and "contains a space" in spaced.stderr and "Traceback" not in spaced.stderr
     assert not (tmp_path / "replica one").exists(), "refused before anything was downloaded"
-    work = tmp_path / "replica-one"  # nothing of the publisher's directories
-    done = replica(work, f"s3://{BUCKET}/team/v1", s3_endpoint)
-    try:
+    for work, _, done in replicas:
         assert "validation PASS" in done.stdout
         report = json.loads((work / "validation" / "report.json").read_text())
         assert report["ok"] and set(report["models"]) == {"embed", "classify"}
@@ -133,8 +151,53 @@ def test_a_replica_on_another_path_fetches_serves_and_validates(published, s3_en
             names = {c["name"] for c in model["checks"]}
             assert {"served config equals rendered", "served equals in-process"} <= names, name
         assert any(c["name"].startswith("parity") for c in report["models"]["classify"]["checks"]), "the ONNX model met its parity gate"
+
+
+def successes(block: dict, model: str) -> int:
+    from hf2triton.triton import client
+
+    status, stats = client.http_get(f"http://127.0.0.1:{block['http_port']}/v2/models/{model}/stats", timeout=10)
+    assert status == 200, stats
+    return sum(int(entry["inference_stats"]["success"]["count"]) for entry in json.loads(stats)["model_stats"])
+
+
+def test_two_replicas_behind_one_gateway_share_the_load_and_one_going_down_is_skipped(replicas, s3_endpoint, tmp_path):
+    """The gateway (two worker processes) over both replicas' gRPC addresses: every request is answered, both
+    replicas serve some (gRPC round_robin), with the same embeddings; with one replica stopped all still succeed."""
+    from hf2triton.triton import client
+
+    (work_one, one, _), (work_two, two, _) = replicas
+    port = host.free_ports(1)[0]
+    grpc = f"127.0.0.1:{one['grpc_port']},127.0.0.1:{two['grpc_port']}"
+    log = open(tmp_path / "gateway.log", "w")  # noqa: SIM115 - open for the gateway's lifetime
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "hf2triton.gateway", "--grpc", grpc, "--port", str(port), "--models", "embed,classify", "--workers", "2"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "HF2TRITON_API_KEY"},
+    )  # fmt: skip
+
+    def embed(text: str) -> list[float]:
+        status, body = client.http_post(f"http://127.0.0.1:{port}/v1/embeddings", body={"model": "embed", "input": text}, timeout=30)
+        assert status == 200, body
+        return json.loads(body)["data"][0]["embedding"]
+
+    try:
+        deadline = time.monotonic() + 60
+        while client.http_get(f"http://127.0.0.1:{port}/health", timeout=2)[0] != 200:
+            assert gateway.poll() is None and time.monotonic() < deadline, (tmp_path / "gateway.log").read_text()[-3000:]
+            time.sleep(0.3)
+        before = [successes(one, "embed"), successes(two, "embed")]
+        answers = [embed("the same sentence") for _ in range(24)]
+        served = [successes(one, "embed") - before[0], successes(two, "embed") - before[1]]
+        assert sum(served) == 24 and min(served) > 0, f"requests per replica: {served}"
+        assert max(abs(a - b) for answer in answers for a, b in zip(answer, answers[0])) < 1e-5, "both replicas answer alike"
+        replica(work_two, URL, s3_endpoint, "--stop", block=two)
+        for _ in range(10):
+            embed("replica two is gone")
+        assert successes(one, "embed") - before[0] - served[0] == 10
     finally:
-        replica(work, f"s3://{BUCKET}/team/v1", s3_endpoint, "--stop", check=False)
+        gateway.terminate()
+        gateway.wait(timeout=30)
+        log.close()
 
 
 def test_a_tampered_object_or_a_missing_repository_is_refused(published, s3_endpoint, tmp_path):

@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu/device.sh bench [SNAKEMAKE ARGS]      snakemake --cores 1 bench, results to $OUT/bench.tar.gz
 #   bash benchmarks/gpu/device.sh bench-model MODEL            one model's bench cells (results/bench/MODEL.json; a config
 #                                                             of three 8-instance models outlasts one 10-minute call)
+#   bash benchmarks/gpu/device.sh replicas [ARGS]             (after serve) issue 26: replica two on ports 81xx, one vs two
+#                                                             replicas direct and behind the gateway -> results/replicas/
 #   bash benchmarks/gpu/device.sh extras                      CUDA graphs vs eager in-process, the GPU tests, and an
 #                                                             over-budget config refused by preflight (server untouched)
 #   bash benchmarks/gpu/device.sh probe [VARIANT ...]         single-text load on gpu-overlay.yaml ("base") and each variant
@@ -41,7 +43,7 @@ COMPARE=${COMPARE:-results/vllm-compare}  # where serve_with and load write (tor
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for the ratio goals alone)
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
-step=${1:?stash|setup|setup-onnx|serve|bench|bench-model|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
+step=${1:?stash|setup|setup-onnx|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
 join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
   python3 - "$1" <<'PY'
@@ -141,6 +143,15 @@ bench-model)
   [[ "${2:-}" =~ ^[a-z0-9][a-z0-9_-]*$ ]] || { echo "bench-model: a model name of the config, not '${2:-}'" >&2; exit 2; }
   "$VENV/bin/snakemake" --cores 1 "results/bench/$2.json"
   [ -z "${OUT:-}" ] || tar -czf "$OUT/bench-$2.tar.gz" results/bench/*.json
+  ;;
+replicas)  # issue 26 (after serve): a second replica on other ports, direct and through the gateway, x1 vs x2
+  export PATH="$VENV/bin:$PATH"
+  mkdir -p results/replicas
+  set +e
+  timeout 560 "$VENV/bin/python" benchmarks/gpu/replicas_bench.py "${@:2}" 2>&1 | tee results/replicas/run.log
+  set -e
+  nvidia-smi > results/replicas/nvidia-smi.txt 2>&1 || true
+  [ -z "${OUT:-}" ] || tar -czf "$OUT/replicas.tar.gz" results/replicas
   ;;
 extras)
   export PATH="$VENV/bin:$PATH"

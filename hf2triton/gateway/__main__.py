@@ -1,21 +1,26 @@
-"""`python -m hf2triton.gateway --grpc HOST:PORT --host H --port P --models a,b --api-key-env NAME
-[--allowed-hosts a,b] [--allowed-origins o1,o2] [--max-embedding-inputs N] [--request-timeout-s S]`: run the
-gateway in the foreground (`make serve` starts it in the background when openai.enabled)."""
+"""`python -m hf2triton.gateway --grpc HOST:PORT[,HOST:PORT...] --host H --port P --models a,b --api-key-env NAME
+[--allowed-hosts a,b] [--allowed-origins o1,o2] [--max-embedding-inputs N] [--request-timeout-s S] [--workers N]`:
+run the gateway in the foreground (`make serve` starts it in the background when openai.enabled). Several --grpc
+addresses are replicas of one repository: requests are spread over them (gRPC round_robin)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import sys
+
+ARGV_ENV = "HF2TRITON_GATEWAY_ARGV"  # how uvicorn's worker processes get the command line (they import app_factory)
 
 
 def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--grpc", required=True, help="tritonserver's gRPC host:port")
+    parser.add_argument("--grpc", required=True, help="tritonserver's gRPC host:port (several, comma-separated: replicas)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--models", default="", help="comma-separated model names")
@@ -24,22 +29,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allowed-origins", default="", help="web origins (scheme://host[:port]) allowed to call from a browser")
     parser.add_argument("--max-embedding-inputs", type=int, default=None, help="texts per /v1/embeddings request (default: the model's)")
     parser.add_argument("--request-timeout-s", type=float, default=30.0, help="seconds a client has to send its request body")
-    args = parser.parse_args(argv)
-    import uvicorn
+    parser.add_argument("--workers", type=int, default=1, choices=range(1, 65), metavar="1..64", help="processes sharing the port")
+    return parser.parse_args(argv)
 
+
+def build(args: argparse.Namespace):
+    """The app for these arguments (the API key from its environment variable, read here, never passed)."""
     from hf2triton.gateway.app import Gateway, create_app, served_names
 
+    gateway = Gateway(args.grpc, os.environ.get(args.api_key_env) or None, _names(args.models), args.max_embedding_inputs)
+    hosts = served_names(args.host.strip("[]"), _names(args.allowed_hosts))
+    return create_app(gateway, hosts, _names(args.allowed_origins), args.request_timeout_s), hosts
+
+
+def app_factory():
+    """uvicorn's entry in each worker process (--workers > 1)."""
+    return build(parse(json.loads(os.environ[ARGV_ENV])))[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    import uvicorn
+
+    from hf2triton.gateway.app import grpc_target
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    key = os.environ.get(args.api_key_env) or None
-    gateway = Gateway(args.grpc, key, _names(args.models), args.max_embedding_inputs)
-    host = args.host.strip("[]")
-    hosts = served_names(host, _names(args.allowed_hosts))
-    key_note = "required" if key else "off"
+    try:
+        grpc_target(args.grpc)
+    except ValueError as err:
+        print(f"hf2triton gateway: {err}", file=sys.stderr)
+        return 2
+    app, hosts = build(args)
+    key_note = "required" if os.environ.get(args.api_key_env) else "off"
     logging.getLogger("hf2triton.gateway").info(  # this module runs as __main__
-        "gateway on %s:%d for %s, API key %s, host names %s", args.host, args.port, args.grpc, key_note, ", ".join(sorted(hosts))
-    )
-    app = create_app(gateway, hosts, _names(args.allowed_origins), args.request_timeout_s)
-    uvicorn.run(app, host=host, port=args.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+        "gateway on %s:%d for %s, %d process(es), API key %s, host names %s",
+        args.host, args.port, args.grpc, args.workers, key_note, ", ".join(sorted(hosts)),
+    )  # fmt: skip
+    options = {"host": args.host.strip("[]"), "port": args.port, "log_level": "warning", "access_log": False}
+    options["timeout_graceful_shutdown"] = 5
+    if args.workers == 1:
+        uvicorn.run(app, **options)
+    else:  # uvicorn's workers import the app by name: the command line reaches them through the environment
+        os.environ[ARGV_ENV] = json.dumps(argv)
+        uvicorn.run("hf2triton.gateway.__main__:app_factory", factory=True, workers=args.workers, **options)
     return 0
 
 

@@ -220,11 +220,52 @@ def embedding_inputs(body: dict[str, Any]) -> list[str]:
     return [_text(t, "input") for t in texts]
 
 
+def split_address(address: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` -> (host, port); a clear ValueError otherwise."""
+    text = address.strip()
+    name, sep, port = text.rpartition(":")
+    name = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--grpc {address!r} is not host:port (e.g. 127.0.0.1:8001)")
+    return name, int(port)
+
+
+def grpc_target(addresses: str) -> tuple[str, list[tuple[str, Any]]]:
+    """`host:port[,host:port...]` -> (the gRPC channel target, extra channel arguments).
+
+    Several addresses are replicas of one repository (`python -m hf2triton replica`, Triton pods): one channel
+    over all of them with gRPC's own `round_robin` policy, which sends each call to the next connected replica and
+    skips one that is down until it reconnects (no balancer of ours). gRPC lists addresses of one family
+    (`ipv4:a:p,b:p`), so host names are resolved once here; one address stays a plain target (gRPC's DNS)."""
+    parts = [split_address(a) for a in addresses.split(",") if a.strip()]
+    if not parts:
+        raise ValueError("--grpc names no address (host:port[,host:port...])")
+    if len(parts) == 1:
+        return addresses.strip(" ,"), []
+    resolved: dict[int, list[str]] = {socket.AF_INET: [], socket.AF_INET6: []}
+    for name, port in parts:
+        try:
+            found = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+        except OSError as err:
+            raise ValueError(f"--grpc: cannot resolve {name!r} ({err})") from None
+        for family in (socket.AF_INET, socket.AF_INET6):  # IPv4 first where a name has both
+            addresses_of = [info[4][0] for info in found if info[0] == family]
+            if addresses_of:
+                resolved[family].append(f"[{addresses_of[0]}]:{port}" if family == socket.AF_INET6 else f"{addresses_of[0]}:{port}")
+                break
+    for family, scheme in ((socket.AF_INET, "ipv4"), (socket.AF_INET6, "ipv6")):
+        if len(resolved[family]) == len(parts):
+            return f"{scheme}:{','.join(resolved[family])}", [("grpc.lb_policy_name", "round_robin")]
+    raise ValueError(f"--grpc {addresses!r} mixes IPv4 and IPv6 replicas: give addresses of one family")
+
+
 class Gateway:
-    """The state the endpoints share: the Triton gRPC client, the served models, the key, the input bound."""
+    """The state the endpoints share: the Triton gRPC client (one channel over every replica), the served models,
+    the key, the input bound."""
 
     def __init__(self, grpc_url: str, api_key: str | None, models: list[str], max_embedding_inputs: int | None = None):
         self.grpc_url, self.api_key, self.names = grpc_url, api_key or None, models
+        self.target, self.channel_args = grpc_target(grpc_url)
         self.max_embedding_inputs = max_embedding_inputs  # None: each model's max_texts_per_request
         self.models: dict[str, ServedModel] = {}
         self.created = int(time.time())
@@ -235,7 +276,7 @@ class Gateway:
         import tritonclient.grpc.aio as aio
 
         if self._triton is None:
-            self._triton = client.keyed(aio.InferenceServerClient(self.grpc_url, channel_args=CHANNEL_ARGS))
+            self._triton = client.keyed(aio.InferenceServerClient(self.target, channel_args=CHANNEL_ARGS + self.channel_args))
         return self._triton
 
     async def _reconnect(self, failed: Any) -> None:

@@ -45,6 +45,8 @@ def command(settings: Settings, openai: OpenAISpec) -> list[str]:
         "--port", str(openai.port), "--models", ",".join(settings.models), "--api-key-env", openai.api_key_env,
         "--request-timeout-s", f"{openai.request_timeout_s:g}",
     ]  # fmt: skip
+    if openai.workers > 1:
+        cmd += ["--workers", str(openai.workers)]
     if openai.allowed_hosts:
         cmd += ["--allowed-hosts", ",".join(openai.allowed_hosts)]
     if openai.allowed_origins:
