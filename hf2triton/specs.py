@@ -190,6 +190,9 @@ class PublishSpec:
     url: str = ""  # s3://bucket/prefix; "": not configured
     endpoint_url: str = ""  # an S3-compatible server (MinIO, moto, Ceph); "": AWS
     region: str = "us-east-1"
+    execution_env: str = ""  # a pinned requirements file packed into every published model; "": none
+    execution_env_python: str = "python3.10"  # builds it (the stub's major.minor)
+    execution_env_target: str = "/usr/bin/python3.10"  # runs it, on the serving machines (the official container's)
 
 
 @dataclass(frozen=True)

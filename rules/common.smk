@@ -205,10 +205,18 @@ def published_url(path):
     return f"{PROJECT.publish.url}/{path}"
 
 
+def execution_env_archive():
+    """The packed environment every published model carries (publish.execution_env)."""
+    return f"{WORK}/execution_env/python_env.tar.gz"
+
+
 def publish_inputs(wildcards):
-    """The rendered model, what its parameters name (so a rebuilt export republishes), and the validation."""
+    """The rendered model, what its parameters name (so a rebuilt export republishes), the validation, and the
+    packed execution environment when one is configured."""
+    env = {"execution_env": execution_env_archive()} if PROJECT.publish.execution_env else {}
     return {
         "repository": repository_dir(wildcards.model),
         **artifacts(wildcards.model, [PROJECT.model(wildcards.model).backend]),
         "validated": rules.validate.output.json,
+        **env,
     }

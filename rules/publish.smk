@@ -8,6 +8,26 @@ if PROJECT.publish.url:
         region=PROJECT.publish.region,
         keep_local=True,
 
+    if PROJECT.publish.execution_env:
+
+        rule execution_env:  # the models' packages for the official container, packed once (hf2triton.deploy.execenv)
+            input:
+                requirements=PROJECT.publish.execution_env,
+            output:
+                execution_env_archive(),
+            params:
+                python=PROJECT.publish.execution_env_python,
+                target_python=PROJECT.publish.execution_env_target,
+            log:
+                logs("execution_env", per_model=False),
+            localrule: True
+            resources:
+                mem_mb=4000,
+            conda:
+                "../envs/hf2triton.yaml"
+            script:
+                "../scripts/execution_env.py"
+
     rule publish_model:
         input:
             unpack(publish_inputs),

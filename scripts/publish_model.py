@@ -10,4 +10,5 @@ run_step(
     output=snakemake.output[0],
     project_dir=snakemake.params.project_dir,
     work=snakemake.params.work,
+    execution_env=snakemake.input.get("execution_env", ""),
 )

@@ -251,3 +251,39 @@ def test_relative_parameters_resolve_against_the_version_directory_and_absolute_
     assert (published.model_dir, published.onnx_dir, published.trt_engine) == ("/r/embed/1/pretrained", "/r/embed/1/onnx", "")
     rendered = ModelParameters(task="feature-extraction", model_dir="/work/models/embed/pretrained").located("/r/embed/1")
     assert rendered.model_dir == "/work/models/embed/pretrained"
+
+
+def test_a_configured_execution_env_is_packed_once_and_published_inside_every_model(published, s3_endpoint, tmp_path):
+    """publish.execution_env: the pinned file is packed once (rule execution_env) and every published model carries
+    it, named by EXECUTION_ENV_PATH and hashed in its manifest. Built with this machine's Python here (the container's
+    is python3.10, the default); that a packed environment runs the stub in a fresh tritonserver is
+    tests/test_execution_env.py's."""
+    import tarfile
+    from importlib import metadata
+
+    from hf2triton.integrity import MANIFEST
+
+    requirements = tmp_path / "env.txt"
+    requirements.write_text(f"# the models' packages\nnumpy=={metadata.version('numpy')}\npyjokes==0.8.3  # only in the env\n")
+    base = str(Path(sys._base_executable).resolve())
+    saved = dict(published.config["publish"])
+    published.config["publish"].update(
+        url=f"s3://{BUCKET}/team/env", execution_env=str(requirements), execution_env_python=base, execution_env_target=base
+    )
+    try:
+        done = published.run("publish")
+        assert published.jobs_run(done).count("execution_env") == 1, done.stdout[-2000:]
+        objects = s3_objects(s3_endpoint, "team/env/model_repository/")
+        for model in ("embed", "classify"):
+            archive = objects[f"team/env/model_repository/{model}/python_env.tar.gz"]
+            config = objects[f"team/env/model_repository/{model}/config.pbtxt"].decode()
+            assert 'key: "EXECUTION_ENV_PATH"' in config and "$$TRITON_MODEL_DIRECTORY/python_env.tar.gz" in config, config
+            assert "python_env.tar.gz" in objects[f"team/env/model_repository/{model}/{MANIFEST}"].decode()
+        (tmp_path / "env.tar.gz").write_bytes(archive)
+        with tarfile.open(tmp_path / "env.tar.gz") as packed:
+            assert any("site-packages/pyjokes/" in name for name in packed.getnames())
+        requirements.write_text("numpy\n")
+        loose = published.run("publish", check=False)
+        assert loose.returncode != 0 and "must be pinned (name==version): numpy" in loose.stderr and "Traceback" not in loose.stderr
+    finally:
+        published.config["publish"] = saved

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -30,15 +31,55 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from hf2triton.errors import UserError
+from hf2triton.gateway.app import CHANNEL_ARGS, grpc_target
 from hf2triton.perf import corpus, loadgen
 from hf2triton.perf.gateway_cost import GatewayTarget, _gateway_embeddings
 from hf2triton.specs import load_project
 from hf2triton.triton import client
-from hf2triton.triton.process import Settings, mps_plan, start_server, stop_server, terminate
+from hf2triton.triton.process import Settings, mps_plan, start_server, terminate
 
-CELLS = ("direct x1", "direct x2", "gateway x1", "gateway x2")
+CELLS = ("direct x1", "direct x2", "grpc x1", "grpc x2", "gateway x1", "gateway x2")
+KINDS = ("direct", "grpc", "gateway")
 GATEWAY_PORTS = {"x1": 9101, "x2": 9102}
 NOTE = "load generators on the same 16 cores as both servers and the gateway: they compete with them"
+
+
+def cores(text: str) -> set[int]:
+    """`0-11,24` -> {0, ..., 11, 24}."""
+    found: set[int] = set()
+    for part in filter(None, text.split(",")):
+        low, _, high = part.partition("-")
+        found.update(range(int(low), int(high or low) + 1))
+    return found
+
+
+@contextlib.contextmanager
+def pinned(wanted: set[int]):
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, wanted)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@contextlib.contextmanager
+def visible_gpus(devices: str):
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def ratio(row: dict, kind: str) -> float:
+    return round(row[f"{kind} x2"]["texts_per_s"] / row[f"{kind} x1"]["texts_per_s"], 2)
 
 
 def start_gateway(grpc: str, port: int, model: str, workers: int, log: Path) -> subprocess.Popen:
@@ -61,21 +102,50 @@ def _gateway_worker(args: tuple[str, str, list[str], int, float]) -> tuple[int, 
     return len(latencies), len(errors), elapsed
 
 
-def gateway_cell(pool, base: str, model: str, texts: list[str], clients: int, processes: int, seconds: float) -> dict:
+def _grpc_worker(args: tuple[str, str, list[str], int, float]) -> tuple[int, int, float]:
+    """tritonclient's asyncio gRPC client on the one channel the gateway would use (its target and round_robin)."""
+    import tritonclient.grpc.aio as aio
+
+    grpc, model, texts, clients, seconds = args
+    target, extra = grpc_target(grpc)
+
+    async def run():
+        triton = client.keyed(aio.InferenceServerClient(target, channel_args=CHANNEL_ARGS + extra))
+        try:
+            requests = loadgen.build_requests("grpc", [t.encode() for t in texts], 1)
+            return await loadgen._closed_loop(triton, model, requests, clients, seconds, 10**9, None)
+        finally:
+            await triton.close()
+
+    latencies, errors, _, elapsed = asyncio.run(run())
+    return len(latencies), len(errors), elapsed
+
+
+def pooled_cell(pool, worker, address: str, model: str, texts: list[str], clients: int, processes: int, seconds: float) -> dict:
+    """`processes` load processes (their clients summed to `clients`), 2 s warm-up, then `seconds` measured."""
     shares = [clients // processes + (1 if k < clients % processes else 0) for k in range(processes)]
-    jobs = [(base, model, texts[k::processes], share, seconds) for k, share in enumerate(shares) if share]
-    pool.map(_gateway_worker, [(b, m, t, c, 2.0) for b, m, t, c, _ in jobs])  # warm-up
-    results = pool.map(_gateway_worker, jobs)
+    jobs = [(address, model, texts[k::processes], share, seconds) for k, share in enumerate(shares) if share]
+    pool.map(worker, [(b, m, t, c, 2.0) for b, m, t, c, _ in jobs])  # warm-up
+    results = pool.map(worker, jobs)
     done, errors = sum(r[0] for r in results), sum(r[1] for r in results)
     elapsed = max(r[2] for r in results)
     return {"texts_per_s": round(done / elapsed, 1), "requests": done, "errors": errors, "seconds": round(elapsed, 2)}
+
+
+def steady(load: loadgen.Load, binary: str) -> loadgen.Cell:
+    """perf_analyzer's cell; when it finds no stable window (pinned cores, two at once) the asyncio client's."""
+    try:
+        return loadgen.measure_perf_analyzer(load, binary)
+    except UserError as err:
+        print(f"perf_analyzer: {str(err)[:120]}; this cell by tritonclient", flush=True)
+        return loadgen.measure_tritonclient(load)
 
 
 def direct_cell(urls: list[dict[str, str]], model: str, texts: list[bytes], clients: int, seconds: float, binary: str | None) -> dict:
     shares = [clients // len(urls) + (1 if k < clients % len(urls) else 0) for k in range(len(urls))]
     loads = [loadgen.Load("grpc", u, model, texts, 1, share, seconds, 10**7) for u, share in zip(urls, shares)]
     with ThreadPoolExecutor(len(loads)) as threads:  # perf_analyzer where it runs (glibc >= 2.38), else tritonclient
-        measure = (lambda load: loadgen.measure_perf_analyzer(load, binary)) if binary else loadgen.measure_tritonclient
+        measure = (lambda load: steady(load, binary)) if binary else loadgen.measure_tritonclient
         cells = list(threads.map(measure, loads))
     return {"texts_per_s": round(sum(c.items_per_s for c in cells), 1), "per_replica": [c.items_per_s for c in cells]}
 
@@ -89,6 +159,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--gateway-workers", type=int, default=8)
     parser.add_argument("--load-processes", type=int, default=4)
+    parser.add_argument("--two-gpu", default="", help="CUDA_VISIBLE_DEVICES of replica two (another GPU: another machine's)")
+    parser.add_argument("--two-cpus", default="", help="cores of replica two, e.g. 12-23 (replica one: taskset at serve)")
+    parser.add_argument("--client-cpus", default="", help="cores of the load generators and gateways, e.g. 24-31")
     parser.add_argument("--out", type=Path, default=Path("results/replicas/replicas.json"))
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -101,28 +174,33 @@ def main() -> int:
     two = Settings.of(
         dataclasses.replace(project.server, cuda_mps="off", **ports), project.names, str(Path(".hf2triton-replica-two").resolve())
     )
-    started = time.monotonic()
-    start_server(two)
+    started, everywhere = time.monotonic(), os.sched_getaffinity(0)
+    with pinned(cores(args.two_cpus) or everywhere), visible_gpus(args.two_gpu):  # its processes inherit both
+        state = start_server(two)
+    os.sched_setaffinity(0, cores(args.client_cpus) or everywhere)  # the load generators and gateways
     print(f"replica two up in {time.monotonic() - started:.0f} s ({two.url('grpc_port')}); MPS shared: {plan.wanted}", flush=True)
     urls = [{"http": s.url(), "grpc": s.url("grpc_port")} for s in (one, two)]
     binary = loadgen.perf_analyzer_binary()
     texts = corpus.bench_texts(512)
-    backends = {"x1": urls[0]["grpc"], "x2": f"{urls[0]['grpc']},{urls[1]['grpc']}"}
-    gateways = [
-        start_gateway(grpc, GATEWAY_PORTS[name], args.model, args.gateway_workers, args.out.parent / f"gateway-{name}.log")
-        for name, grpc in backends.items()
-    ]
     encoded = [t.encode() for t in texts]
-    print(f"replica two warmed up: {direct_cell(urls[1:], args.model, encoded, 16, 3.0, binary)}", flush=True)
 
     def measure(name: str, clients: int) -> dict:
         if name.startswith("direct"):
             return direct_cell(urls[: 1 if name.endswith("x1") else 2], args.model, encoded, clients, args.seconds, binary)
+        if name.startswith("grpc"):
+            return pooled_cell(pool, _grpc_worker, backends[name[-2:]], args.model, texts, clients, args.load_processes, args.seconds)
         base = f"http://127.0.0.1:{GATEWAY_PORTS[name[-2:]]}/v1"
-        return gateway_cell(pool, base, args.model, texts, clients, args.load_processes, args.seconds)
+        return pooled_cell(pool, _gateway_worker, base, args.model, texts, clients, args.load_processes, args.seconds)
 
     rows = []
+    backends = {"x1": urls[0]["grpc"], "x2": f"{urls[0]['grpc']},{urls[1]['grpc']}"}
+    gateways: list[subprocess.Popen] = []
     try:
+        for name, grpc in backends.items():
+            gateways.append(
+                start_gateway(grpc, GATEWAY_PORTS[name], args.model, args.gateway_workers, args.out.parent / f"gateway-{name}.log")
+            )
+        print(f"replica two warmed up: {direct_cell(urls[1:], args.model, encoded, 16, 3.0, binary)}", flush=True)
         with multiprocessing.get_context("fork").Pool(args.load_processes) as pool:
             for round_index in range(args.rounds):
                 for clients in args.clients:
@@ -135,23 +213,26 @@ def main() -> int:
     finally:
         for process in gateways:
             terminate(process.pid, None)
-        stop_server(two)
+        terminate(state["pid"], state.get("cmdline"))  # stop_server would stop replica one too (same repository)
     summary = {}
     for clients in args.clients:
         mine = [r for r in rows if r["clients"] == clients]
-        summary[clients] = {
-            "direct x2 / x1": [round(r["direct x2"]["texts_per_s"] / r["direct x1"]["texts_per_s"], 2) for r in mine],
-            "gateway x2 / x1": [round(r["gateway x2"]["texts_per_s"] / r["gateway x1"]["texts_per_s"], 2) for r in mine],
-        }
-        summary[clients]["median gateway x2 / x1"] = statistics.median(summary[clients]["gateway x2 / x1"])
-    result = {"note": NOTE, "model": args.model, "gateway_workers": args.gateway_workers, "load_processes": args.load_processes,
-              "seconds": args.seconds, "rows": rows, "ratios": summary}  # fmt: skip
+        summary[clients] = {f"{kind} x2 / x1": [ratio(r, kind) for r in mine] for kind in KINDS}
+        summary[clients].update({f"median {kind}": statistics.median(summary[clients][f"{kind} x2 / x1"]) for kind in KINDS})
+    settings = ("two_gpu", "two_cpus", "client_cpus", "gateway_workers", "load_processes", "seconds")
+    note = NOTE
+    if args.client_cpus:
+        note = (
+            f"replica one on the cores serve was started with (taskset), replica two on cores {args.two_cpus or 'all'}, the load "
+            f"generators and gateways on cores {args.client_cpus}: the generators compete with the gateways, not the replicas"
+        )
+    result = {"note": note, "model": args.model, **{k: getattr(args, k) for k in settings}, "rows": rows, "ratios": summary}
     args.out.write_text(json.dumps(result, indent=1))
-    header = "| round | clients | direct x1 | direct x2 | x2/x1 | gateway x1 | gateway x2 | x2/x1 |"
-    lines = [f"# Two replicas vs one ({args.model}, single texts)", "", f"_{NOTE}._", "", header, "|---" * 8 + "|"]
+    header = "| round | clients | " + " | ".join(f"{kind} x1 | {kind} x2 | x2/x1" for kind in KINDS) + " |"
+    lines = [f"# Two replicas vs one ({args.model}, single texts)", "", f"_{note}._", "", header, "|---" * (2 + 3 * len(KINDS)) + "|"]
     for r in rows:
-        d1, d2, g1, g2 = (r[k]["texts_per_s"] for k in CELLS)
-        lines.append(f"| {r['round']} | {r['clients']} | {d1:,.0f} | {d2:,.0f} | {d2 / d1:.2f} | {g1:,.0f} | {g2:,.0f} | {g2 / g1:.2f} |")
+        cells = [f"{r[f'{kind} x1']['texts_per_s']:,.0f} | {r[f'{kind} x2']['texts_per_s']:,.0f} | {ratio(r, kind)}" for kind in KINDS]
+        lines.append(f"| {r['round']} | {r['clients']} | " + " | ".join(cells) + " |")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

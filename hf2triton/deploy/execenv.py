@@ -119,3 +119,20 @@ def with_execution_env(config_pbtxt: str, archive: str = ENV_ARCHIVE) -> str:
         raise UserError(f"model {config.name}: backend {config.backend!r} has no execution environment", "only Python models take one")
     config.parameters[EXECUTION_ENV_PATH].string_value = f"$$TRITON_MODEL_DIRECTORY/{archive}"
     return config_text(config)
+
+
+def read_requirements(path: str) -> list[str]:
+    """The requirement lines of a file (comments and blank lines dropped), checked to be pinned."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        fix = "name a pinned requirements file, e.g. envs/execution-env.txt"
+        raise UserError(f"publish.execution_env = {path!r}: cannot read it ({err.strerror})", fix) from None
+    return check_pinned([line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()])
+
+
+def execution_env_step(requirements: str, output: str, python: str, target_python: str) -> dict[str, str]:
+    """Rule execution_env: the pinned requirements file -> one packed environment every published model carries."""
+    pins = read_requirements(requirements)
+    archive = pack_execution_env(pins, output, python=python, target_python=target_python)
+    return {"archive": str(archive), "requirements": ", ".join(pins), "size_mb": f"{archive.stat().st_size / 1e6:.1f}"}

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from hf2triton.deploy.execenv import ENV_ARCHIVE, with_execution_env
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory, atomic_write_json
 from hf2triton.integrity import MANIFEST, problems, write_manifest
@@ -68,8 +69,9 @@ def paths_inside(root: Path, forbidden: list[str]) -> list[str]:
     return found
 
 
-def portable_model(model_dir: str, output: str, forbidden: list[str]) -> dict[str, Any]:
-    """Write the portable copy of one rendered model (`model_dir`) to `output`; returns its file manifest."""
+def portable_model(model_dir: str, output: str, forbidden: list[str], execution_env: str = "") -> dict[str, Any]:
+    """Write the portable copy of one rendered model (`model_dir`) to `output`; returns its file manifest.
+    `execution_env`: a packed environment (rule execution_env) copied in and named by EXECUTION_ENV_PATH."""
     config = read_model_config(Path(model_dir) / "config.pbtxt")
     params = model_parameters(config)
     if params.backend == "vllm":
@@ -84,7 +86,12 @@ def portable_model(model_dir: str, output: str, forbidden: list[str]) -> dict[st
             copies[relative] = Path(source)
             config.parameters[key].string_value = relative
     with atomic_directory(output) as tmp:
-        (tmp / "config.pbtxt").write_text(config_text(config))
+        text = config_text(config)
+        if execution_env:
+            log.info("%s: with the execution environment %s", config.name, Path(execution_env).name)
+            shutil.copyfile(execution_env, tmp / ENV_ARCHIVE)
+            text = with_execution_env(text, ENV_ARCHIVE)
+        (tmp / "config.pbtxt").write_text(text)
         shutil.copytree(Path(model_dir) / VERSION, tmp / VERSION, ignore=shutil.ignore_patterns("__pycache__"))
         for relative, source in copies.items():
             log.info("%s: copying %s into %s/%s", config.name, source, VERSION, relative)
@@ -103,9 +110,9 @@ def portable_model(model_dir: str, output: str, forbidden: list[str]) -> dict[st
     return files
 
 
-def publish_model_step(model_dir: str, output: str, project_dir: str, work: str) -> dict[str, Any]:
+def publish_model_step(model_dir: str, output: str, project_dir: str, work: str, execution_env: str = "") -> dict[str, Any]:
     """Rule publish_model: `output` is the local copy Snakemake's storage plugin uploads after the job."""
-    return portable_model(model_dir, output, machine_paths(project_dir, work))
+    return portable_model(model_dir, output, machine_paths(project_dir, work), execution_env)
 
 
 def package_versions() -> dict[str, str]:
