@@ -25,7 +25,7 @@ SMK_CONFIG := $(if $(OVERLAY),--configfile "$$HF2TRITON_OVERLAY")
 # perf_analyzer's wheel needs glibc >= 2.38; where it runs, `bench` uses it (else tritonclient's async APIs).
 PERF_ANALYZER_PIN := perf-analyzer==2.60.0
 
-.PHONY: onnx-runtime serve setup publish k8s slurm-tools test test-fast lint stop status dry-run soak bench tune clean clean-all check-paths vllm-env
+.PHONY: onnx-runtime serve setup publish k8s slurm-tools browser-tools test test-fast lint stop status dry-run soak bench tune clean clean-all check-paths vllm-env
 
 # Checked before anything is installed or run, the first prerequisite of the targets that install or serve:
 # the project directory (Snakemake's step commands, Triton's stub launch and LD_PRELOAD break on a space or
@@ -102,7 +102,15 @@ slurm-tools:
 	  || echo "hf2triton: slurm-wlm/munge did not install: tests/test_slurm_executor.py skips with the reason"; \
 	else echo "hf2triton: no root/apt for slurm-wlm and munge: tests/test_slurm_executor.py skips with the reason"; fi
 
-test: $(VENV)/.installed-test $(HUB_VENV)/.installed slurm-tools ## set up (if needed) and run the whole test suite
+# The playground's browser tests: Debian's Chromium and its driver (selenium drives them; envs/test.txt).
+browser-tools:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+	  || echo "hf2triton: chromium/chromium-driver did not install: the playground's browser tests skip with the reason"; \
+	else echo "hf2triton: no root/apt for chromium and chromium-driver: the playground's browser tests skip with the reason"; fi
+
+test: $(VENV)/.installed-test $(HUB_VENV)/.installed slurm-tools browser-tools ## set up (if needed) and run the whole test suite
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-test ## unit tests only (no server, no snakemake runs)

@@ -69,6 +69,9 @@ def test_serve_checks_the_gateway_against_triton(gateway):
     expected = {"generate: chat equals Triton", "generate: streamed chat equals Triton", "embed: embeddings equal Triton"}
     assert report["ok"] and names == expected, report
     assert "PASS" in (gateway.directory / "results" / "validation" / "gateway.md").read_text()
+    status, text = client.http_get(f"{base_url(gateway)}/status", timeout=30)  # the playground's Status view
+    assert status == 200 and json.loads(text)["validation"]["ok"] is True, text
+    assert "/playground/" in client.http_get(base_url(gateway).removesuffix("/v1") + "/playground/", timeout=10)[1]
 
 
 def test_models_chat_and_completions_equal_tritons_own_answer(gateway):

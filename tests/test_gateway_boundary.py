@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hf2triton import host
+from hf2triton.gateway.process import VALIDATION_REPORT, VALIDATION_REPORT_ENV
 from hf2triton.triton import client
 from hf2triton.triton.process import ensure_server
 from tests.helpers import ROOT, long_context_copy, make_workflow, tiny_model_entries
@@ -84,7 +85,8 @@ def served(tmp_path_factory, tiny_models):
 @pytest.fixture(scope="module")
 def gateway(served, tmp_path_factory):
     flags = ["--allowed-hosts", ALLOWED_HOST, "--allowed-origins", ALLOWED_ORIGIN, "--request-timeout-s", "2"]
-    with gateway_process(served, tmp_path_factory.mktemp("gateway") / "gateway.log", *flags) as running:
+    report = {VALIDATION_REPORT_ENV: str(served.directory / VALIDATION_REPORT)}  # as `make serve` points its gateway at it
+    with gateway_process(served, tmp_path_factory.mktemp("gateway") / "gateway.log", *flags, env=report) as running:
         yield running
 
 
@@ -376,3 +378,165 @@ def test_triton_killed_is_503_and_the_same_gateway_serves_once_it_is_back(served
     assert status == 200 and answer["choices"][0]["message"]["content"] is not None, answer
     status, _, answer = call(gateway.port, "GET", "/v1/models")
     assert status == 200 and {m["id"] for m in answer["data"]} == {"embed", "generate"}
+
+
+# ------------------------------------------------------------------ the playground page (issue 31)
+
+
+def test_the_playground_page_loads_only_its_own_files_under_a_strict_policy(gateway):
+    import re
+
+    status, headers, _ = call(gateway.port, "GET", "/")
+    assert status == 307 and headers["location"] == "/playground/"
+    status, headers, answer = call(gateway.port, "GET", "/playground/")
+    page = answer["raw"].decode()
+    assert status == 200 and headers["content-type"].startswith("text/html"), headers
+    policy = headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "script-src 'self'" in policy and "connect-src 'self'" in policy
+    assert headers["x-content-type-options"] == "nosniff" and headers["referrer-policy"] == "no-referrer"
+    loaded = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert loaded and all(url.startswith("/playground/") for url in loaded), loaded
+    for name, kind in (("app.js", "text/javascript"), ("style.css", "text/css")):
+        status, headers, answer = call(gateway.port, "GET", f"/playground/{name}")
+        assert status == 200 and headers["content-type"].startswith(kind)
+        text = answer["raw"].decode()
+        assert not re.search(r"https?://", text.replace("location.origin", "")), f"{name} names another site"
+    script = call(gateway.port, "GET", "/playground/app.js")[2]["raw"].decode()
+    assert "innerHTML" not in script and "insertAdjacentHTML" not in script and "eval(" not in script
+    assert "localStorage" not in script and "sessionStorage" in script, "the key lives in the tab's session storage only"
+    for path in ("/playground/../app.py", "/playground/%2e%2e/app.py", "/playground/nothing.js", "/playground/index.html/x"):
+        assert call(gateway.port, "GET", path)[0] == 404, path
+    assert call(gateway.port, "GET", "/playground/", headers={"Host": f"rebound.example:{gateway.port}"})[0] == 421
+
+
+def test_status_lists_the_models_backend_device_and_instances_behind_the_key(keyed_gateway):
+    assert call(keyed_gateway.port, "GET", "/playground/")[0] == 200, "the page holds no data: it asks for the key"
+    status, _, answer = call(keyed_gateway.port, "GET", "/v1/status", headers={"Authorization": "Bearer wrong"})
+    assert status == 401 and answer["error"]["code"] == "invalid_api_key"
+    status, _, answer = call(keyed_gateway.port, "GET", "/v1/status", headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 200 and answer["triton_ready"] is True, answer
+    models = {m["id"]: m for m in answer["models"]}
+    assert set(models) == {"embed", "generate"}
+    assert models["embed"]["task"] == "feature-extraction" and models["embed"]["device"] == "cpu" and models["embed"]["instances"] >= 1
+    assert models["generate"]["streaming"] is True and models["generate"]["backend"] == "python"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from tests.browser import start_chromium
+
+    driver = start_chromium()
+    yield driver
+    driver.quit()
+
+
+def wait_for(browser, condition, timeout: float = 60):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, timeout, poll_frequency=0.05).until(lambda _: condition())
+
+
+def text_of(browser, selector: str) -> str:
+    return browser.execute_script("const n = document.querySelector(arguments[0]); return n ? n.textContent : null;", selector)
+
+
+def fill(browser, element_id: str, value: str) -> None:
+    browser.execute_script("const n = document.getElementById(arguments[0]); n.value = arguments[1];", element_id, value)
+
+
+def test_the_playground_in_headless_chromium_streams_stops_compares_and_embeds(served, gateway, browser, tmp_path):
+    """The page against the real gateway and tritonserver: a chat answer streams in (several DOM updates) and equals
+    the API's greedy answer; Stop ends the generation on the server; markup in a message stays text; compare shows two
+    answers; the similarity table is symmetric with 1.0 on the diagonal; status lists the models; no console errors
+    and no request leaves the gateway."""
+    from tests.browser import console_errors, foreign, requested_urls, screenshot
+
+    port = gateway.port
+    browser.get(f"http://127.0.0.1:{port}/playground/")
+    wait_for(browser, lambda: browser.execute_script("return !document.getElementById('tabs').hidden"))
+    # chat: greedy, 8 tokens, streamed
+    fill(browser, "chat-max-tokens", "8")
+    fill(browser, "chat-input", "Tell me a story")
+    browser.execute_script(
+        "window.__updates = 0; new MutationObserver(() => { window.__updates += 1; })"
+        ".observe(document.getElementById('chat-log'), {subtree: true, childList: true, characterData: true});"
+    )
+    browser.find_element("id", "chat-send").click()
+    wait_for(browser, lambda: "finish:" in (text_of(browser, ".message.assistant .stats") or ""))
+    shown = text_of(browser, ".message.assistant .text")
+    assert browser.execute_script("return window.__updates") > 3, "the answer arrived in pieces"
+    ask = {"model": "generate", "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 8, "temperature": 0, "top_p": 1}
+    status, _, answer = call(port, "POST", "/v1/chat/completions", ask)
+    assert status == 200 and shown == answer["choices"][0]["message"]["content"], (shown, answer)
+    assert "TTFT" in text_of(browser, ".message.assistant .stats")
+    # markup in a message is shown as text, never run
+    fill(browser, "chat-input", '<img src=x onerror="window.__ran=1"><script>window.__ran=2</script>')
+    browser.find_element("id", "chat-send").click()
+    wait_for(browser, lambda: len(browser.find_elements("css selector", ".message.assistant .stats")) == 2
+             and "finish:" in browser.find_elements("css selector", ".message.assistant .stats")[1].text)  # fmt: skip
+    assert browser.execute_script("return window.__ran") is None
+    assert "<script>" in browser.find_elements("css selector", ".message.user .text")[1].text
+    assert not browser.find_elements("css selector", "#chat-log img, #chat-log script")
+    screenshot(browser, "chat", tmp_path)
+    # Stop: a long sampled answer, stopped while it streams; the model's process goes idle within a step
+    browser.find_element("id", "chat-clear").click()
+    fill(browser, "chat-max-tokens", "3000")
+    fill(browser, "chat-temperature", "1")
+    fill(browser, "chat-input", "Tell me a story")
+    generating = stubs(served, "generate")
+    browser.find_element("id", "chat-send").click()
+    wait_for(browser, lambda: len(text_of(browser, ".message.assistant .text") or "") > 20)
+    assert cpu_seconds(generating, 0.5) > 0.1, "generating"
+    browser.find_element("id", "chat-stop-button").click()
+    wait_for(browser, lambda: text_of(browser, ".message.assistant .stats") == "stopped")
+    time.sleep(1.0)  # the cancellation reaches the model's next step
+    assert cpu_seconds(generating, 2.0) < 0.2, "the generation stopped on the server"
+    # compare: the same prompt to two settings, side by side
+    browser.find_element("css selector", "#tabs button[data-view=compare]").click()
+    fill(browser, "compare-prompt", "Hello there")
+    browser.execute_script("for (const n of document.querySelectorAll('.side-max-tokens')) n.value = '6';")
+    browser.find_element("id", "compare-send").click()
+    wait_for(browser, lambda: all("finish:" in s.text for s in browser.find_elements("css selector", "#compare .stats")))
+    assert all(a.text for a in browser.find_elements("css selector", "#compare .answer"))
+    screenshot(browser, "compare", tmp_path)
+    # embeddings: the cosine table
+    browser.find_element("css selector", "#tabs button[data-view=embeddings]").click()
+    browser.find_element("id", "embeddings-send").click()
+    wait_for(browser, lambda: len(browser.find_elements("css selector", "#similarity tbody tr")) == 3)
+    matrix = browser.execute_script(
+        "return [...document.querySelectorAll('#similarity tbody tr')]"
+        ".map(r => [...r.querySelectorAll('td')].map(c => Number(c.dataset.value)));"
+    )
+    for i, row in enumerate(matrix):
+        assert abs(row[i] - 1.0) < 1e-4, matrix
+        for j, value in enumerate(row):
+            assert abs(value - matrix[j][i]) < 1e-6, matrix
+    screenshot(browser, "embeddings", tmp_path)
+    # status
+    browser.find_element("css selector", "#tabs button[data-view=status]").click()
+    wait_for(browser, lambda: len(browser.find_elements("css selector", "#status-models tbody tr")) == 2)
+    assert "Triton ready" in text_of(browser, "#status-health")
+    assert text_of(browser, "#status-validation").startswith("Last validation: PASS (20"), text_of(browser, "#status-validation")
+    screenshot(browser, "status", tmp_path)
+    assert console_errors(browser) == []
+    urls = requested_urls(browser)
+    assert any(url.endswith("/v1/chat/completions") for url in urls) and foreign(urls, port) == [], urls
+
+
+def test_with_a_key_the_playground_shows_only_the_login_until_the_key_is_right(keyed_gateway, browser, tmp_path):
+    from tests.browser import screenshot
+
+    browser.get(f"http://127.0.0.1:{keyed_gateway.port}/playground/")
+    wait_for(browser, lambda: browser.execute_script("return !document.getElementById('login').hidden"))
+    visible = browser.execute_script("return [...document.querySelectorAll('#tabs, .view')].filter(n => !n.hidden).length")
+    assert visible == 0, "nothing but the login prompt"
+    fill(browser, "key", "wrong")
+    browser.find_element("css selector", "#login-form button").click()
+    wait_for(browser, lambda: "wrong API key" in (text_of(browser, "#login-error") or ""))
+    assert browser.execute_script("return document.getElementById('tabs').hidden")
+    screenshot(browser, "login", tmp_path)
+    fill(browser, "key", KEY)
+    browser.find_element("css selector", "#login-form button").click()
+    wait_for(browser, lambda: browser.execute_script("return !document.getElementById('tabs').hidden"))
+    assert browser.execute_script("return sessionStorage.getItem('hf2triton-api-key')") == KEY
+    assert KEY not in browser.current_url

@@ -27,22 +27,25 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import socket
 import time
 import uuid
 from collections.abc import Awaitable, Coroutine, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hf2triton.gateway.process import VALIDATION_REPORT_ENV
 from hf2triton.serving import interface
 from hf2triton.triton import client
 
@@ -77,6 +80,21 @@ PREFLIGHT_HEADERS = [
     (b"access-control-max-age", b"600"),
 ]
 T = TypeVar("T")
+PLAYGROUND = Path(__file__).with_name("playground")
+PLAYGROUND_FILES = {
+    "index.html": (PLAYGROUND / "index.html", "text/html; charset=utf-8"),
+    "app.js": (PLAYGROUND / "app.js", "text/javascript; charset=utf-8"),
+    "style.css": (PLAYGROUND / "style.css", "text/css; charset=utf-8"),
+    "icon.svg": (PLAYGROUND / "icon.svg", "image/svg+xml"),
+}
+# The page loads nothing but its own files and talks only to this gateway; what a model says is never markup.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
 
 
 class ApiError(Exception):
@@ -126,6 +144,9 @@ class ServedModel:
     streaming: bool
     max_batch_size: int
     max_texts: int = interface.DEFAULTS.max_texts_per_request
+    backend: str = ""
+    device: str = ""  # "gpu" / "cpu": the instance groups' kind
+    instances: int = 0
 
 
 def _text(value: str, param: str) -> str:
@@ -331,7 +352,12 @@ class Gateway:
                 continue
             parameters = model_parameters(config)
             decoupled = bool(config.model_transaction_policy.decoupled)
-            found[name] = ServedModel(name, parameters.task, decoupled, config.max_batch_size, parameters.max_texts_per_request)
+            groups = list(config.instance_group)
+            device = "gpu" if any(g.kind == g.KIND_GPU for g in groups) else "cpu"
+            found[name] = ServedModel(
+                name, parameters.task, decoupled, config.max_batch_size, parameters.max_texts_per_request,
+                parameters.backend, device, sum(max(g.count, 1) for g in groups) or 1,
+            )  # fmt: skip
         self.models, self.refresh_failed = found, False
 
     def check_key(self, authorization: str | None) -> None:
@@ -445,6 +471,22 @@ class Gateway:
             counts = result.as_numpy(interface.PROMPT_TOKENS)
             tokens += int(counts.sum()) if counts is not None else 0
         return np.concatenate(parts).astype(np.float32), tokens
+
+
+def validation_summary() -> dict[str, Any] | None:
+    """The last validation (report.json that `make serve` points $HF2TRITON_VALIDATION_REPORT at): pass/fail, when,
+    and each model's result; None without one."""
+    path = os.environ.get(VALIDATION_REPORT_ENV)
+    if not path:
+        return None
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    models = {name: bool(model.get("ok")) for name, model in (report.get("models") or {}).items()}
+    finished = report.get("finished_at")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(finished)) if isinstance(finished, (int, float)) else ""
+    return {"ok": bool(report.get("ok")), "time": when, "models": models}
 
 
 class ArrayJSONResponse(JSONResponse):
@@ -656,6 +698,33 @@ def create_app(
         except Exception:  # noqa: BLE001 - not ready
             ready = False
         return JSONResponse({"gateway": "up", "triton_ready": ready}, status_code=200 if ready else 503)
+
+    @app.get("/", include_in_schema=False)
+    @app.get("/playground", include_in_schema=False)
+    async def to_playground():
+        return RedirectResponse("/playground/", status_code=307)
+
+    @app.get("/playground/{name:path}", include_in_schema=False)
+    async def playground(name: str):
+        """The playground's static files (no data in them: every figure comes from /v1 with the key)."""
+        found = PLAYGROUND_FILES.get(name or "index.html")
+        if found is None:
+            raise ApiError(404, f"no playground file {name[:100]!r}", code="not_found")
+        path, media_type = found
+        return Response(path.read_bytes(), media_type=media_type, headers=PAGE_HEADERS)
+
+    @app.get("/v1/status")
+    async def status(request: Request):
+        """hf2triton's own: the served models with backend, device and instances, Triton's readiness and the last
+        validation result (what the playground's Status view shows)."""
+        gateway.check_key(request.headers.get("authorization"))
+        await gateway.refresh()
+        models = [
+            {"id": m.name, "task": m.task, "backend": m.backend, "device": m.device, "instances": m.instances,
+             "max_batch_size": m.max_batch_size, "streaming": m.streaming}
+            for m in gateway.models.values()
+        ]  # fmt: skip
+        return {"triton_ready": True, "models": models, "validation": validation_summary()}
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -21,6 +21,8 @@ from hf2triton.triton import client
 from hf2triton.triton.process import LISTEN_FIX, Settings, cannot_listen, client_address, listening_ports, serving_lock, terminate
 
 READY_TIMEOUT_S = 60
+VALIDATION_REPORT = "results/validation/report.json"  # rule validate's output, relative to the project directory
+VALIDATION_REPORT_ENV = "HF2TRITON_VALIDATION_REPORT"  # how the gateway finds it (the playground's Status view)
 
 
 def state_file(settings: Settings) -> Path:
@@ -154,7 +156,8 @@ def _start(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:
     wanted = command(settings, openai)
     log_file(settings).parent.mkdir(parents=True, exist_ok=True)
     with open(log_file(settings), "ab") as log:
-        process = subprocess.Popen(wanted, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # noqa: S603
+        env = {**os.environ, VALIDATION_REPORT_ENV: str(Path(VALIDATION_REPORT).resolve())}  # the playground's Status view
+        process = subprocess.Popen(wanted, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)  # noqa: S603
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -51,7 +51,11 @@ def _serve(settings: Settings, gateway_spec: OpenAISpec, gateway_report: str) ->
     )
     if gateway_spec.enabled:
         gateway = ensure_gateway(settings, gateway_spec)
-        print(f"hf2triton: OpenAI-compatible API at http://{gateway['url']}/v1 (gateway {gateway['action']})", file=sys.stderr)
+        print(
+            f"hf2triton: OpenAI-compatible API at http://{gateway['url']}/v1 (gateway {gateway['action']}); "
+            f"playground page: http://{gateway['url']}/playground/",
+            file=sys.stderr,
+        )
         status["openai"] = gateway_status(settings, gateway_spec)
         if gateway_report:
             restarted = state["action"] in ("start", "restart") and gateway["action"] == "kept"
