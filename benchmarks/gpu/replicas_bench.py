@@ -102,6 +102,11 @@ def _gateway_worker(args: tuple[str, str, list[str], int, float]) -> tuple[int, 
     return len(latencies), len(errors), elapsed
 
 
+def split(clients: int, parts: int) -> list[int]:
+    """`clients` spread over `parts` load generators, as evenly as whole clients go."""
+    return [clients // parts + (1 if k < clients % parts else 0) for k in range(parts)]
+
+
 def _grpc_worker(args: tuple[str, str, list[str], int, float]) -> tuple[int, int, float]:
     """tritonclient's asyncio gRPC client on the one channel the gateway would use (its target and round_robin)."""
     import tritonclient.grpc.aio as aio
@@ -123,7 +128,7 @@ def _grpc_worker(args: tuple[str, str, list[str], int, float]) -> tuple[int, int
 
 def pooled_cell(pool, worker, address: str, model: str, texts: list[str], clients: int, processes: int, seconds: float) -> dict:
     """`processes` load processes (their clients summed to `clients`), 2 s warm-up, then `seconds` measured."""
-    shares = [clients // processes + (1 if k < clients % processes else 0) for k in range(processes)]
+    shares = split(clients, processes)
     jobs = [(address, model, texts[k::processes], share, seconds) for k, share in enumerate(shares) if share]
     pool.map(worker, [(b, m, t, c, 2.0) for b, m, t, c, _ in jobs])  # warm-up
     results = pool.map(worker, jobs)
@@ -142,8 +147,7 @@ def steady(load: loadgen.Load, binary: str) -> loadgen.Cell:
 
 
 def direct_cell(urls: list[dict[str, str]], model: str, texts: list[bytes], clients: int, seconds: float, binary: str | None) -> dict:
-    shares = [clients // len(urls) + (1 if k < clients % len(urls) else 0) for k in range(len(urls))]
-    loads = [loadgen.Load("grpc", u, model, texts, 1, share, seconds, 10**7) for u, share in zip(urls, shares)]
+    loads = [loadgen.Load("grpc", u, model, texts, 1, share, seconds, 10**7) for u, share in zip(urls, split(clients, len(urls)))]
     with ThreadPoolExecutor(len(loads)) as threads:  # perf_analyzer where it runs (glibc >= 2.38), else tritonclient
         measure = (lambda load: steady(load, binary)) if binary else loadgen.measure_tritonclient
         cells = list(threads.map(measure, loads))

@@ -52,15 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import uvicorn
 
-    from hf2triton.gateway.app import grpc_target
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        grpc_target(args.grpc)
-    except ValueError as err:
+        app, hosts = build(args)
+    except ValueError as err:  # a --grpc address that is not host:port, or cannot be resolved
         print(f"hf2triton gateway: {err}", file=sys.stderr)
         return 2
-    app, hosts = build(args)
     key_note = "required" if os.environ.get(args.api_key_env) else "off"
     logging.getLogger("hf2triton.gateway").info(  # this module runs as __main__
         "gateway on %s:%d for %s, %d process(es), API key %s, host names %s",

@@ -704,14 +704,16 @@ def create_app(
     async def to_playground():
         return RedirectResponse("/playground/", status_code=307)
 
+    pages = {name: (path.read_bytes(), media_type) for name, (path, media_type) in PLAYGROUND_FILES.items()}  # read once
+
     @app.get("/playground/{name:path}", include_in_schema=False)
     async def playground(name: str):
         """The playground's static files (no data in them: every figure comes from /v1 with the key)."""
-        found = PLAYGROUND_FILES.get(name or "index.html")
+        found = pages.get(name or "index.html")
         if found is None:
             raise ApiError(404, f"no playground file {name[:100]!r}", code="not_found")
-        path, media_type = found
-        return Response(path.read_bytes(), media_type=media_type, headers=PAGE_HEADERS)
+        content, media_type = found
+        return Response(content, media_type=media_type, headers=PAGE_HEADERS)
 
     @app.get("/v1/status")
     async def status(request: Request):
