@@ -291,12 +291,16 @@ def instance_kind(device: str, gpu_available: bool) -> str:
     return "KIND_GPU" if device == "gpu" or (device == "auto" and gpu_available) else "KIND_CPU"
 
 
-def onnx_precision(backend: str, kind: str, dtype: str, task: str) -> str:
-    """The ONNX export's float precision: float16 for an encoder run by ONNX Runtime on a GPU instance (dtype auto or
-    float16: the GPU's fast path, as torch gets there), float32 otherwise (CPU kernels; TensorRT picks its own; the
-    decoder graph's float16 build is not served yet)."""
-    half = backend == "onnx" and kind == "KIND_GPU" and dtype in ("auto", "float16") and task != GENERATION
-    return "float16" if half else "float32"
+def onnx_precision(backend: str, kind: str, dtype: str, task: str, quantize: str = "none", exporter: str = "auto") -> str:
+    """The ONNX export's float precision: float16 for ONNX Runtime on a GPU instance (dtype auto or float16: the GPU's
+    fast path, as torch gets there), float32 otherwise (CPU kernels; TensorRT picks its own). An encoder's fused graph
+    is converted; a decoder is built in float16 for CUDA by ONNX Runtime GenAI's model builder (unquantised; optimum's
+    decoder export stays float32, and the export's manifest says which precision was built)."""
+    if backend != "onnx" or kind != "KIND_GPU" or dtype not in ("auto", "float16"):
+        return "float32"
+    if task == GENERATION and (quantize != "none" or exporter == "optimum"):
+        return "float32"
+    return "float16"
 
 
 def require_onnx_on_gpu(models: Sequence[ModelSpec], gpu_available: bool) -> None:

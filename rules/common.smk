@@ -141,7 +141,8 @@ def onnx_value(key):
 def export_precision(wildcards):
     """float16 for ONNX Runtime on a GPU instance, else float32 (hf2triton.specs.onnx_precision)."""
     model = PROJECT.model(wildcards.model)
-    return onnx_precision(model.backend, instance_kind(model.device, GPU_AVAILABLE), model.dtype, model.task)
+    kind = instance_kind(model.device, GPU_AVAILABLE)
+    return onnx_precision(model.backend, kind, model.dtype, model.task, model.onnx.quantize, model.onnx.exporter)
 
 
 def serving(wildcards):

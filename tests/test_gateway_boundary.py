@@ -457,14 +457,9 @@ def test_the_playground_in_headless_chromium_streams_stops_compares_and_embeds(s
     # chat: greedy, 8 tokens, streamed
     fill(browser, "chat-max-tokens", "8")
     fill(browser, "chat-input", "Tell me a story")
-    browser.execute_script(
-        "window.__updates = 0; new MutationObserver(() => { window.__updates += 1; })"
-        ".observe(document.getElementById('chat-log'), {subtree: true, childList: true, characterData: true});"
-    )
     browser.find_element("id", "chat-send").click()
     wait_for(browser, lambda: "finish:" in (text_of(browser, ".message.assistant .stats") or ""))
     shown = text_of(browser, ".message.assistant .text")
-    assert browser.execute_script("return window.__updates") > 3, "the answer arrived in pieces"
     ask = {"model": "generate", "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 8, "temperature": 0, "top_p": 1}
     status, _, answer = call(port, "POST", "/v1/chat/completions", ask)
     assert status == 200 and shown == answer["choices"][0]["message"]["content"], (shown, answer)
@@ -485,7 +480,12 @@ def test_the_playground_in_headless_chromium_streams_stops_compares_and_embeds(s
     fill(browser, "chat-input", "Tell me a story")
     generating = stubs(served, "generate")
     browser.find_element("id", "chat-send").click()
+    # streamed: the answer is on the page, and keeps growing, while the server still generates (8 greedy tokens can
+    # arrive in one read on a busy machine, so the long answer is where the pieces are seen)
     wait_for(browser, lambda: len(text_of(browser, ".message.assistant .text") or "") > 20)
+    partial = text_of(browser, ".message.assistant .text")
+    assert "finish:" not in (text_of(browser, ".message.assistant .stats") or ""), "shown before the answer ended"
+    wait_for(browser, lambda: len(text_of(browser, ".message.assistant .text") or "") > len(partial))
     assert cpu_seconds(generating, 0.5) > 0.1, "generating"
     browser.find_element("id", "chat-stop-button").click()
     wait_for(browser, lambda: text_of(browser, ".message.assistant .stats") == "stopped")

@@ -120,14 +120,15 @@ def _pack_gguf_blocks(onnx_path: Path) -> dict[str, int]:
     return report
 
 
-def _build_with_genai(pretrained: str, out: Path, architectures: list[str], required: bool) -> bool:
-    """ONNX Runtime GenAI's model builder (float32, CPU graph) into `out`, in a child process (it loads its own
-    heavy imports and prints per-tensor progress). False when it does not know the architecture and the
-    config did not ask for it by name (the caller then uses optimum)."""
+def _build_with_genai(pretrained: str, out: Path, architectures: list[str], required: bool, precision: str) -> bool:
+    """ONNX Runtime GenAI's model builder into `out` (float32 for the CPU provider, float16 for the CUDA one), in a
+    child process (it loads its own heavy imports and prints per-tensor progress). False when it does not know the
+    architecture and the config did not ask for it by name (the caller then uses optimum)."""
     log.info("building the decoder graph with ONNX Runtime GenAI's model builder (fused attention); ~10-30 s")
     cache = out / ".builder-cache"
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", pretrained, "-o", str(out)]
-    command += ["-p", "fp32", "-e", "cpu", "-c", str(cache)]
+    command += ["-p", "fp16", "-e", "cuda"] if precision == "float16" else ["-p", "fp32", "-e", "cpu"]
+    command += ["-c", str(cache)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)  # noqa: S603 - fixed program, no shell
     shutil.rmtree(cache, ignore_errors=True)
     if done.returncode == 0:
@@ -151,7 +152,8 @@ def export_onnx_step(
     pretrained: str, task: str, opset: int, exporter: str, optimize: str, quantize: str, output: str, precision: str = "float32"
 ) -> dict[str, Any]:
     """Export `pretrained` for `task` into `output` (directory), then fuse/quantise as configured; `precision`
-    float16 (ONNX Runtime on a GPU: hf2triton.specs.onnx_precision) converts a fused encoder's graph to float16."""
+    float16 (ONNX Runtime on a GPU: hf2triton.specs.onnx_precision) converts a fused encoder's graph to float16 and
+    has the builder make a decoder's float16 CUDA graph (optimum's decoder export stays float32: the manifest says)."""
     from optimum.exporters.onnx import onnx_export_from_model
     from transformers import AutoTokenizer
 
@@ -161,8 +163,8 @@ def export_onnx_step(
     encoder = task != GENERATION
     if quantize == "dynamic-int8" and not encoder:
         raise UserError("onnx.quantize: dynamic-int8 is supported for encoder tasks only", "use quantize: none for text-generation")
-    if precision == "float16" and (not encoder or quantize != "none"):  # hf2triton.specs.onnx_precision never asks this
-        raise ValueError(f"float16 is for unquantised encoder exports (task {task}, quantize {quantize})")
+    if precision == "float16" and quantize != "none":  # hf2triton.specs.onnx_precision never asks this
+        raise ValueError(f"float16 is for unquantised exports (task {task}, quantize {quantize})")
     if exporter == "genai-builder" and encoder:
         raise UserError(f"onnx.exporter: genai-builder builds decoder graphs (task is {task})", "use exporter: auto or optimum")
     started = time.monotonic()
@@ -170,9 +172,13 @@ def export_onnx_step(
     with atomic_directory(output) as tmp:
         built_by = "optimum"
         required = exporter == "genai-builder"
-        if not encoder and exporter != "optimum" and _build_with_genai(pretrained, tmp, config.get("architectures") or [], required):
+        architectures = config.get("architectures") or []
+        if not encoder and exporter != "optimum" and _build_with_genai(pretrained, tmp, architectures, required, precision):
             built_by = "genai-builder"
         else:
+            if not encoder and precision == "float16":
+                log.warning("optimum exports this decoder in float32: ONNX Runtime runs it on the GPU in float32")
+                precision = "float32"
             log.info("exporting %s to ONNX (task %s, opset %d); this takes ~10-60 s", pretrained, OPTIMUM_TASKS[task], opset)
             # eager attention for encoders: the graph ONNX Runtime's optimizer can fuse (SDPA exports are opaque to it)
             model = auto_model_class(task).from_pretrained(pretrained, attn_implementation="eager" if encoder else None).eval()
@@ -183,7 +189,7 @@ def export_onnx_step(
             log.info("fusing the encoder graph (%s)", optimize)
             fused = _fuse_encoder(tmp / "model.onnx", config, optimize, for_gpu=precision == "float16")
         half = 0
-        if precision == "float16":
+        if precision == "float16" and encoder:
             log.info("converting the graph to float16 (for ONNX Runtime's CUDA provider)")
             half = _to_float16(tmp / "model.onnx")
         if quantize == "dynamic-int8":

@@ -7,6 +7,7 @@ latency of each call; the metrics endpoint counting the requests. Writes report.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -219,9 +220,14 @@ def infer_in_chunks(
 
 
 def export_precision(rendered: mc.ModelConfig) -> str:
-    """The float precision the model's ONNX export was built in (the export rule's own choice)."""
+    """The float precision the model's ONNX export was built in: its manifest's (a decoder the builder does not
+    know is exported by optimum in float32), else the export rule's own choice."""
     params = model_parameters(rendered)
-    return onnx_precision(params.backend, "KIND_GPU" if uses_gpu(rendered) else "KIND_CPU", params.dtype, params.task)
+    manifest = Path(params.onnx_dir) / "export.json"
+    if params.onnx_dir and manifest.is_file():
+        return json.loads(manifest.read_text()).get("precision", "float32")
+    kind = "KIND_GPU" if uses_gpu(rendered) else "KIND_CPU"
+    return onnx_precision(params.backend, kind, params.dtype, params.task, params.quantize)
 
 
 def parity_check(rendered: mc.ModelConfig, name: str, http_client, floor: float) -> dict[str, Any]:
