@@ -19,6 +19,9 @@ ifdef CONFIG
 export HF2TRITON_CONFIG := $(if $(filter /%,$(firstword $(CONFIG))),$(CONFIG),$(CURDIR)/$(CONFIG))
 endif
 PYTEST_ARGS ?=
+# `make test` runs the suite on this many processes, a whole test file to one at a time (--dist loadfile: module
+# fixtures are built once); most tests wait on servers and snakemake runs: 2 on 2 cores took 27 instead of 41 min.
+TEST_WORKERS ?= 2
 # `make serve OVERLAY=results/tune/overlay.yaml` applies a tuning overlay (config `overrides:`) on top.
 export HF2TRITON_OVERLAY := $(OVERLAY)
 SMK_CONFIG := $(if $(OVERLAY),--configfile "$$HF2TRITON_OVERLAY")
@@ -111,7 +114,7 @@ browser-tools:
 	else echo "hf2triton: no root/apt for chromium and chromium-driver: the playground's browser tests skip with the reason"; fi
 
 test: $(VENV)/.installed-test $(HUB_VENV)/.installed slurm-tools browser-tools ## set up (if needed) and run the whole test suite
-	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-test ## unit tests only (no server, no snakemake runs)
 	$(BIN)/python -m pytest -ra -m "not integration and not slow" $(PYTEST_ARGS)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -516,9 +517,14 @@ class Client:
 
 
 def generator(engine, **params):
+    from unittest import mock
+
     from hf2triton.serving.vllm_engine import VllmGenerator
 
-    return VllmGenerator(engine_params(**params), "cpu", log=lambda _: None, api=FakeApi(engine))
+    # the generator sets vLLM's environment (HF_HUB_OFFLINE among it) for the stub process it runs in; here that
+    # process is pytest's, whose later tests (the hub download) must not inherit it
+    with mock.patch.dict(os.environ):
+        return VllmGenerator(engine_params(**params), "cpu", log=lambda _: None, api=FakeApi(engine))
 
 
 def submit(gen, client, max_new_tokens=16, time_limit_s=0.0):
