@@ -25,6 +25,16 @@ from tests.helpers import BIN, CUDA_TORCH, ROOT, SNAKEFILE, ask_each_model, serv
 GENERATE = {"name": "llm", "source": "org/llm", "task": "text-generation", "backend": "vllm"}
 
 
+@pytest.fixture(autouse=True)
+def own_environment():
+    """vLLM's generator sets its environment (HF_HUB_OFFLINE among it) for the stub process it runs in; here that
+    process is pytest's, whose later tests (the hub download) must not inherit it."""
+    from unittest import mock
+
+    with mock.patch.dict(os.environ):
+        yield
+
+
 def config_with(**changes) -> dict:
     model = {**copy.deepcopy(GENERATE), **changes}
     return {"models": [model]}
@@ -517,14 +527,9 @@ class Client:
 
 
 def generator(engine, **params):
-    from unittest import mock
-
     from hf2triton.serving.vllm_engine import VllmGenerator
 
-    # the generator sets vLLM's environment (HF_HUB_OFFLINE among it) for the stub process it runs in; here that
-    # process is pytest's, whose later tests (the hub download) must not inherit it
-    with mock.patch.dict(os.environ):
-        return VllmGenerator(engine_params(**params), "cpu", log=lambda _: None, api=FakeApi(engine))
+    return VllmGenerator(engine_params(**params), "cpu", log=lambda _: None, api=FakeApi(engine))
 
 
 def submit(gen, client, max_new_tokens=16, time_limit_s=0.0):

@@ -417,6 +417,7 @@ def find_ours(settings: Settings) -> Ours:
 
 SHM_DIR = Path("/dev/shm")  # noqa: S108 - where Triton's Python backend keeps its regions
 SHM_REGION = re.compile(r"^triton_python_backend_shm_region_[0-9a-f-]+$")
+SHM_SETUP_S = 2.0  # a region younger than this may belong to a stub that has not mapped it yet
 
 
 def mapped_files() -> set[str]:
@@ -444,13 +445,19 @@ def end_orphans(settings: Settings) -> list[str]:
             continue
     if cleaned:
         time.sleep(0.5)  # let the killed stubs unmap
-    mapped = mapped_files()
+    # A starting stub creates its region, then maps it: another server starting beside ours must not lose a region
+    # on its way. So the regions are listed before the processes' maps are read, and a young one is left alone.
+    now, candidates = time.time(), []
     for path in SHM_DIR.glob("triton_python_backend_shm_region_*"):
         try:
-            owner = path.stat().st_uid
+            facts = path.stat()
         except OSError:
             continue
-        if owner == os.getuid() and SHM_REGION.match(path.name) and str(path) not in mapped:
+        if facts.st_uid == os.getuid() and SHM_REGION.match(path.name) and now - facts.st_ctime > SHM_SETUP_S:
+            candidates.append(path)
+    mapped = mapped_files()
+    for path in candidates:
+        if str(path) not in mapped:
             path.unlink(missing_ok=True)
             cleaned.append(str(path))
     if cleaned:
