@@ -20,7 +20,7 @@ export HF2TRITON_CONFIG := $(if $(filter /%,$(firstword $(CONFIG))),$(CONFIG),$(
 endif
 PYTEST_ARGS ?=
 # `make test` runs the suite on this many processes, a whole test file to one at a time (--dist loadfile: module
-# fixtures are built once); most tests wait on servers and snakemake runs: 2 on 2 cores took 27 instead of 41 min.
+# fixtures are built once); most tests wait on servers and snakemake runs: 2 on 2 cores took 21-27 instead of 41 min.
 TEST_WORKERS ?= 2
 # `make serve OVERLAY=results/tune/overlay.yaml` applies a tuning overlay (config `overrides:`) on top.
 export HF2TRITON_OVERLAY := $(OVERLAY)
