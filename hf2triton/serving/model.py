@@ -424,6 +424,22 @@ def graph_bucket(rows: int, width: int, max_length: int) -> tuple[int, int] | No
     return padded_rows, padded_width
 
 
+def graph_chunks(bucket: list[int], lengths: list[int], max_length: int) -> list[list[int]]:
+    """Cut a length bucket (positions in ascending token length, as `length_buckets` makes them) into runs that
+    each fit a CUDA graph bucket (`graph_bucket`), so a big request replays graphs too instead of running eagerly
+    (eager kernels cost the host ~1 ms with ONNX Runtime, ~4 ms with torch, of launches per pass: MiniLM on the H200,
+    benchmarks/h200/onnx/). Texts too long for any graph stay together as one eager pass."""
+    chunks: list[list[int]] = [[]]
+    for position, index in enumerate(bucket):
+        if graph_bucket(1, lengths[index], max_length) is None:  # this text and the longer ones after it
+            chunks.append(bucket[position:])
+            break
+        if chunks[-1] and graph_bucket(len(chunks[-1]) + 1, lengths[index], max_length) is None:
+            chunks.append([])
+        chunks[-1].append(index)
+    return [chunk for chunk in chunks if chunk]
+
+
 def static_inputs(torch, shape: tuple[int, int], names: tuple[str, ...], device: str, pad_id: int) -> dict[str, Any]:
     """A graph's fixed input buffers: padding rows that attend to their first token only (no NaN rows)."""
     inputs = {name: torch.zeros(shape, dtype=torch.int64, device=device) for name in names}
@@ -478,6 +494,10 @@ class BucketGraphs:
 
     def _capture(self, shape: tuple[int, int]) -> tuple[Callable[[], Any], dict, dict]:
         raise NotImplementedError
+
+    def chunks(self, bucket: list[int], lengths: list[int]) -> list[list[int]]:
+        """The passes a length bucket runs as: graph-sized chunks (`graph_chunks`), or whole once graphs are off."""
+        return [bucket] if self.failed else graph_chunks(bucket, lengths, self.max_length)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any] | None:
         """The outputs for `batch` (device tensors), or None: run it eagerly."""
@@ -670,8 +690,10 @@ class Engine:
             yield list(range(len(texts))), self.encode(texts)
             return
         encodings = self.tokenize(texts)
-        for bucket in length_buckets([len(e.ids) for e in encodings], self.min_bucket):
-            yield bucket, self.pad([encodings[i] for i in bucket])
+        lengths = [len(e.ids) for e in encodings]
+        for bucket in length_buckets(lengths, self.min_bucket):
+            for chunk in self.graphs.chunks(bucket, lengths) if self.graphs is not None else [bucket]:
+                yield chunk, self.pad([encodings[i] for i in chunk])
 
     def run_buckets(self, texts: list[str], forward) -> dict[str, np.ndarray]:
         """`forward(batch) -> {output: array}` over the length buckets, reassembled in the order of `texts`."""
