@@ -54,7 +54,7 @@ def test_onnx_on_a_gpu_that_cannot_run_the_gpu_package_is_refused(build, named, 
 
 def test_switching_leaves_exactly_one_runtime():
     cpu = {"onnxruntime": "1.32.0", "onnxruntime-genai": "0.11.0"}
-    gpu = {"onnxruntime-gpu": "1.31.1", "onnxruntime-genai-cuda": "0.18.0"}
+    gpu = {"onnxruntime-gpu": "1.31.1", "onnxruntime-genai-cuda": "0.15.2"}
     assert onnx_runtime_commands("cpu", cpu, "py") == [], "the right packages: nothing to do"
     assert onnx_runtime_commands("gpu", gpu, "py") == []
     to_gpu = onnx_runtime_commands("gpu", cpu, "py")
@@ -66,7 +66,7 @@ def test_switching_leaves_exactly_one_runtime():
     both = onnx_runtime_commands("gpu", {**cpu, **gpu}, "py")
     assert set(both[0][5:]) == {*ORT_CPU_PACKAGES, *ORT_GPU_PACKAGES} and both[1][-1] == ORT_GPU_REQUIREMENTS
     pins = (ROOT / "envs" / "onnxruntime-gpu.txt").read_text()
-    assert "onnxruntime-gpu[cuda,cudnn]==1.31.1" in pins and "onnxruntime-genai-cuda==0.18.0" in pins
+    assert "onnxruntime-gpu[cuda,cudnn]==1.31.1" in pins and "onnxruntime-genai-cuda==0.15.2" in pins
 
 
 def test_this_cpu_host_keeps_the_cpu_package(tmp_path):

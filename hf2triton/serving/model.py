@@ -303,9 +303,17 @@ class OrtDecoder:
         self.eos = np.array([t for t in (eos if isinstance(eos, list) else [eos]) if t is not None], dtype=np.int64)
         inputs = self.session.get_inputs()
         self.input_names = {i.name for i in inputs}
-        # (name, heads, head size, dtype) of every past key / value input
+        # (name, heads, head size, dtype) of every past key / value input; newer builders leave the head size
+        # symbolic ('kv_cache_dim', GenAI 0.15), so symbolic dims come from the model config
+        heads = self.config.num_key_value_heads if hasattr(self.config, "num_key_value_heads") else self.config.num_attention_heads
+        head_size = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
         self.past = [
-            (i.name, i.shape[1], i.shape[3], np.float16 if "16" in i.type else np.float32)
+            (
+                i.name,
+                i.shape[1] if isinstance(i.shape[1], int) else heads,
+                i.shape[3] if isinstance(i.shape[3], int) else head_size,
+                np.float16 if "16" in i.type else np.float32,
+            )
             for i in inputs
             if i.name.startswith("past_key_values")
         ]
