@@ -53,7 +53,7 @@ def test_onnx_on_a_gpu_that_cannot_run_the_gpu_package_is_refused(build, named, 
 
 
 def test_switching_leaves_exactly_one_runtime():
-    cpu = {"onnxruntime": "1.32.0", "onnxruntime-genai": "0.11.0"}
+    cpu = {"onnxruntime": "1.32.0", "onnxruntime-genai": "0.15.2"}
     gpu = {"onnxruntime-gpu": "1.31.1", "onnxruntime-genai-cuda": "0.15.2"}
     assert onnx_runtime_commands("cpu", cpu, "py") == [], "the right packages: nothing to do"
     assert onnx_runtime_commands("gpu", gpu, "py") == []
@@ -61,7 +61,7 @@ def test_switching_leaves_exactly_one_runtime():
     assert to_gpu[0] == ["py", "-m", "pip", "uninstall", "-y", *ORT_CPU_PACKAGES]
     assert to_gpu[1][-2:] == ["-r", ORT_GPU_REQUIREMENTS]
     to_cpu = onnx_runtime_commands("cpu", gpu, "py")
-    assert to_cpu[0][-2:] == list(ORT_GPU_PACKAGES) and to_cpu[1][-3:] == ["--no-deps", "onnxruntime==1.32.0", "onnxruntime-genai==0.11.0"]
+    assert to_cpu[0][-2:] == list(ORT_GPU_PACKAGES) and to_cpu[1][-3:] == ["--no-deps", "onnxruntime==1.32.0", "onnxruntime-genai==0.15.2"]
     # both at once (requirements.txt re-installed the CPU one over the GPU one): they share files, so both go
     both = onnx_runtime_commands("gpu", {**cpu, **gpu}, "py")
     assert set(both[0][5:]) == {*ORT_CPU_PACKAGES, *ORT_GPU_PACKAGES} and both[1][-1] == ORT_GPU_REQUIREMENTS
