@@ -21,6 +21,9 @@
 #                                                             carried wheels, then tests/test_onnx_gpu.py -> $OUT/onnx-tests.txt
 #   bash benchmarks/gpu/device.sh big-batch [ARGS]            (after setup-onnx) big requests in-process: graph-sized chunks vs
 #                                                             whole buckets, torch vs ONNX Runtime -> $OUT/big-batch.json
+#   bash benchmarks/gpu/device.sh decoder [ARGS]              (after serve with benchmarks/h200/onnx/smollm2.yaml) the ONNX
+#                                                             decoder loop in-process: KV bound to the GPU vs a plain Run
+#                                                             -> $OUT/ort-decoder.json
 #   bash benchmarks/gpu/device.sh repeat REPS MODEL...        (after serve) each model's bench cells REPS times, the models
 #                                                             interleaved in each round -> $OUT/repeat.tar.gz
 #   bash benchmarks/gpu/device.sh stash-vllm .gpu-assets/vllm/callN   keep prepare_vllm.sh's pieces in /tmp/gpu-assets-vllm
@@ -47,7 +50,7 @@ COMPARE=${COMPARE:-results/vllm-compare}  # where serve_with and load write (tor
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for the ratio goals alone)
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
-step=${1:?stash|setup|setup-onnx|big-batch|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
+step=${1:?stash|setup|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
 join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
   python3 - "$1" <<'PY'
@@ -225,6 +228,12 @@ big-batch)  # (after setup-onnx) issue 29: big requests, graph-sized chunks vs w
   mkdir -p results
   "$VENV/bin/python" benchmarks/gpu/big_batch_probe.py "$model" results/big-batch.json "${@:2}"
   [ -z "${OUT:-}" ] || cp results/big-batch.json "$OUT/"
+  ;;
+decoder)  # (after serve with smollm2.yaml) issue 29 #4: OrtDecoder with the KV cache bound to the GPU vs a plain Run
+  mkdir -p results
+  "$VENV/bin/python" benchmarks/gpu/ort_decoder_probe.py .hf2triton/models/smollm2-onnx/onnx \
+    .hf2triton/models/smollm2-onnx/pretrained results/ort-decoder.json "${@:2}"
+  [ -z "${OUT:-}" ] || cp results/ort-decoder.json "$OUT/"
   ;;
 repeat)  # (after serve) REPS MODEL...: each model's bench cells, REPS rounds, the models interleaved in each round
   export PATH="$VENV/bin:$PATH"

@@ -139,6 +139,13 @@ def ort_session_options(num_threads: int, spin_within_runs: bool = False):
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
 
+def cuda_device_id(device: str) -> int | None:
+    """N of an instance's device 'cuda:N' ('cuda' alone: 0), None on the CPU."""
+    if not device.startswith("cuda"):
+        return None
+    return int(device.partition(":")[2] or 0)
+
+
 def ort_providers(device: str, available: list[str], cuda_graphs: bool = False) -> list[Any]:
     """The instance's device decides the provider, never what happens to be installed: the CPU provider on the CPU;
     on cuda:N the CUDA provider on that GPU (`cuda_graphs`: able to capture CUDA graphs), refused where this ONNX
@@ -150,7 +157,7 @@ def ort_providers(device: str, available: list[str], cuda_graphs: bool = False) 
             f"backend onnx on {device}: this ONNX Runtime has no CUDA provider (it offers {', '.join(available)}: the CPU "
             "package onnxruntime) -- fix: install onnxruntime-gpu in its place on this GPU host, or set device: cpu for this model"
         )
-    options = {"device_id": int(device.split(":", 1)[1] or 0), **({"enable_cuda_graph": "1"} if cuda_graphs else {})}
+    options = {"device_id": cuda_device_id(device), **({"enable_cuda_graph": "1"} if cuda_graphs else {})}
     return [(CUDA_PROVIDER, options), "CPUExecutionProvider"]
 
 
@@ -209,7 +216,7 @@ class OrtEncoder:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_name = output_name
         self.binds_device = device.startswith("cuda")
-        self.device_id = int(device.split(":", 1)[1] or 0) if self.binds_device else 0
+        self.device_id = cuda_device_id(device) or 0
         (output,) = [o for o in self.session.get_outputs() if o.name == output_name]
         self.output_dims, self.output_dtype = output.shape, ORT_FLOATS.get(output.type, np.float32)
 
@@ -283,9 +290,10 @@ class OrtDecoder:
     """A KV-cache decoder export (ONNX Runtime GenAI's builder, or optimum's text-generation-with-past) driven
     by a lean loop instead of optimum + HF `generate` (which cost 6-8 ms per token on 2 cores, 15-20% of a
     step: benchmarks/generation-2cpu/decoder-steps.md). The KV cache stays in ONNX Runtime's own values from
-    step to step; only the last logits come to numpy. Same choices as `generate(do_sample=temperature > 0,
-    top_k=None, top_p=None)`: argmax, or a draw from softmax(logits / temperature); a row that produced an
-    end-of-sequence token is padded from then on.
+    step to step; only the logits come to numpy. On a GPU the present key/values are bound to the device (I/O
+    binding): a plain Run copies every output to the host, so the whole cache crossed PCIe twice per token.
+    Same choices as `generate(do_sample=temperature > 0, top_k=None, top_p=None)`: argmax, or a draw from
+    softmax(logits / temperature); a row that produced an end-of-sequence token is padded from then on.
 
     The builder's GroupQueryAttention takes right-padded rows: it reads each row's length from the mask's sum
     (its rotary positions start at the row's first token) and appends a row's new key/value right after its
@@ -319,6 +327,20 @@ class OrtDecoder:
         ]
         self.outputs = ["logits", *(name.replace("past_key_values", "present") for name, *_ in self.past)]
         self.right_padded = os.path.isfile(os.path.join(onnx_dir, interface.GENAI_CONFIG))
+        self.device_id = cuda_device_id(device)
+
+    def _run(self, feeds: dict[str, Any]) -> list:
+        """[logits on the host, present key/values where the graph ran]."""
+        if self.device_id is None:
+            return self.session.run_with_ort_values(self.outputs, feeds)
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output(self.outputs[0])  # the sampler reads the logits on the host
+        for name in self.outputs[1:]:
+            binding.bind_output(name, "cuda", self.device_id)
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()
 
     def _feeds(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list) -> dict[str, Any]:
         import onnxruntime as ort
@@ -345,9 +367,9 @@ class OrtDecoder:
         finished, picked = np.zeros(rows, dtype=bool), []
         rng = np.random.default_rng() if temperature > 0 else None
         for step in range(max_new_tokens):
-            logits, *past = self.session.run_with_ort_values(self.outputs, feeds)
+            logits, *past = self._run(feeds)
             logits = logits.numpy()
-            last = (logits[np.arange(rows), last_prompt_token] if step == 0 else logits[:, -1, :]).astype(np.float64)
+            last = logits[np.arange(rows), last_prompt_token] if step == 0 else logits[:, -1, :]
             tokens = np.where(finished, pad_id, _next_tokens(last, temperature, rng))
             picked.append(tokens)
             finished |= np.isin(tokens, self.eos)
@@ -360,9 +382,9 @@ class OrtDecoder:
 
 
 def _next_tokens(logits: np.ndarray, temperature: float, rng) -> np.ndarray:
-    if rng is None:
+    if rng is None:  # float16 logits widen exactly: the same argmax
         return logits.argmax(axis=-1)
-    scaled = logits / temperature
+    scaled = logits.astype(np.float64) / temperature
     probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
     return np.array([rng.choice(len(row), p=row) for row in probs], dtype=np.int64)
