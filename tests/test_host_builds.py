@@ -164,6 +164,7 @@ def test_onnx_runs_on_its_instance_s_device_or_refuses_to_load(tmp_path):
     cpu, cuda = "CPUExecutionProvider", "CUDAExecutionProvider"
     assert ort_providers("cpu", [cuda, cpu]) == [cpu], "device: cpu forces the CPU"
     assert ort_providers("cuda:1", [cuda, cpu]) == [(cuda, {"device_id": 1}), cpu]
+    assert ort_providers("cuda", [cuda, cpu]) == [(cuda, {"device_id": 0}), cpu], "a bare 'cuda' is the first GPU"
     with pytest.raises(RuntimeError, match="no CUDA provider .* install onnxruntime-gpu .* or set device: cpu"):
         ort_providers("cuda:0", [cpu])
     graph = helper.make_graph(

@@ -28,12 +28,12 @@ from hf2triton.serving.model import OrtDecoder, cuda_device_id  # noqa: E402
 
 def left_padded(tokenizer, rows: int) -> tuple[np.ndarray, np.ndarray]:
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
-    templated = [
-        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) if tokenizer.chat_template else p
-        for p in prompts
-    ]
+    if tokenizer.chat_template:
+        prompts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in prompts
+        ]
     tokenizer.padding_side = "left"
-    batch = tokenizer(templated, add_special_tokens=False, padding=True, return_tensors="np")
+    batch = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="np")
     return batch["input_ids"], batch["attention_mask"]
 
 
