@@ -15,6 +15,7 @@ $HF2TRITON_CONFIG or ./config.yaml). --http (optional) sends non-streaming reque
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from hf2triton.errors import UserError, exit_on_user_error
@@ -81,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "lint":
         from hf2triton.triton.commands import main as client_main
 
+        # Ctrl-C is how a stream or a chat answer is stopped (KeyboardInterrupt cancels it on the server). A program
+        # started with SIGINT ignored -- a background job of a non-interactive shell (`cmd &` in a script, CI
+        # runners) -- gets no KeyboardInterrupt from Python: take SIGINT back, as Go's signal.Notify does.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             return client_main(args)
         except KeyboardInterrupt:  # Ctrl-C: the stream was cancelled on the server (client.stream_generate)
