@@ -155,3 +155,22 @@ def test_cpu_memory_counts_the_working_memory_at_the_configured_limits(tmp_path,
     fits = type(model)(**{**model.__dict__, "max_sequences": 4, "max_prefill_tokens": 512})
     message = refused_then_fits(cfg, model, fits, saved, "memory", gpu=False)
     assert "memory" in message and "mini: 12.9 GB/instance" in message and "generation.max_sequences or max_prefill_tokens" in message
+
+
+@pytest.mark.parametrize("blocked", ["file-in-the-way", "read-only-filesystem"])
+def test_a_work_directory_that_cannot_be_written_fails_preflight_naming_it(tmp_path, blocked):
+    """Issue 42 #5: preflight said "disk ok" and Snakemake failed later with a raw WorkflowError. A file where a
+    directory should be, and a read-only file system (/sys here: root ignores permission bits, not a ro mount)."""
+    if blocked == "file-in-the-way":
+        (tmp_path / "taken").write_text("a file")
+        work = tmp_path / "taken" / "work"
+    else:
+        work = Path("/sys/hf2triton-work")  # sysfs: no new directories, for root too
+    project = config(tmp_path)
+    settings = Settings.of(project.server, project.names, str(work))
+    with pytest.raises(UserError) as info:
+        run_preflight(
+            [m.footprint() for m in project.models], settings, str(work), {"mini": str(tmp_path / "none")}, False, str(tmp_path / "p.json")
+        )
+    assert f"writable:paths.work: {work}" in info.value.message and "set paths.work in config.yaml" in info.value.fix
+    assert not (tmp_path / "p.json").exists() and not any(tmp_path.glob("**/.hf2triton-probe-*"))

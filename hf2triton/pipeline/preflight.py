@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,26 @@ def instance_bytes(models: list[Footprint], estimates: dict[str, int | None]) ->
 
 def _check(name: str, ok: bool, detail: str, fix: str = "") -> dict[str, Any]:
     return {"name": name, "ok": ok, "detail": detail, "fix": fix}
+
+
+def write_problem(directory: Path) -> str:
+    """'' when a file can be created in `directory` (made when missing), else why not: a probe file, because
+    free space, permissions, a read-only mount and a file in the way all fail only when writing."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".hf2triton-probe-"):
+            return ""
+    except OSError as err:
+        return f"{err.strerror or err} ({type(err).__name__})"
+
+
+def writable_checks(directories: dict[str, tuple[Path, str]]) -> list[dict[str, Any]]:
+    """One check per directory the pipeline will write (label -> (path, fix)), naming the one that fails."""
+    checks = []
+    for label, (directory, fix) in directories.items():
+        problem = write_problem(directory)
+        checks.append(_check(f"writable:{label}", not problem, f"{directory}: {problem or 'writable'}", fix))
+    return checks
 
 
 def source_bytes(model: Footprint) -> int | None:
@@ -204,6 +225,12 @@ def run_preflight(
         if model.device == "gpu" and not gpu_available:
             checks.append(_check(f"device:{model.name}", False, "device: gpu but this host has no GPU", "set device: auto or cpu"))
 
+    checks += writable_checks(
+        {
+            "paths.work": (Path(work), f"set paths.work in config.yaml to a directory you can write, or make {work} writable"),
+            "repository": (Path(settings.repository), f"make {settings.repository} writable (the project's rendered repository)"),
+        }
+    )
     pending = [m for m in models if not (Path(pretrained_dirs[m.name]) / "hf2triton.json").is_file()]
     need = sum(int(2 * (source_bytes(m) or 0) * source_expansion(m)) for m in pending)
     free = free_bytes(work)
