@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     config_help = "config file for the addresses (default: $HF2TRITON_CONFIG, else ./config.yaml)"
     key = sub.add_parser("key", help="where the client key tritonserver requires is (never the key), with a curl example")
     key.add_argument("--config", help=config_help)
+    key.add_argument("--new", action="store_true", help="write a new key (running servers take it at their next `make serve`)")
     for name, text in (("models", None), ("infer", "+"), ("chat", None), ("embed", "+")):
         command = sub.add_parser(name, help=f"client: {name}")
         command.add_argument("--config", help=config_help)

@@ -13,8 +13,10 @@ import pytest
 # Servers and clients started by the tests (snakemake runs inherit the environment) share one client key of
 # their own, never the user's (hf2triton.triton.client.key_file).
 os.environ.setdefault("HF2TRITON_KEY_FILE", str(Path(tempfile.mkdtemp(prefix="hf2triton-key-")) / "triton.key"))
-
+from hf2triton.triton import client  # noqa: E402 - after the key file is chosen
 from tests.helpers import make_workflow, minilm_dir, tiny_llama, tiny_model_entries
+
+client.create_key()  # as `make serve` does first: clients (and unit tests acting as one) only read it
 
 
 def _tiny_bert_config(**extra):

@@ -64,9 +64,13 @@ def test_outside_the_project_without_an_address_names_the_fix(tmp_path):
 
 def test_key_shows_the_file_and_a_curl_line_never_the_key(tmp_path):
     key_file = tmp_path / "conf" / "triton.key"
-    result = cli("key", cwd=tmp_path, env={client.KEY_FILE_ENV: str(key_file), "HF2TRITON_CONFIG": ""})
+    env = {client.KEY_FILE_ENV: str(key_file), "HF2TRITON_CONFIG": ""}
+    missing = cli("key", cwd=tmp_path, env=env)
+    assert missing.returncode == 1 and f"the client key file {key_file} is missing" in missing.stderr, missing.stderr
+    assert "make serve" in missing.stderr and "key --new" in missing.stderr and not key_file.exists(), "clients never write it"
+    result = cli("key", "--new", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
-    assert key_file.stat().st_mode & 0o777 == 0o600, "created on first use, private"
+    assert key_file.stat().st_mode & 0o777 == 0o600, "private"
     assert result.stdout.splitlines()[0] == str(key_file), "the first line is the path (scripts can read it)"
     assert f'-H "hf2triton-key: $(cat {key_file})"' in result.stdout
     assert key_file.read_text().strip() not in result.stdout + result.stderr

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hf2triton.errors import UserError
 from hf2triton.serving import interface
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -27,7 +28,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 # tritonserver has no Host or Origin check, so loopback alone does not keep web pages out (DNS rebinding,
 # cross-site "simple" POSTs). Every server of ours therefore restricts its metadata, inference, model-config
 # and statistics APIs (HTTP and gRPC) to requests carrying this header; health stays open for probes. The key
-# is per user (0600 file, created on first use), so every hf2triton client of this user -- gateway, CLI,
+# is per user (0600 file, created by serve), so every hf2triton client of this user -- gateway, CLI,
 # validation, bench, tests -- finds it without configuration; a browser page cannot read the file, and a
 # custom header on a cross-site request needs a CORS preflight that Triton never grants.
 KEY_HEADER = "hf2triton-key"
@@ -45,27 +46,42 @@ def key_file() -> Path:
 
 
 _KEY_CACHE: dict[Path, tuple[int, str]] = {}
+KEY_FIX = "`make serve` creates it (or `python -m hf2triton key --new`)"
 
 
-def client_key(create: bool = True) -> str:
-    """The key Triton's client APIs require (created, 0600 in a 0700 directory, when missing)."""
+def client_key() -> str:
+    """The key Triton's client APIs require, read from key_file(). Only serve (create_key) writes it: a client
+    that made a new key when the file was missing would lock every running server out of its own clients."""
     path = key_file()
     try:
         stamp = path.stat().st_mtime_ns
         if _KEY_CACHE.get(path) is None or _KEY_CACHE[path][0] != stamp:  # read once per change, not per request
             _KEY_CACHE[path] = (stamp, path.read_text().strip())
-        return _KEY_CACHE[path][1]
+        key = _KEY_CACHE[path][1]
     except FileNotFoundError:
-        if not create:
-            return ""
+        raise UserError(f"the client key file {path} is missing", f"{KEY_FIX}; servers already running keep their key") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"cannot read the client key file {path}: {err}", f"make it readable by this user, or {KEY_FIX}") from None
+    if not key:
+        raise UserError(f"the client key file {path} is empty", KEY_FIX)
+    return key
+
+
+def create_key(replace: bool = False) -> str:
+    """The client key, created (0600 in a 0700 directory) when missing, or a new one when `replace`: `serve`
+    and `python -m hf2triton key --new` only."""
+    path = key_file()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    written = path.with_name(f".{path.name}.{secrets.token_hex(4)}") if replace else path  # replaced in one rename
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process made it first: use theirs
-        return path.read_text().strip()
+        fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # there already, or another serve made it first: use it
+        return client_key()
     with os.fdopen(fd, "w") as handle:
         handle.write(secrets.token_urlsafe(32) + "\n")
-    return path.read_text().strip()
+    if replace:
+        os.replace(written, path)
+    return client_key()
 
 
 def key_digest(secret: str, salt: str) -> str:

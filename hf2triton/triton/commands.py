@@ -206,9 +206,12 @@ def addresses(http: str | None, grpc: str | None, config: str | None) -> tuple[s
     return http or configured_http, configured_grpc
 
 
-def show_key(config: str | None, out=sys.stdout) -> int:
-    """Where the client key is and how curl sends it; never the key itself."""
-    client.client_key()  # created on first use, like every client does
+def show_key(config: str | None, new: bool = False, out=sys.stdout) -> int:
+    """Where the client key is and how curl sends it; never the key itself. `new`: write a new key first."""
+    if new:
+        client.create_key(replace=True)
+        print(f"hf2triton: a new client key is in {client.key_file()}; a running server takes it at its next `make serve`", file=sys.stderr)
+    client.client_key()  # a missing key is an error naming the fix: clients never write it
     path = config_path(config)
     http = _configured_urls(path)[0] if path.is_file() else "127.0.0.1:8000"
     out.write(
@@ -223,7 +226,7 @@ def show_key(config: str | None, out=sys.stdout) -> int:
 def main(args) -> int:
     """Dispatch of the client subcommands (argparse namespace from hf2triton.__main__)."""
     if args.command == "key":
-        return show_key(args.config)
+        return show_key(args.config, args.new)
     http_url, grpc_url = addresses(args.http, args.grpc, args.config)
     options = {interface.MAX_NEW_TOKENS: args.max_tokens} if getattr(args, "max_tokens", None) else {}
     if args.command == "models":

@@ -254,6 +254,14 @@ class Facts:
     client_key_digest: str = ""  # of the client key file now, salted as the state's (a changed file -> restart)
 
 
+def _key_or_empty() -> str:
+    """The client key now, '' when the file is gone (serve then makes a new one and restarts the server)."""
+    try:
+        return client.client_key()
+    except UserError:
+        return ""
+
+
 def observe(settings: Settings, state: dict[str, Any] | None) -> Facts:
     alive = matches = ready = live = False
     not_ready: list[str] = []
@@ -266,7 +274,7 @@ def observe(settings: Settings, state: dict[str, Any] | None) -> Facts:
         if live and not ready:
             not_ready = [name for name in settings.models if not client.model_ready(settings.url(), name)]
     dead = dead_stub_models(settings, int(state["pid"])) if live else []
-    key = client.key_digest(client.client_key(), state.get("admin_key", "")) if state else ""
+    key = client.key_digest(_key_or_empty(), state.get("admin_key", "")) if state else ""
     return Facts(host.boot_id(), alive, matches, ready, model_digests(settings), dead, live, not_ready, key)
 
 
@@ -515,7 +523,7 @@ def start_server(
     admin_key = secrets.token_urlsafe(24)
     cmd = server_command(install, settings, backend_dir, admin_key)
     env = server_environment(install)
-    client_key = client.client_key()
+    client_key = client.create_key()
     restricted = restricted_arguments(admin_key, client_key)
     placeholders, hidden_env = hide_arguments(restricted, build_shim(settings.server_dir), env.get("LD_PRELOAD"))
     assert all(arg in cmd for arg in placeholders)
@@ -661,6 +669,7 @@ def ensure_server(settings: Settings) -> dict[str, Any]:
 
 def _ensure_server(settings: Settings) -> dict[str, Any]:
     install = locate_tritonserver()
+    client.create_key()  # serve makes the client key, once; a server started before a lost key file restarts
     state = read_state(settings)
     facts = observe(settings, state)
     wanted = None
