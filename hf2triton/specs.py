@@ -128,6 +128,7 @@ class ServerSpec:
     log_verbose: int = 0
     shm_default_byte_size: int = 16 * 1024 * 1024
     cuda_mps: str = "auto"
+    supervise: bool = True
 
     @property
     def ports(self) -> dict[str, int]:

@@ -195,7 +195,11 @@ CUDA_TORCH = {"version": "2.13.0+cu130", "cuda_build": "13.0", "driver": "580.95
 
 def server_block() -> dict:
     http, grpc, metrics = host.free_ports(3)
-    return {"host": "127.0.0.1", "http_port": http, "grpc_port": grpc, "metrics_port": metrics, "startup_timeout_s": 240}
+    # supervise off: the tests that kill servers and stubs on purpose check serve's own repairs; the supervisor
+    # (which would race them) has its own tests (test_supervisor.py), and the default models run with it on
+    return {
+        "host": "127.0.0.1", "http_port": http, "grpc_port": grpc, "metrics_port": metrics, "startup_timeout_s": 240, "supervise": False,
+    }  # fmt: skip
 
 
 def make_workflow(directory: Path, models: list[dict]) -> Workflow:

@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def default_workflow(tmp_path_factory):
-    # Only server ports and the work directory are overridden: the models come from config.yaml.
-    config = {"server": server_block(), "paths": {"work": ".hf2triton"}, "openai": {"port": host.free_ports(1)[0]}}
+    # Only server ports and the work directory are overridden: the models come from config.yaml (supervised, as shipped).
+    config = {"server": {**server_block(), "supervise": True}, "paths": {"work": ".hf2triton"}, "openai": {"port": host.free_ports(1)[0]}}
     workflow = Workflow(tmp_path_factory.mktemp("default-config"), config)
     started = time.monotonic()
     workflow.first_run = workflow.run("serve", timeout=1500)

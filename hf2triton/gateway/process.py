@@ -69,9 +69,18 @@ def _alive(state: dict[str, Any] | None) -> bool:
     return bool(state) and state.get("boot_id") == host.boot_id() and host.process_cmdline(int(state["pid"])) == state.get("cmdline")
 
 
+def gateway_alive(settings: Settings) -> bool:
+    """The gateway the state file describes is running (the supervisor's check)."""
+    return _alive(_read_state(settings))
+
+
+def _health(settings: Settings, openai: OpenAISpec) -> tuple[int, str]:
+    """The gateway's own /health: 200 (Triton ready), 503 (the gateway answers, Triton is not ready), 0 (nothing)."""
+    return client.http_get(f"http://{url(settings, openai)}/health", timeout=2)
+
+
 def _healthy(settings: Settings, openai: OpenAISpec) -> bool:
-    status, _ = client.http_get(f"http://{url(settings, openai)}/health", timeout=2)
-    return status in (200, 503)  # 503: the gateway answers, Triton is not ready (yet)
+    return _health(settings, openai)[0] in (200, 503)  # it answers; Triton may not be ready (yet)
 
 
 def _key_digest(openai: OpenAISpec, salt: str) -> str:
@@ -192,11 +201,13 @@ def stop_gateway(settings: Settings) -> str:
 def gateway_status(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:
     state = _read_state(settings)
     running = _alive(state)
+    status, body = _health(settings, openai) if running else (0, "")
     return {
         "enabled": openai.enabled,
         "running": running,
         "pid": state["pid"] if running else None,
         "url": f"http://{url(settings, openai)}/v1",
-        "healthy": running and _healthy(settings, openai),
+        "healthy": status == 200,  # what its own /health says (one source): 503 while Triton is not ready
+        "health": f"{status or 'no answer'} {body[:200]}".strip() if running else "not running",
         "current": _current(state, settings, openai),  # also: the API key it checks is the one set now
     }

@@ -15,6 +15,8 @@ from hf2triton.integrity import damaged
 from hf2triton.specs import OpenAISpec, ServerSpec, from_param
 from hf2triton.triton import client
 from hf2triton.triton.process import Settings, ensure_server, server_status, serving_lock, stop_server
+from hf2triton.triton.supervisor import ensure_supervisor, stop_supervisor, supervisor_status
+from hf2triton.triton.supervisor import log_file as supervisor_log
 
 FAILED_REPORT = "failed-report.md"  # next to the validation report: written by a failed validation
 SEES_TRITON_S = 20  # how long serve's gateway check waits for a surviving gateway to see a restarted Triton
@@ -34,7 +36,14 @@ def serve_step(
     gateway_spec = from_param(OpenAISpec, openai)
     require_api_key(exposure(gateway_spec, settings.host))  # before anything running is touched
     with serving_lock(settings):  # one serve at a time: a second one waits, then keeps what the first started
-        return _serve(settings, gateway_spec, gateway_report)
+        status = _serve(settings, gateway_spec, gateway_report)
+        if settings.server.supervise:  # started last: it supervises what has just been proven to serve
+            spec = {"server": server, "models": models, "work": work, "repository": repository, "openai": openai}
+            status["supervisor"] = ensure_supervisor(settings, spec)
+            print(f"hf2triton: supervisor {status['supervisor']}: restarts what crashes ({supervisor_log(settings)})", file=sys.stderr)
+        else:
+            stop_supervisor(settings)
+        return status
 
 
 def _serve(settings: Settings, gateway_spec: OpenAISpec, gateway_report: str) -> dict[str, Any]:
@@ -132,6 +141,7 @@ def status_step(
         status["validation"] = validation_outcome(validation)
         status["current"] = status["current"] and status["validation"] == "passed"
     status["openai"] = gateway_status(settings, from_param(OpenAISpec, openai))
+    status["supervisor"] = supervisor_status(settings)
     status["torch"] = host.torch_facts()
     print(json.dumps(status, indent=2))
     return status
@@ -149,6 +159,6 @@ def validation_outcome(report_json: str) -> str:
 def stop_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> str:
     settings = settings_from_params(server, models, work, repository)
     with serving_lock(settings):  # not while a serve is starting them
-        message = f"{stop_gateway(settings)}; {stop_server(settings)}"
+        message = f"{stop_supervisor(settings)}; {stop_gateway(settings)}; {stop_server(settings)}"  # supervisor first: it restarts
     print(f"hf2triton: {message}", file=sys.stderr)
     return message

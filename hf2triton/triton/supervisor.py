@@ -1,0 +1,202 @@
+"""The supervisor: what `serve` starts keeps serving without anyone typing `make serve` again.
+
+`serve` starts one small process of ours beside tritonserver and the gateway (`python -m
+hf2triton.triton.supervisor SPEC`, its own session, a state file and a log in the server directory). Once a
+second it looks at what runs, and when something is wrong it takes the serving lock and calls the same
+`ensure_server` / `ensure_gateway` as `serve` -- so a restart is exactly what `make serve` would do:
+- tritonserver gone (a crash, an abort, the OOM killer): started again with the same command line;
+- a model's stub process gone: that model reloaded (Triton keeps such a model "ready" while every request fails);
+- a stub process stopped (SIGSTOP, a debugger, a frozen swap storm) for STALLED_S: killed, then reloaded -- a
+  stopped stub holds its requests without a word, and resuming it later aborts tritonserver itself
+  (boost::interprocess::lock_exception), taking every model down;
+- the gateway gone: started again.
+Repeated failures back off (1, 2, 4 ... MAX_BACKOFF_S). `make stop` stops the supervisor first; it also ends by
+itself when the server's state file is gone (stopped by other means). Every action is one line in its log and
+in `make status` (`supervisor`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hf2triton import host
+from hf2triton.errors import UserError
+from hf2triton.fsutil import atomic_write_json
+from hf2triton.gateway.process import ensure_gateway, gateway_alive
+from hf2triton.specs import OpenAISpec, ServerSpec, from_param
+from hf2triton.triton.process import Settings, dead_stub_models, ensure_server, find_ours, read_state, serving_lock, terminate
+
+log = logging.getLogger("hf2triton.supervisor")
+
+POLL_S = 1.0
+STALLED_S = 5.0  # a stub stopped this long is killed and its model reloaded
+MAX_BACKOFF_S = 60.0
+HEALTHY_RESET_S = 60.0  # this long without a problem: the backoff starts again at 1 s
+STOPPED_STATES = ("T", "t")  # /proc/<pid>/stat: stopped by a signal, or by a tracer
+
+
+def spec_file(settings: Settings) -> Path:
+    return settings.server_dir / "supervisor-spec.json"
+
+
+def state_file(settings: Settings) -> Path:
+    return settings.server_dir / "supervisor.json"
+
+
+def log_file(settings: Settings) -> Path:
+    return settings.server_dir / "supervisor.log"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(state: dict[str, Any] | None) -> bool:
+    return bool(state) and state.get("boot_id") == host.boot_id() and host.process_cmdline(int(state["pid"])) == state.get("cmdline")
+
+
+def ensure_supervisor(settings: Settings, spec: dict[str, Any]) -> str:
+    """The supervisor of this server running with this spec (serve's params): kept, or (re)started."""
+    state = _read_json(state_file(settings))
+    if _alive(state) and _read_json(spec_file(settings)) == spec:
+        return f"kept (pid {state['pid']})"
+    stop_supervisor(settings)
+    atomic_write_json(spec_file(settings), spec, mode=0o600)
+    command = [sys.executable, "-m", "hf2triton.triton.supervisor", str(spec_file(settings))]
+    with open(log_file(settings), "ab") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # noqa: S603
+    started = {"pid": process.pid, "cmdline": command, "boot_id": host.boot_id(), "restarts": []}
+    atomic_write_json(state_file(settings), started, mode=0o600)
+    return f"started (pid {process.pid})"
+
+
+def stop_supervisor(settings: Settings) -> str:
+    """Stop the supervisor (before the server: it would start it again)."""
+    state = _read_json(state_file(settings))
+    if not _alive(state):
+        return "no supervisor running"
+    terminate(int(state["pid"]), state["cmdline"])
+    return f"stopped the supervisor (pid {state['pid']})"
+
+
+def supervisor_status(settings: Settings) -> dict[str, Any]:
+    state = _read_json(state_file(settings)) or {}
+    running = _alive(state)
+    restarts = state.get("restarts", [])
+    return {"running": running, "pid": state.get("pid") if running else None, "restarts": len(restarts), "last": restarts[-1:]}
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of /proc/<pid>/stat (R, S, D, T, t, Z ...), None when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def stub_model(settings: Settings, pid: int) -> str:
+    cmd = host.process_cmdline(pid) or ["", ""]
+    return cmd[1].removeprefix(f"{settings.repository}/").split("/")[0] if len(cmd) > 1 else "?"
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, openai: OpenAISpec):
+        self.settings, self.openai = settings, openai
+        self.stopped_since: dict[int, float] = {}  # stub pid -> when it was first seen stopped
+        self.backoff_s, self.last_problem_at = 1.0, 0.0
+
+    def problems(self) -> list[str]:
+        """What is wrong now ([] when all serves); kills stubs stopped for STALLED_S on the way."""
+        state = read_state(self.settings)
+        pid = int(state["pid"]) if state else 0
+        if not state or state.get("boot_id") != host.boot_id() or host.process_cmdline(pid) != state.get("cmdline"):
+            return [f"tritonserver (pid {pid}) is gone"]
+        found = self.stalled_stubs()
+        dead = dead_stub_models(self.settings, pid)
+        found += [f"the stub process of {name} is gone" for name in dead]
+        if self.openai.enabled and not gateway_alive(self.settings):
+            found.append("the gateway is gone")
+        return found
+
+    def stalled_stubs(self) -> list[str]:
+        now, found, seen = time.monotonic(), [], set()
+        for pid in find_ours(self.settings).stubs:
+            if process_state(pid) not in STOPPED_STATES:
+                continue
+            seen.add(pid)
+            since = self.stopped_since.setdefault(pid, now)
+            if now - since >= STALLED_S:
+                name = stub_model(self.settings, pid)
+                found.append(f"the stub process of {name} (pid {pid}) was stopped for {now - since:.0f} s: killed")
+                os.kill(pid, signal.SIGKILL)  # a stopped process takes SIGKILL at once, and only SIGKILL
+        self.stopped_since = {pid: t for pid, t in self.stopped_since.items() if pid in seen}
+        return found
+
+    def repair(self, problems: list[str]) -> None:
+        """What `make serve` does, under its lock; recorded in the state file and the log."""
+        with serving_lock(self.settings):
+            if read_state(self.settings) is None:  # `make stop` ran meanwhile
+                raise SystemExit(0)
+            server = ensure_server(self.settings)
+            gateway = ensure_gateway(self.settings, self.openai)["action"] if self.openai.enabled else "kept"
+        if server["action"] == "keep" and gateway == "kept":  # `make serve` repaired it meanwhile
+            return
+        line = f"{'; '.join(problems)} -> server {server['action']} ({server['reason']}); gateway {gateway}"
+        log.warning("%s", line)
+        state = _read_json(state_file(self.settings)) or {}
+        state["restarts"] = [*state.get("restarts", [])[-49:], {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "what": line}]
+        atomic_write_json(state_file(self.settings), state, mode=0o600)
+
+    def step(self) -> None:
+        problems = self.problems()
+        now = time.monotonic()
+        if not problems:
+            if now - self.last_problem_at > HEALTHY_RESET_S:
+                self.backoff_s = 1.0
+            return
+        if read_state(self.settings) is None and not any("stub" in p for p in problems):
+            raise SystemExit(0)  # stopped, not crashed: nothing to bring back
+        self.last_problem_at = now
+        try:
+            self.repair(problems)
+        except UserError as err:  # the restart failed (e.g. a port taken meanwhile): try again later, longer apart
+            log.error("%s -> repair failed: %s (next try in %.0f s)", "; ".join(problems), err.message, self.backoff_s)
+            time.sleep(self.backoff_s)
+            self.backoff_s = min(MAX_BACKOFF_S, self.backoff_s * 2)
+
+    def run(self) -> None:
+        log.info("supervising %s (gateway: %s)", self.settings.url(), "on" if self.openai.enabled else "off")
+        while True:
+            self.step()
+            time.sleep(POLL_S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hf2triton.triton.supervisor", description=__doc__.splitlines()[0])
+    parser.add_argument("spec", help="the spec file serve wrote (supervisor-spec.json)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
+    spec = json.loads(Path(args.spec).read_text())
+    settings = Settings.of(from_param(ServerSpec, spec["server"]), spec["models"], spec["work"], spec["repository"])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    Supervisor(settings, from_param(OpenAISpec, spec["openai"])).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
