@@ -28,7 +28,7 @@ SMK_CONFIG := $(if $(OVERLAY),--configfile "$$HF2TRITON_OVERLAY")
 # perf_analyzer's wheel needs glibc >= 2.38; where it runs, `bench` uses it (else tritonclient's async APIs).
 PERF_ANALYZER_PIN := perf-analyzer==2.60.0
 
-.PHONY: onnx-runtime serve setup publish k8s slurm-tools browser-tools test test-fast lint stop status dry-run soak bench tune clean clean-all check-paths vllm-env
+.PHONY: onnx-runtime serve setup publish k8s slurm-tools browser-tools test test-fast lint docs stop status dry-run soak bench tune clean clean-all check-paths vllm-env
 
 # Checked before anything is installed or run, the first prerequisite of the targets that install or serve:
 # the project directory (Snakemake's step commands, Triton's stub launch and LD_PRELOAD break on a space or
@@ -113,8 +113,19 @@ browser-tools:
 	  || echo "hf2triton: chromium/chromium-driver did not install: the playground's browser tests skip with the reason"; \
 	else echo "hf2triton: no root/apt for chromium and chromium-driver: the playground's browser tests skip with the reason"; fi
 
-test: $(VENV)/.installed-test $(HUB_VENV)/.installed slurm-tools browser-tools ## set up (if needed) and run the whole test suite
+test: $(VENV)/.installed-test $(HUB_VENV)/.installed slurm-tools browser-tools docs ## set up (if needed), build the docs, run the whole test suite
 	$(BIN)/python -m pytest -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml, docs/): mkdocs and its theme need no more of .venv than a Python; the build
+# reads nothing from the network. --strict: a broken link, anchor or page fails it (and with it `make test`); not
+# with --quiet, which hides the warnings --strict counts (mkdocs 1.6).
+$(VENV)/.installed-docs: $(VENV)/bin/python envs/docs.txt
+	$(PIP) install $(PIP_FLAGS) -r envs/docs.txt
+	touch $@
+
+docs: $(VENV)/.installed-docs ## build the documentation site into build/site/ (mkdocs build --strict)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	@echo "documentation site: build/site/index.html"
 
 test-fast: $(VENV)/.installed-test ## unit tests only (no server, no snakemake runs)
 	$(BIN)/python -m pytest -ra -m "not integration and not slow" $(PYTEST_ARGS)
@@ -150,7 +161,7 @@ status: ## is the server running, ready and current?
 	@if [ -x $(SNAKEMAKE) ]; then $(SNAKEMAKE) --cores 1 status --quiet all; else echo "not set up: run make serve"; fi
 
 clean: stop ## remove rendered repository, results and snakemake metadata (keeps downloads and .venv)
-	rm -rf results .snakemake
+	rm -rf results .snakemake build/site
 	find model_repository -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
 
 clean-all: clean ## also remove downloads, saved models and .venv

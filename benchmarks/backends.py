@@ -1,5 +1,5 @@
 """Backend benchmark (issue 3): the same models served through Triton with torch, ONNX fp32 and ONNX int8,
-measured side by side in one run on one machine; prints ratios and writes benchmarks/backends-<host>.{json,md}.
+measured side by side in one run on one machine; prints ratios and writes benchmarks/bench-<N>cpu/backends.{json,md}.
 
     .venv/bin/python benchmarks/backends.py [--seconds 20]
 
@@ -265,7 +265,8 @@ def main() -> int:
     }
     goal_lines = [f"{key} = {g['value']} (goal >= {g['goal']}): {'met' if g['met'] else 'NOT met'}" for key, g in results["goals"].items()]
     print("goals:", *goal_lines, sep="\n  ")
-    out = ROOT / "benchmarks" / f"backends-{host.cpu_count()}cpu"
+    out = ROOT / "benchmarks" / f"bench-{host.cpu_count()}cpu" / "backends"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [
         "# Backend benchmark (served through Triton, one run, same machine)",

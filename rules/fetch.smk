@@ -15,7 +15,7 @@ rule fetch:
     retries: 1
     threads: 1
     # What an executor (--executor slurm: profiles/slurm) books per job; a local run only counts them.
-    # Constants sized for models up to ~1.5B parameters (README "Build on a cluster"): override per
+    # Constants sized for models up to ~1.5B parameters (docs/beyond-one-machine.md, "Build on a cluster"): override per
     # rule with --set-resources RULE:mem_mb=... / --set-threads RULE=N for larger ones.
     resources:
         mem_mb=2000,

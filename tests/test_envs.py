@@ -20,7 +20,7 @@ def test_conda_env_equals_requirements():
 
 
 def test_every_requirement_is_pinned_exactly():
-    for path in ("requirements.txt", "models.txt", "test.txt", "hub-mirror.txt"):
+    for path in ("requirements.txt", "models.txt", "test.txt", "hub-mirror.txt", "docs.txt"):
         for line in pins(ENVS / path):
             assert "==" in line, f"{path}: {line} is not pinned"
 
@@ -33,7 +33,7 @@ def test_makefile_targets_parse():
     import subprocess
 
     root = ENVS.parent
-    for target in ("serve", "test", "test-fast", "lint", "stop", "status", "dry-run", "soak", "bench", "tune", "clean"):
+    for target in ("serve", "test", "test-fast", "lint", "docs", "stop", "status", "dry-run", "soak", "bench", "tune", "clean"):
         result = subprocess.run(["make", "-n", "-C", str(root), target], capture_output=True, text=True, check=False)
         assert result.returncode == 0, (target, result.stderr)
     status = subprocess.run(["make", "-n", "-C", str(root), "status"], capture_output=True, text=True, check=False).stdout

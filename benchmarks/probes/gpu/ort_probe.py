@@ -8,7 +8,7 @@
   I/O binding on torch's own stream (no host sync before the run), and ONNX Runtime's CUDA graph (enable_cuda_graph:
   fixed buffers, one shape).
 
-    python benchmarks/gpu/ort_probe.py MODEL_DIR OUT.json [--seconds 2]     (exports MODEL_DIR in float16 first)
+    python benchmarks/probes/gpu/ort_probe.py MODEL_DIR OUT.json [--seconds 2]     (exports MODEL_DIR in float16 first)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
 from hf2triton.pipeline.export import export_onnx_step  # noqa: E402

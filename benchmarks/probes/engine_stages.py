@@ -2,7 +2,7 @@
 sizes serving forms -- on the CPU or a GPU, per backend, per tokenizer thread count. Each thread count runs in
 its own process (the Rust tokenizer's pool is sized once per process, from RAYON_NUM_THREADS).
 
-    .venv/bin/python benchmarks/engine_stages.py MODEL_DIR OUT.json [--device cpu|cuda:0] [--threads 2]
+    .venv/bin/python benchmarks/probes/engine_stages.py MODEL_DIR OUT.json [--device cpu|cuda:0] [--threads 2]
         [--batch 1 16 32 256] [--backend python|onnx] [--onnx-dir DIR] [--seconds 2] [--min-bucket 8 2 8 2]
 
 Stages, milliseconds per call (median over the calls of `--seconds`, steady state):
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

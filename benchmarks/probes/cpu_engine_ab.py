@@ -2,7 +2,7 @@
 tokenizer __call__ vs the Rust encode_batch path, and length bucketing on/off, MiniLM, batch 32, the
 project's 20-90-word corpus.
 
-    .venv/bin/python benchmarks/cpu_engine_ab.py [SAVED_MODEL_DIR]     # default .hf2triton/models/minilm/pretrained
+    .venv/bin/python benchmarks/probes/cpu_engine_ab.py [SAVED_MODEL_DIR]     # default .hf2triton/models/minilm/pretrained
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton.perf.corpus import bench_texts  # noqa: E402

@@ -2,7 +2,7 @@
 alternating rounds (issue 14). What model.py ships: encoders sleep, decoders spin inside a Run.
 
     .venv/bin/python benchmarks/backends.py        # builds benchmarks/.work/ (the exports measured here)
-    .venv/bin/python benchmarks/ort_spinning.py    # -> benchmarks/bench-2cpu/ort-spinning.json
+    .venv/bin/python benchmarks/probes/ort_spinning.py    # -> benchmarks/bench-2cpu/ort-spinning.json
 
 SmolLM2 (gguf-blocks, the GenAI builder's graph): the bare decode step at batch 1 (median of 32 steps after a
 40-token prompt, decoder_steps.py's loop). MiniLM ONNX int8 and fp32: the product's EmbeddingEngine at batch 32 and 4, texts/s.
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 

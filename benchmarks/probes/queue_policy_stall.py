@@ -6,7 +6,7 @@ Against the running server (`make serve`), the model is reloaded with the render
 policy (Triton's load-with-config override, admin key from the state file), alternating, and a sync gRPC
 client measures per-request latency; the rendered config is reloaded at the end.
 
-    make serve && .venv/bin/python benchmarks/queue_policy_stall.py [--model minilm] [--rounds 2] [--seconds 12]
+    make serve && .venv/bin/python benchmarks/probes/queue_policy_stall.py [--model minilm] [--rounds 2] [--seconds 12]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton.specs import load_project  # noqa: E402

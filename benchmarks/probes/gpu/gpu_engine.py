@@ -2,7 +2,7 @@
 random weights built from the real MiniLM and SmolLM2 configs (no hub on the GPU machine; speed does not
 depend on weight values). Where does the time go: tokenisation vs forward pass, per batch size.
 
-    python3 benchmarks/gpu_engine.py ASSETS_DIR OUT.json      # ASSETS_DIR: <model>/config.json + tokenizer files
+    python3 benchmarks/probes/gpu/gpu_engine.py ASSETS_DIR OUT.json      # ASSETS_DIR: <model>/config.json + tokenizer files
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
 from hf2triton.serving.model import EmbeddingEngine, GenerationEngine  # noqa: E402
 

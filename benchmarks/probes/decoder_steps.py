@@ -2,7 +2,7 @@
 exports, in-process on this machine, next to the memory-bandwidth floor of reading the weights once per step.
 
     .venv/bin/python benchmarks/backends.py          # builds benchmarks/.work/ (torch, onnx, gguf-blocks x 2 graphs)
-    .venv/bin/python benchmarks/decoder_steps.py     # -> benchmarks/generation-2cpu/decoder-steps.{json,md}
+    .venv/bin/python benchmarks/probes/decoder_steps.py     # -> benchmarks/generation-2cpu/decoder-steps.{json,md}
 
 Per engine: the product's GenerationEngine.run (what a served static request runs) in tokens/s,
 the bare forward per decode step (torch with its KV cache; ONNX Runtime feeding `present` back as `past`),
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402
@@ -202,7 +202,7 @@ def main() -> int:
     lines = [
         "# SmolLM2-135M per decoded token, in-process (issue 14)",
         "",
-        f"`.venv/bin/python benchmarks/decoder_steps.py` on {threads} CPU cores, after `benchmarks/backends.py` built the exports;"
+        f"`.venv/bin/python benchmarks/probes/decoder_steps.py` on {threads} CPU cores, after `benchmarks/backends.py` built the exports;"
         f" read bandwidth {results['bandwidth_gb_per_s']} GB/s (torch sum of 512 MB on {threads} threads). Nothing else was running.",
         "",
         "| engine | generate tokens/s (÷ torch) | ms per token in generate | bare decode step ms | weight MB read per step "

@@ -4,7 +4,7 @@
 # s3://http://127.0.0.1:PORT/bucket/prefix (Triton's syntax for an S3-compatible endpoint); one request checks it.
 # Run after `make serve` (its .hf2triton/server/backends holds the Python backend stub hf2triton installs) and with
 # the test tools (`make .venv/.installed-test`: moto):
-#     bash benchmarks/s3_repository_probe.sh [BACKENDS_DIR]
+#     bash benchmarks/probes/s3_repository_probe.sh [BACKENDS_DIR]
 # 2026-12-03, this 2-core machine: HTTP 200 and the echoed value; the model was loaded from a local copy Triton made
 # (/tmp/folderXXXX), so a published model's relative paths resolve there too.
 set -euo pipefail

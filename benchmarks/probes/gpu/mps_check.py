@@ -7,7 +7,7 @@ execution's tokenisation and IPC), like a Triton instance. Printed: replays/s su
 1..N processes, without and with MPS (when `nvidia-cuda-mps-control` exists; its pipe and log directories are
 private, so only these workers use it).
 
-    python3 benchmarks/gpu/mps_check.py OUT.json [--processes 1 4 8] [--seconds 4] [--host-ms 0.5]
+    python3 benchmarks/probes/gpu/mps_check.py OUT.json [--processes 1 4 8] [--seconds 4] [--host-ms 0.5]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a plain `pip install torch==VERSION` downloads from PyPI on Linux x86_64 (the CUDA build and its CUDA
 libraries) next to the CPU build that hf2triton's setup picks on a host without a GPU (issue 30).
 
-    python benchmarks/torch_download.py [--version 2.13.0] [--out benchmarks/bench-2cpu/torch-download.json]
+    python benchmarks/probes/torch_download.py [--version 2.13.0] [--out benchmarks/bench-2cpu/torch-download.json]
 
 How: `pip install --isolated --dry-run --ignore-installed --report` against https://pypi.org/simple in a scratch venv
 (this Python), then each chosen file's size from PyPI's JSON simple API. The CPU build's size: the wheel in a pip
@@ -19,7 +19,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton.torch_variant import find_links, read_table, wheel_at_hand  # noqa: E402

@@ -7,7 +7,7 @@ batch answers when its longest row is done) against hf2triton.serving.generation
 tokens/s, time to first token (static: a request's first token comes with its whole answer), and whether every
 continuous answer equals its solo generate() text.
 
-    .venv/bin/python benchmarks/continuous_batching.py [--requests 16] [--max-batch-size 4] [--out results.json]
+    .venv/bin/python benchmarks/probes/continuous_batching.py [--requests 16] [--max-batch-size 4] [--out results.json]
 
 On a GPU (the H200 run, benchmarks/h200/README.md): `--random-from DIR` builds the model with random weights
 from DIR's config.json + tokenizer (written by benchmarks/gpu/prepare_generation.sh from the shipped SmolLM2),
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton.perf.corpus import bench_texts  # noqa: E402

@@ -2,7 +2,7 @@
 the answer as a returned dict (FastAPI's jsonable_encoder, then json.dumps; how the gateway answered before)
 against `ArrayJSONResponse` (orjson over the numpy rows; the standard library where orjson is missing).
 
-    .venv/bin/python benchmarks/gateway_json.py [--texts 1 32 256] [--dim 384] [--rounds 3] [--out FILE.json]
+    .venv/bin/python benchmarks/probes/gateway_json.py [--texts 1 32 256] [--dim 384] [--rounds 3] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fastapi.encoders import jsonable_encoder  # noqa: E402

@@ -1,7 +1,7 @@
 """Tokenising with and without character offsets, side by side (hf2triton's `Engine.tokenize` uses
 `encode_batch_fast`, which skips them): ms per call for 1, 16 and 256 corpus texts, and whether the ids match.
 
-    .venv/bin/python benchmarks/tokenize_offsets.py [MODEL_DIR]      (default: the shipped MiniLM)
+    .venv/bin/python benchmarks/probes/tokenize_offsets.py [MODEL_DIR]      (default: the shipped MiniLM)
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
 from hf2triton.serving.model import EmbeddingEngine  # noqa: E402

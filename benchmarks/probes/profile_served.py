@@ -4,7 +4,7 @@ folded into the share of samples per function (self and inclusive). The load gen
 cores with the server: its own CPU time is printed next to the stubs' and tritonserver's (frontend, batcher).
 
     make serve   # then:
-    .venv/bin/python benchmarks/profile_served.py [--model minilm] [--texts 1] [--concurrency 16] [--seconds 20] [--out FILE]
+    .venv/bin/python benchmarks/probes/profile_served.py [--model minilm] [--texts 1] [--concurrency 16] [--seconds 20] [--out FILE]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402

@@ -5,7 +5,7 @@ negligible, so what remains of a request's latency is the serving path: the clie
 frontend, the Python-backend stub's IPC, decoding the texts, tokenising, building the responses. It is served by
 the real workflow (scratch directory, free ports) and measured one request at a time (no queueing):
 
-    .venv/bin/python benchmarks/serving_overhead.py [--texts 1 32 256] [--seconds 5] [--out FILE]
+    .venv/bin/python benchmarks/probes/serving_overhead.py [--texts 1 32 256] [--seconds 5] [--out FILE]
 
 Per request size: the in-process engine call (engine.run, as bench's yardstick), the served latency over
 gRPC and HTTP (p50), Triton's own split of it (queue, compute input / infer / output per request), and the
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402
