@@ -2,7 +2,7 @@
 
 Each Triton Python-backend instance is a process with its own CUDA context; without MPS the GPU runs one
 context at a time and switches between them. On the H200, 4 and 8 processes replaying a small CUDA graph
-each reached 4.2k and 4.2k replays/s alone, 5.3k and 7.8k through MPS (`benchmarks/gpu/mps_check.py`,
+each reached 4.2k and 4.2k replays/s alone, 5.3k and 7.8k through MPS (`benchmarks/probes/gpu/mps_check.py`,
 benchmarks/h200/README.md). The daemon is started by this user, without root, with its pipe and log directories
 under the server's work directory (mode 0700): only processes given that directory — our tritonserver and
 its stubs — use it; other CUDA programs on the machine do not. MPS itself serves only clients of the user who

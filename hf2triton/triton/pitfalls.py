@@ -1,4 +1,4 @@
-"""Known Triton failure messages and their fixes (from the pitfalls table in the README).
+"""Known Triton failure messages and their fixes (the table in docs/troubleshooting.md).
 
 Used to explain a server log or client error: the launcher, validation and status all print the
 matching fix next to Triton's own words. A pattern must match only its own failure (never a line every log
