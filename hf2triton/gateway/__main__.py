@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     options = {"host": args.host.strip("[]"), "port": args.port, "log_level": "warning", "access_log": False}
     options["timeout_graceful_shutdown"] = 5
+    options["http"] = "hf2triton.gateway.connections:GuardedHttpTools"  # header deadline, per-client bound
     if args.workers == 1:
         uvicorn.run(app, **options)
     else:  # uvicorn's workers import the app by name: the command line reaches them through the environment
