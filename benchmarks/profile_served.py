@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402
+from hf2triton.config import load_project  # noqa: E402
 from hf2triton.perf import loadgen  # noqa: E402
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
-from hf2triton.specs import load_project  # noqa: E402
 from hf2triton.triton.process import Settings  # noqa: E402
 
 

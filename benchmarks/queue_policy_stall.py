@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hf2triton.specs import load_project  # noqa: E402
+from hf2triton.config import load_project  # noqa: E402
 from hf2triton.triton import client as triton_client  # noqa: E402
 from hf2triton.triton.process import RESTRICTED_KEY_HEADER, Settings, read_state  # noqa: E402
 

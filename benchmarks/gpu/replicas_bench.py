@@ -31,11 +31,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from hf2triton.config import load_project
 from hf2triton.errors import UserError
 from hf2triton.gateway.app import CHANNEL_ARGS, grpc_target
 from hf2triton.perf import corpus, loadgen
 from hf2triton.perf.gateway_cost import GatewayTarget, _gateway_embeddings
-from hf2triton.specs import load_project
 from hf2triton.triton import client
 from hf2triton.triton.process import Settings, mps_plan, start_server, terminate
 
