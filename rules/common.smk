@@ -17,7 +17,7 @@ from hf2triton.pipeline.render import SERVING_FILES
 from hf2triton.pipeline.sources import package_version, resolve_model_sources
 from hf2triton.pipeline.tensorrt import require_tensorrt, tensorrt_version
 from hf2triton.specs import instance_kind, onnx_precision, require_onnx_on_gpu, serving_values, to_param
-from hf2triton.triton.process import REPOSITORY
+from hf2triton.triton.settings import REPOSITORY
 
 # config.yaml next to the Snakefile, or the file $HF2TRITON_CONFIG names (read by hf2triton's bounded
 # YAML loader); --config/--configfile values merge over it.

@@ -22,8 +22,11 @@ from hf2triton.pipeline.sources import resolve_local_path
 from hf2triton.serving.interface import GENERATION
 from hf2triton.specs import Footprint, ServerSpec, from_param, instance_kind, parse_source
 from hf2triton.triton import mps
+from hf2triton.triton.cleanup import find_ours
 from hf2triton.triton.install import locate_tritonserver
-from hf2triton.triton.process import Settings, find_ours, listening_ports, observe, read_state
+from hf2triton.triton.ports import listening_ports
+from hf2triton.triton.settings import Settings
+from hf2triton.triton.state import observe, read_state
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from hf2triton.gateway.process import ensure_gateway, exposure, gateway_status, 
 from hf2triton.integrity import damaged
 from hf2triton.specs import OpenAISpec, ServerSpec, from_param
 from hf2triton.triton import client
-from hf2triton.triton.process import Settings, ensure_server, server_status, serving_lock, stop_server
+from hf2triton.triton.process import ensure_server, server_status, serving_lock, stop_server
+from hf2triton.triton.settings import Settings
 
 FAILED_REPORT = "failed-report.md"  # next to the validation report: written by a failed validation
 SEES_TRITON_S = 20  # how long serve's gateway check waits for a surviving gateway to see a restarted Triton
