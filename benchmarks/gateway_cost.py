@@ -17,11 +17,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hf2triton.config import load_project  # noqa: E402
 from hf2triton.gateway.process import gateway_status  # noqa: E402
 from hf2triton.perf import gateway_cost, loadgen  # noqa: E402
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
-from hf2triton.specs import load_project  # noqa: E402
-from hf2triton.triton.process import Settings  # noqa: E402
+from hf2triton.triton.settings import Settings  # noqa: E402
 
 
 def main() -> int:

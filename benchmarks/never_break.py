@@ -26,9 +26,10 @@ sys.path.insert(0, str(ROOT))
 import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from hf2triton.specs import load_project  # noqa: E402
+from hf2triton.config import load_project  # noqa: E402
 from hf2triton.triton import client  # noqa: E402
-from hf2triton.triton.process import Settings, read_state  # noqa: E402
+from hf2triton.triton.settings import Settings  # noqa: E402
+from hf2triton.triton.state import read_state  # noqa: E402
 
 
 def make(*args: str) -> tuple[float, subprocess.CompletedProcess]:

@@ -1,7 +1,7 @@
-"""Load, validate and complete config.yaml.
+"""Load, validate and complete config.yaml, and read it into typed specs (`load_project`).
 
 Every mistake becomes a UserError whose single line names the key, the value and what is allowed, and it
-is raised before any work starts (the Snakefile calls `load_config` at parse time).
+is raised before any work starts (the Snakefile calls `load_project` at parse time).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import jsonschema
 import yaml
 
 from hf2triton.errors import UserError
-from hf2triton.pipeline.sources import parse_source
 from hf2triton.serving.interface import TEMPERATURES_ALLOWED, temperature_problem
+from hf2triton.specs import ProjectSpec, parse_source, project_spec
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 MAX_CONFIG_BYTES = 1_000_000
@@ -398,6 +398,11 @@ def load_config(path: Path | str, overrides: dict | None = None) -> dict:
             raw = {}
         raw = deep_merge(raw, overrides)
     return validate_config(raw)
+
+
+def load_project(path: Path | str, overrides: dict | None = None) -> ProjectSpec:
+    """config.yaml (plus --config/--configfile overrides) -> validated specs."""
+    return project_spec(load_config(path, overrides))
 
 
 def model_by_name(cfg: dict, name: str) -> dict:

@@ -171,8 +171,7 @@ def ensure_onnx_runtime(project: ProjectSpec, override: str = "") -> str:
 
 
 def _project(config: str | None, overlays: Sequence[str]) -> ProjectSpec:
-    from hf2triton.config import deep_merge, read_yaml
-    from hf2triton.specs import load_project
+    from hf2triton.config import deep_merge, load_project, read_yaml
 
     merged: dict = {}
     for overlay in overlays:

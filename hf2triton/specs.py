@@ -1,5 +1,6 @@
 """The configuration as typed, frozen specs, built once from the validated config (schema defaults filled
-in), and the one derivation of a model's serving values (used by the repository rule and by tune alike).
+in; hf2triton.config reads and validates it), what a model's `source:` string means, and the one derivation
+of a model's serving values (used by the repository rule and by tune alike).
 
 Rules, scripts and the package read these, never the raw dict: adding a model option means the schema, the
 field here, and the code that uses it.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,55 @@ from typing import Any
 
 from hf2triton.errors import UserError
 from hf2triton.serving.interface import DEFAULTS, GENERATION
+
+# ---------------------------------------------------------------- what a model's `source:` string means
+# a hub repository, a local directory or .gguf file, or a file shipped inside an installed Python package
+# (`pkg:<package>/<path>`); resolving the local and package ones to paths: hf2triton.pipeline.sources
+
+HUB_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+PACKAGE = re.compile(r"^pkg:([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)(?:/(.*))?$")
+LOCAL_PREFIXES = ("/", "./", "../", "~")
+SHELL_METACHARACTERS = set(";&|`$<>(){}[]*?!\"'\\\n\r\t")
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "hub" | "local" | "package"
+    value: str  # hub id, path as written, or package name
+    inner_path: str = ""  # for packages: the path inside the package
+
+    @property
+    def is_hub(self) -> bool:
+        return self.kind == "hub"
+
+
+def parse_source(text: str, where: str = "source") -> Source:
+    """Classify a source string; raise UserError naming `where` for anything unsafe or malformed."""
+    if "\x00" in text or any(ch in SHELL_METACHARACTERS for ch in text):
+        bad = sorted({ch for ch in text if ch in SHELL_METACHARACTERS or ch == "\x00"})
+        raise UserError(
+            f"{where} = {text!r}: contains {''.join(bad)!r}",
+            "use a hub id (org/name), a path, or pkg:<package>/<path> without shell metacharacters",
+        )
+    package = PACKAGE.match(text)
+    if text.startswith("pkg:"):
+        if not package:
+            raise UserError(f"{where} = {text!r}: malformed package source", "write pkg:<python_package>/<path inside it>")
+        inner = package.group(2) or ""
+        if any(part == ".." for part in Path(inner).parts) or inner.startswith("/"):
+            raise UserError(f"{where} = {text!r}: the path may not leave the package", "remove '..' and leading '/'")
+        return Source("package", package.group(1), inner)
+    if text.startswith(LOCAL_PREFIXES):
+        return Source("local", text)
+    if HUB_ID.match(text) and ".." not in text and not text.endswith((".", "-")):
+        return Source("hub", text)
+    raise UserError(
+        f"{where} = {text!r}: neither a hub id (org/name) nor a local path",
+        "write local paths starting with ./, ../, / or ~, hub ids as org/name",
+    )
+
+
+# ---------------------------------------------------------------- the config's sections
 
 
 @dataclass(frozen=True)
@@ -241,7 +292,8 @@ def model_spec(entry: dict[str, Any]) -> ModelSpec:
 
 
 def project_spec(cfg: dict[str, Any]) -> ProjectSpec:
-    """Specs from a config that `hf2triton.config.validate_config` completed (every default present)."""
+    """Specs from a config that `hf2triton.config.validate_config` completed (every default present; reading and
+    validating config.yaml into specs: `hf2triton.config.load_project`)."""
     return ProjectSpec(
         models=tuple(model_spec(m) for m in cfg["models"]),
         server=ServerSpec(**cfg["server"]),
@@ -252,13 +304,6 @@ def project_spec(cfg: dict[str, Any]) -> ProjectSpec:
         openai=OpenAISpec(**_tuples(cfg["openai"])),
         publish=PublishSpec(**cfg["publish"]),
     )
-
-
-def load_project(path: Path | str, overrides: dict | None = None) -> ProjectSpec:
-    """config.yaml (plus --config/--configfile overrides) -> validated specs."""
-    from hf2triton.config import load_config
-
-    return project_spec(load_config(path, overrides))
 
 
 # ---------------------------------------------------------------- derived serving values

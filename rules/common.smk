@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from hf2triton import host
-from hf2triton.config import check_project_paths
+from hf2triton.config import check_project_paths, load_project
 from hf2triton.envs import require_vllm_gpu
 from hf2triton.errors import UserError
 from hf2triton.integrity import damaged
@@ -16,8 +16,8 @@ from hf2triton.pipeline.export import EXPORT_VERSION
 from hf2triton.pipeline.render import SERVING_FILES
 from hf2triton.pipeline.sources import package_version, resolve_model_sources
 from hf2triton.pipeline.tensorrt import require_tensorrt, tensorrt_version
-from hf2triton.specs import instance_kind, load_project, onnx_precision, require_onnx_on_gpu, serving_values, to_param
-from hf2triton.triton.process import REPOSITORY
+from hf2triton.specs import instance_kind, onnx_precision, require_onnx_on_gpu, serving_values, to_param
+from hf2triton.triton.settings import REPOSITORY
 
 # config.yaml next to the Snakefile, or the file $HF2TRITON_CONFIG names (read by hf2triton's bounded
 # YAML loader); --config/--configfile values merge over it.

@@ -15,9 +15,10 @@ import yaml
 
 from hf2triton import host
 from hf2triton.gateway.process import stop_gateway
-from hf2triton.pipeline.sources import parse_source, resolve_local_path
-from hf2triton.specs import ServerSpec
-from hf2triton.triton.process import Settings, stop_server
+from hf2triton.pipeline.sources import resolve_local_path
+from hf2triton.specs import ServerSpec, parse_source
+from hf2triton.triton.process import stop_server
+from hf2triton.triton.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEFILE = ROOT / "Snakefile"

@@ -267,7 +267,7 @@ def test_perf_analyzer_gets_the_key_through_the_environment_not_argv(tmp_path, m
 def test_bench_gateway_is_private_loopback_with_the_users_limits(tmp_path):
     from hf2triton.perf import gateway_cost
     from hf2triton.specs import OpenAISpec
-    from hf2triton.triton.process import Settings
+    from hf2triton.triton.settings import Settings
 
     settings = Settings.of(ServerSpec(host="0.0.0.0", grpc_port=18001), ["a", "b"], str(tmp_path / "w"), str(tmp_path / "r"))  # noqa: S104
     users = OpenAISpec(enabled=True, host="0.0.0.0", port=9000, allowed_hosts=("x.example",), max_embedding_inputs=7)  # noqa: S104

@@ -195,7 +195,8 @@ def test_temperature_is_zero_or_at_least_the_sampling_minimum():
 
 
 def test_specs_are_built_once_with_every_default(tmp_path):
-    from hf2triton.specs import GenerationSpec, load_project
+    from hf2triton.config import load_project
+    from hf2triton.specs import GenerationSpec
 
     path = tmp_path / "c.yaml"
     entry = "  - {name: %s, source: org/%s, task: %s}\n"

@@ -23,20 +23,10 @@ from hf2triton.pipeline.render import render_model
 from hf2triton.specs import ModelSpec, ServerSpec, serving_values
 from hf2triton.triton import client, hidden_args
 from hf2triton.triton.hidden_args import build_shim, hide_arguments, placeholder
-from hf2triton.triton.process import (
-    RESTRICTED_KEY_HEADER,
-    Facts,
-    Settings,
-    decide,
-    ensure_server,
-    locate_tritonserver,
-    read_state,
-    redacted_command,
-    reload_models,
-    restricted_arguments,
-    server_command,
-    stop_server,
-)
+from hf2triton.triton.install import locate_tritonserver
+from hf2triton.triton.process import ensure_server, reload_models, stop_server
+from hf2triton.triton.settings import RESTRICTED_KEY_HEADER, Settings, redacted_command, restricted_arguments, server_command
+from hf2triton.triton.state import Facts, decide, read_state
 from tests.helpers import server_block
 
 needs_cc = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler")

@@ -15,7 +15,9 @@ from hf2triton.errors import UserError
 from hf2triton.specs import ServerSpec
 from hf2triton.triton import mps
 from hf2triton.triton.modelconfig import build_model_config, config_text
-from hf2triton.triton.process import Facts, Settings, _cuda_mps, decide, gpu_processes
+from hf2triton.triton.process import _cuda_mps, gpu_processes
+from hf2triton.triton.settings import Settings
+from hf2triton.triton.state import Facts, decide
 
 
 @pytest.fixture

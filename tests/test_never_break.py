@@ -21,7 +21,8 @@ from tritonclient.utils import InferenceServerException
 from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.triton import client
-from hf2triton.triton.process import find_ours, reload_models
+from hf2triton.triton.cleanup import find_ours
+from hf2triton.triton.process import reload_models
 from tests.helpers import make_workflow, tiny_model_entries
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,8 @@ import pytest
 from hf2triton.specs import ServerSpec
 from hf2triton.triton import pitfalls
 from hf2triton.triton.pitfalls import COMMANDS, PITFALLS, explain
-from hf2triton.triton.process import Settings, _failure
+from hf2triton.triton.process import _failure
+from hf2triton.triton.settings import Settings
 from tests.helpers import ROOT
 
 # What tritonserver logs when 1/model.py is missing and it gives up (lines of a real run: the stub's error,

@@ -11,7 +11,7 @@ import pytest
 from hf2triton.errors import UserError
 from hf2triton.pipeline.preflight import architecture, estimate_model_memory, run_preflight, working_bytes
 from hf2triton.specs import project_spec
-from hf2triton.triton.process import Settings
+from hf2triton.triton.settings import Settings
 from tests.helpers import CUDA_TORCH, server_block
 
 

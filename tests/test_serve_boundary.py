@@ -23,7 +23,8 @@ from tritonclient.utils import InferenceServerException
 from hf2triton import host
 from hf2triton.gateway.process import log_file, state_file
 from hf2triton.triton import client
-from hf2triton.triton.process import ensure_server, find_ours
+from hf2triton.triton.cleanup import find_ours
+from hf2triton.triton.process import ensure_server
 from tests.helpers import make_workflow, tiny_model_entries
 from tests.test_never_break import status
 

@@ -7,7 +7,8 @@ import pytest
 from hf2triton.errors import UserError
 from hf2triton.specs import ServerSpec
 from hf2triton.triton.modelconfig import build_model_config, config_text
-from hf2triton.triton.process import Settings, start_server, stop_server
+from hf2triton.triton.process import start_server, stop_server
+from hf2triton.triton.settings import Settings
 from tests.helpers import server_block
 
 pytestmark = pytest.mark.integration

@@ -18,19 +18,10 @@ from hf2triton.gateway.process import command, exposure, require_api_key, url
 from hf2triton.locks import exclusive
 from hf2triton.specs import OpenAISpec, ServerSpec, to_param
 from hf2triton.triton.hidden_args import placeholder
+from hf2triton.triton.install import locate_tritonserver, prepare_backend_dir, server_environment
 from hf2triton.triton.pitfalls import explain, relevant_log_lines
-from hf2triton.triton.process import (
-    Facts,
-    Settings,
-    decide,
-    listen_addresses,
-    locate_tritonserver,
-    prepare_backend_dir,
-    redacted_command,
-    restricted_arguments,
-    server_command,
-    server_environment,
-)
+from hf2triton.triton.settings import Settings, listen_addresses, redacted_command, restricted_arguments, server_command
+from hf2triton.triton.state import Facts, decide
 
 
 @pytest.fixture
@@ -171,13 +162,13 @@ def test_port_check(settings):
         sock.listen()
         port = sock.getsockname()[1]
         assert not host.port_is_free("127.0.0.1", port)
-        from hf2triton.triton.process import _check_ports
+        from hf2triton.triton.ports import check_ports_free
 
         busy = Settings.of(
             ServerSpec(http_port=port, grpc_port=host.free_port(), metrics_port=host.free_port()), ["a"], settings.work, settings.repository
         )
         with pytest.raises(UserError) as info:
-            _check_ports(busy)
+            check_ports_free(busy)
         assert f"port {port} (server.http_port)" in info.value.render() and "config.yaml" in info.value.render()
 
 

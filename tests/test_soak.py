@@ -13,7 +13,7 @@ import pytest
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.perf.soak import Sample, find_server_pid, memory_sample, render_markdown, run_soak, summarise
 from hf2triton.specs import ServerSpec
-from hf2triton.triton.process import Settings
+from hf2triton.triton.settings import Settings
 
 INTERVAL_KEYS = {
     "interval",

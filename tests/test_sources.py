@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hf2triton.errors import UserError
-from hf2triton.pipeline.sources import parse_source, resolve_local_path
+from hf2triton.pipeline.sources import resolve_local_path
+from hf2triton.specs import parse_source
 
 
 @pytest.mark.parametrize(

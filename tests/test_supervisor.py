@@ -16,7 +16,8 @@ import pytest
 from hf2triton import host
 from hf2triton.serving import interface
 from hf2triton.triton import client
-from hf2triton.triton.process import find_ours, read_state
+from hf2triton.triton.cleanup import find_ours
+from hf2triton.triton.state import read_state
 from hf2triton.triton.supervisor import process_state, stub_model, supervisor_status
 from tests.helpers import long_context_copy, make_workflow, tiny_model_entries
 

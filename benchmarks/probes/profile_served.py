@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402
+from hf2triton.config import load_project  # noqa: E402
 from hf2triton.perf import loadgen  # noqa: E402
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
-from hf2triton.specs import load_project  # noqa: E402
-from hf2triton.triton.process import Settings  # noqa: E402
+from hf2triton.triton.settings import Settings  # noqa: E402
 
 
 def stub_pids(model: str) -> list[int]:

@@ -23,9 +23,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from hf2triton.specs import load_project  # noqa: E402
+from hf2triton.config import load_project  # noqa: E402
 from hf2triton.triton import client as triton_client  # noqa: E402
-from hf2triton.triton.process import RESTRICTED_KEY_HEADER, Settings, read_state  # noqa: E402
+from hf2triton.triton.settings import RESTRICTED_KEY_HEADER, Settings  # noqa: E402
+from hf2triton.triton.state import read_state  # noqa: E402
 
 POLICY = {"max_queue_size": 128, "default_timeout_microseconds": 60_000_000, "allow_timeout_override": True, "timeout_action": "REJECT"}
 

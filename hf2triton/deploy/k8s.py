@@ -36,7 +36,7 @@ from hf2triton.deploy.publish import REPOSITORY_PREFIX, split_url
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory
 from hf2triton.specs import ModelSpec, OpenAISpec, ProjectSpec, ServerSpec, from_param
-from hf2triton.triton.process import RESTRICTED_HTTP_APIS, RESTRICTED_KEY_HEADER
+from hf2triton.triton.settings import RESTRICTED_HTTP_APIS, RESTRICTED_KEY_HEADER
 
 # Triton version -> NGC container release. The nvidia-pytriton 0.7.0 wheel that `make serve` validates with bundles
 # tritonserver 2.51.0, which NVIDIA ships as the 24.10 container: same server, same Python backend (its stub is
@@ -163,7 +163,7 @@ def secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
 
 
 def restricted_flags() -> list[str]:
-    """The same API restrictions as `make serve` (hf2triton.triton.process), the keys expanded by the kubelet from
+    """The same API restrictions as `make serve` (hf2triton.triton.settings), the keys expanded by the kubelet from
     the container's environment ($(VAR)): the manifest holds only the Secret's name."""
     from hf2triton.triton import client
 
@@ -267,7 +267,7 @@ def triton_documents(
 
 def gateway_documents(models: Sequence[ModelSpec], openai: OpenAISpec, k8s: K8sSpec, version: str) -> list[dict[str, Any]]:
     from hf2triton.gateway.process import command
-    from hf2triton.triton.process import Settings
+    from hf2triton.triton.settings import Settings
 
     name, triton = f"{k8s.name}-gateway", f"{k8s.name}-triton"
     domain = f".{k8s.namespace}.svc" if k8s.namespace else ""

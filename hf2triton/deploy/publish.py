@@ -218,7 +218,8 @@ def serve_replica(url: str, work: str, server: Any, endpoint_url: str = "", regi
     """Fetch the published repository into `work`, start a tritonserver of its own there (`server`: a ServerSpec with
     this replica's host and ports) and validate it; returns the validation report."""
     from hf2triton.pipeline.validate import validate_server
-    from hf2triton.triton.process import Settings, ensure_server
+    from hf2triton.triton.process import ensure_server
+    from hf2triton.triton.settings import Settings
 
     local = Path(work) / "published"
     manifest = fetch_published(url, str(local), endpoint_url, region)
@@ -237,7 +238,8 @@ def replica_main(args: Any) -> int:
     """`python -m hf2triton replica URL --work DIR ...`: serve (or --stop) one replica."""
     from hf2triton.config import path_problem
     from hf2triton.specs import ServerSpec
-    from hf2triton.triton.process import Settings, stop_server
+    from hf2triton.triton.process import stop_server
+    from hf2triton.triton.settings import Settings
 
     if not HOST_PATTERN.match(args.host):
         raise UserError(f"--host {args.host!r} is not an address", "give an IP address or host name, e.g. 127.0.0.1")

@@ -18,7 +18,10 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.specs import OpenAISpec
 from hf2triton.triton import client
-from hf2triton.triton.process import LISTEN_FIX, Settings, cannot_listen, client_address, listening_ports, serving_lock, terminate
+from hf2triton.triton.cleanup import terminate
+from hf2triton.triton.ports import LISTEN_FIX, cannot_listen, listening_ports
+from hf2triton.triton.process import serving_lock
+from hf2triton.triton.settings import Settings, client_address
 
 READY_TIMEOUT_S = 60
 VALIDATION_REPORT = "results/validation/report.json"  # rule validate's output, relative to the project directory

@@ -42,7 +42,9 @@ from hf2triton.perf import loadgen
 from hf2triton.perf.loadgen import Answer, Cell
 from hf2triton.specs import OpenAISpec
 from hf2triton.triton import client
-from hf2triton.triton.process import Settings, listening_ports, terminate
+from hf2triton.triton.cleanup import terminate
+from hf2triton.triton.ports import listening_ports
+from hf2triton.triton.settings import Settings
 
 log = logging.getLogger(__name__)
 

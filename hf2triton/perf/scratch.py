@@ -12,7 +12,8 @@ from pathlib import Path
 from hf2triton import host
 from hf2triton.pipeline.render import render_model
 from hf2triton.specs import ModelSpec, ServerSpec, serving_values
-from hf2triton.triton.process import Settings, start_server, stop_server
+from hf2triton.triton.process import start_server, stop_server
+from hf2triton.triton.settings import Settings
 
 
 @contextmanager

@@ -25,12 +25,13 @@ from typing import Any, Callable
 import numpy as np
 
 from hf2triton import host
+from hf2triton.config import load_project
 from hf2triton.errors import UserError, exit_on_user_error
 from hf2triton.fsutil import atomic_write_json, atomic_write_text, human_bytes
 from hf2triton.serving import interface
-from hf2triton.specs import load_project
 from hf2triton.triton import client
-from hf2triton.triton.process import Settings, read_state
+from hf2triton.triton.settings import Settings
+from hf2triton.triton.state import read_state
 
 WORDS = "the model serves text quickly while many clients send requests of different length and kind".split()
 BAD_KINDS = ("invalid-utf8", "empty", "oversized", "bad-max-new-tokens")

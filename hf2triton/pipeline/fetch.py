@@ -17,7 +17,8 @@ from typing import Any
 
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, free_bytes, human_bytes, sha256_file
-from hf2triton.pipeline.sources import Source, parse_source, resolve_local_path
+from hf2triton.pipeline.sources import resolve_local_path
+from hf2triton.specs import Source, parse_source
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,15 @@ from typing import Any
 from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, free_bytes, human_bytes, tree_size
-from hf2triton.pipeline.sources import parse_source, resolve_local_path
+from hf2triton.pipeline.sources import resolve_local_path
 from hf2triton.serving.interface import GENERATION
-from hf2triton.specs import Footprint, ServerSpec, from_param, instance_kind
+from hf2triton.specs import Footprint, ServerSpec, from_param, instance_kind, parse_source
 from hf2triton.triton import mps
+from hf2triton.triton.cleanup import find_ours
 from hf2triton.triton.install import locate_tritonserver
-from hf2triton.triton.process import Settings, find_ours, listening_ports, observe, read_state
+from hf2triton.triton.ports import listening_ports
+from hf2triton.triton.settings import Settings
+from hf2triton.triton.state import observe, read_state
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from hf2triton.gateway.process import ensure_gateway, exposure, gateway_status, 
 from hf2triton.integrity import damaged
 from hf2triton.specs import OpenAISpec, ServerSpec, from_param
 from hf2triton.triton import client
-from hf2triton.triton.process import Settings, ensure_server, server_status, serving_lock, stop_server
+from hf2triton.triton.process import ensure_server, server_status, serving_lock, stop_server
+from hf2triton.triton.settings import Settings
 from hf2triton.triton.supervisor import ensure_supervisor, stop_supervisor, supervisor_status
 from hf2triton.triton.supervisor import log_file as supervisor_log
 

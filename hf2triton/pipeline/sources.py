@@ -1,63 +1,19 @@
-"""What a model `source:` string means: a hub repository, a local directory or .gguf file, or a file
-shipped inside an installed Python package (`pkg:<package>/<path>`)."""
+"""Where a model's source is on this machine: the path of a local or package source, a package's version.
+
+What a `source:` string means (parse_source, Source): hf2triton.specs."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hf2triton.errors import UserError
+from hf2triton.specs import ModelSpec, Source, parse_source
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-
-    from hf2triton.specs import ModelSpec
-
-HUB_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
-PACKAGE = re.compile(r"^pkg:([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)(?:/(.*))?$")
-LOCAL_PREFIXES = ("/", "./", "../", "~")
-SHELL_METACHARACTERS = set(";&|`$<>(){}[]*?!\"'\\\n\r\t")
-
-
-@dataclass(frozen=True)
-class Source:
-    kind: str  # "hub" | "local" | "package"
-    value: str  # hub id, path as written, or package name
-    inner_path: str = ""  # for packages: the path inside the package
-
-    @property
-    def is_hub(self) -> bool:
-        return self.kind == "hub"
-
-
-def parse_source(text: str, where: str = "source") -> Source:
-    """Classify a source string; raise UserError naming `where` for anything unsafe or malformed."""
-    if "\x00" in text or any(ch in SHELL_METACHARACTERS for ch in text):
-        bad = sorted({ch for ch in text if ch in SHELL_METACHARACTERS or ch == "\x00"})
-        raise UserError(
-            f"{where} = {text!r}: contains {''.join(bad)!r}",
-            "use a hub id (org/name), a path, or pkg:<package>/<path> without shell metacharacters",
-        )
-    package = PACKAGE.match(text)
-    if text.startswith("pkg:"):
-        if not package:
-            raise UserError(f"{where} = {text!r}: malformed package source", "write pkg:<python_package>/<path inside it>")
-        inner = package.group(2) or ""
-        if any(part == ".." for part in Path(inner).parts) or inner.startswith("/"):
-            raise UserError(f"{where} = {text!r}: the path may not leave the package", "remove '..' and leading '/'")
-        return Source("package", package.group(1), inner)
-    if text.startswith(LOCAL_PREFIXES):
-        return Source("local", text)
-    if HUB_ID.match(text) and ".." not in text and not text.endswith((".", "-")):
-        return Source("hub", text)
-    raise UserError(
-        f"{where} = {text!r}: neither a hub id (org/name) nor a local path",
-        "write local paths starting with ./, ../, / or ~, hub ids as org/name",
-    )
 
 
 def resolve_local_path(source: Source, where: str = "source") -> Path:

@@ -30,7 +30,9 @@ from hf2triton.specs import OnnxSpec, onnx_precision
 from hf2triton.triton import client
 from hf2triton.triton.modelconfig import located_config, model_parameters, read_model_config, uses_gpu
 from hf2triton.triton.pitfalls import explain
-from hf2triton.triton.process import Settings, ensure_server, public_state
+from hf2triton.triton.process import ensure_server
+from hf2triton.triton.settings import Settings
+from hf2triton.triton.state import public_state
 
 log = logging.getLogger(__name__)
 

@@ -183,8 +183,8 @@ def config_path(given: str | None) -> Path:
 
 
 def _configured_urls(config: Path) -> tuple[str, str]:
-    from hf2triton.specs import load_project
-    from hf2triton.triton.process import Settings
+    from hf2triton.config import load_project
+    from hf2triton.triton.settings import Settings
 
     project = load_project(config)
     settings = Settings.of(project.server, project.names, project.work)

@@ -33,7 +33,10 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.gateway.process import ensure_gateway, gateway_alive
 from hf2triton.specs import OpenAISpec, ServerSpec, from_param
-from hf2triton.triton.process import Settings, dead_stub_models, ensure_server, find_ours, read_state, serving_lock, terminate
+from hf2triton.triton.cleanup import find_ours, terminate
+from hf2triton.triton.process import ensure_server, serving_lock
+from hf2triton.triton.settings import Settings
+from hf2triton.triton.state import dead_stub_models, read_state
 
 log = logging.getLogger("hf2triton.supervisor")
 

@@ -1,0 +1,116 @@
+"""Processes of ours found by what they are (their command lines, whatever the state file says), stopped
+politely first (terminate), and what a dead server leaves behind: orphaned Python-backend stubs and their
+/dev/shm regions."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hf2triton import host
+from hf2triton.triton.settings import Settings
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 30  # SIGTERM, then SIGKILL after this long (and how long a reload waits for an unload)
+
+
+def terminate(pid: int, cmdline: list[str] | None) -> None:
+    """Stop a process of ours and its process group (server + stubs, or the gateway), politely first."""
+    if cmdline is not None and host.process_cmdline(pid) != cmdline:
+        return
+    for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(pid, sig)  # the server and its stubs (it leads its own session when we started it)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                reaped, _ = os.waitpid(pid, os.WNOHANG)
+                if reaped == pid:
+                    return
+            except ChildProcessError:
+                pass
+            if host.process_cmdline(pid) is None:
+                return
+            time.sleep(0.2)
+
+
+@dataclass(frozen=True)
+class Ours:
+    """Processes of ours found by what they are (their command lines), whatever the state file says."""
+
+    servers: tuple[int, ...]  # tritonserver processes serving this repository
+    stubs: tuple[int, ...]  # Python-backend stubs of this repository's models
+    orphans: tuple[int, ...]  # stubs whose tritonserver is gone (they ignore SIGTERM and keep memory)
+
+
+def find_ours(settings: Settings) -> Ours:
+    servers, stubs = [], []
+    for pid in host.pids():
+        cmd = host.process_cmdline(pid) or []
+        if cmd and cmd[0].endswith("/tritonserver") and f"--model-repository={settings.repository}" in cmd:
+            servers.append(pid)
+        elif len(cmd) > 1 and cmd[0].endswith("triton_python_backend_stub") and cmd[1].startswith(f"{settings.repository}/"):
+            stubs.append(pid)
+    orphans = [pid for pid in stubs if host.parent_pid(pid) not in servers]
+    return Ours(tuple(servers), tuple(stubs), tuple(orphans))
+
+
+SHM_DIR = Path("/dev/shm")  # noqa: S108 - where Triton's Python backend keeps its regions
+SHM_REGION = re.compile(r"^triton_python_backend_shm_region_[0-9a-f-]+$")
+SHM_SETUP_S = 2.0  # a region younger than this may belong to a stub that has not mapped it yet
+
+
+def mapped_files() -> set[str]:
+    """Every file some process of this user has mapped (from /proc/<pid>/maps)."""
+    mapped = set()
+    for pid in host.pids():
+        try:
+            lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        except OSError:
+            continue
+        mapped.update(line.split(None, 5)[5].removesuffix(" (deleted)") for line in lines if line.count(" ") >= 5 and f"{SHM_DIR}/" in line)
+    return mapped
+
+
+def end_orphans(settings: Settings) -> list[str]:
+    """Kill the stubs our dead servers left behind (they ignore SIGTERM and keep their memory), then remove
+    the Python-backend shared-memory regions of this user that no process maps any more (a dead server's;
+    a live server maps its own). Returns what was cleaned, for the log."""
+    cleaned = []
+    for pid in find_ours(settings).orphans:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            cleaned.append(f"stub {pid}")
+        except ProcessLookupError:
+            continue
+    if cleaned:
+        time.sleep(0.5)  # let the killed stubs unmap
+    # A starting stub creates its region, then maps it: another server starting beside ours must not lose a region
+    # on its way. So the regions are listed before the processes' maps are read, and a young one is left alone.
+    now, candidates = time.time(), []
+    for path in SHM_DIR.glob("triton_python_backend_shm_region_*"):
+        try:
+            facts = path.stat()
+        except OSError:
+            continue
+        if facts.st_uid == os.getuid() and SHM_REGION.match(path.name) and now - facts.st_ctime > SHM_SETUP_S:
+            candidates.append(path)
+    mapped = mapped_files()
+    for path in candidates:
+        if str(path) not in mapped:
+            path.unlink(missing_ok=True)
+            cleaned.append(str(path))
+    if cleaned:
+        log.info("cleaned up after a dead server: %s", ", ".join(cleaned))
+    return cleaned
