@@ -336,7 +336,7 @@ def test_key_status_restore_and_stop(gateway):
 
 
 def test_embedding_json_is_the_same_with_and_without_orjson(monkeypatch):
-    from hf2triton.gateway import app as gateway_app
+    from hf2triton.gateway import responses as gateway_app
 
     rows = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
     body = {"object": "list", "data": [{"index": i, "embedding": row} for i, row in enumerate(rows)], "model": "m"}

@@ -9,18 +9,11 @@ import socket
 
 import pytest
 
-from hf2triton.gateway.app import (
-    ApiError,
-    Gateway,
-    chat_messages,
-    create_app,
-    embedding_inputs,
-    generation_options,
-    host_name,
-    served_names,
-    triton_error,
-    unreachable,
-)
+from hf2triton.gateway.app import create_app
+from hf2triton.gateway.backend import Gateway
+from hf2triton.gateway.boundary import host_name, served_names
+from hf2triton.gateway.errors import ApiError, triton_error, unreachable
+from hf2triton.gateway.protocol import chat_messages, embedding_inputs, generation_options
 
 
 def test_sampling_parameters_map_to_model_inputs():
@@ -188,7 +181,7 @@ def test_allowed_origins_get_cors_headers_and_preflights():
 
 
 def test_several_grpc_addresses_become_one_round_robin_channel_and_bad_ones_are_named():
-    from hf2triton.gateway.app import grpc_target
+    from hf2triton.gateway.backend import grpc_target
 
     assert grpc_target("127.0.0.1:8001") == ("127.0.0.1:8001", [])
     assert grpc_target("127.0.0.1:8001, localhost:8101") == ("ipv4:127.0.0.1:8001,127.0.0.1:8101", [("grpc.lb_policy_name", "round_robin")])

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from hf2triton.config import load_project
 from hf2triton.errors import UserError
-from hf2triton.gateway.app import CHANNEL_ARGS, grpc_target
+from hf2triton.gateway.backend import CHANNEL_ARGS, grpc_target
 from hf2triton.perf import corpus, loadgen
 from hf2triton.perf.gateway_cost import GatewayTarget, _gateway_embeddings
 from hf2triton.triton import client

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from fastapi.encoders import jsonable_encoder  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 
-from hf2triton.gateway import app as gateway_app  # noqa: E402
+from hf2triton.gateway import responses as gateway_app  # noqa: E402
 
 
 def answer(vectors: np.ndarray, encoding: str, as_lists: bool) -> dict:

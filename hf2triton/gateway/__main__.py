@@ -35,7 +35,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build(args: argparse.Namespace):
     """The app for these arguments (the API key from its environment variable, read here, never passed)."""
-    from hf2triton.gateway.app import Gateway, create_app, served_names
+    from hf2triton.gateway.app import create_app
+    from hf2triton.gateway.backend import Gateway
+    from hf2triton.gateway.boundary import served_names
 
     gateway = Gateway(args.grpc, os.environ.get(args.api_key_env) or None, _names(args.models), args.max_embedding_inputs)
     hosts = served_names(args.host.strip("[]"), _names(args.allowed_hosts))

@@ -1,0 +1,49 @@
+"""POST /v1/embeddings: feature-extraction models, a string or a list of them, vectors as floats or base64."""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi import APIRouter, Request
+
+from hf2triton.gateway import protocol
+from hf2triton.gateway.backend import Gateway, gateway_of
+from hf2triton.gateway.boundary import KEY
+from hf2triton.gateway.errors import ApiError
+from hf2triton.gateway.protocol import ServedModel
+from hf2triton.gateway.responses import ArrayJSONResponse
+from hf2triton.serving import interface
+from hf2triton.triton import client
+
+router = APIRouter()
+
+
+async def embed(gateway: Gateway, served: ServedModel, texts: list[str]) -> tuple[np.ndarray, int]:
+    """The texts' embeddings and the tokens they became (the model's own count: no second tokenisation)."""
+    import tritonclient.grpc as grpcclient
+
+    # The gateway splits a request into the model's batches, which would bypass the model's own bound on
+    # texts per request: bounded here, before anything reaches Triton.
+    limit = gateway.max_embedding_inputs or served.max_texts
+    if len(texts) > limit:
+        message = f"'input' has {len(texts)} texts; at most {limit} per request (openai.max_embedding_inputs): split the request"
+        raise ApiError(413, message, param="input", code="too_large")
+    chunk = served.max_batch_size or len(texts)
+    batches = [client.build_inputs(grpcclient, texts[i : i + chunk]) for i in range(0, len(texts), chunk)]
+    parts, tokens = [], 0
+    for result in await gateway.infer(served.name, batches):
+        vectors = result.as_numpy(interface.EMBEDDING)
+        parts.append(vectors.reshape(-1, vectors.shape[-1]))
+        counts = result.as_numpy(interface.PROMPT_TOKENS)
+        tokens += int(counts.sum()) if counts is not None else 0
+    return np.concatenate(parts).astype(np.float32), tokens
+
+
+@router.post("/v1/embeddings", dependencies=KEY)
+async def embeddings(request: Request):
+    gateway = gateway_of(request)
+    body = await protocol.read_body(request)
+    served = await gateway.model(body, interface.FEATURE_EXTRACTION)
+    texts = protocol.embedding_inputs(body)
+    encoding = protocol.embedding_format(body)
+    vectors, tokens = await embed(gateway, served, texts)
+    return ArrayJSONResponse(protocol.embedding_answer(served.name, vectors, tokens, encoding))
