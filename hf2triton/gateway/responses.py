@@ -25,7 +25,7 @@ T = TypeVar("T")
 class ArrayJSONResponse(JSONResponse):
     """JSON with numpy arrays in it, written in one pass. A returned dict goes through FastAPI's
     jsonable_encoder and json.dumps, ~80x orjson's time for a 256 x 384 float embedding answer and ~5x as base64
-    (benchmarks/gateway_json.py); orjson prints float32 values shortest, and they read back exactly."""
+    (benchmarks/probes/gateway_json.py); orjson prints float32 values shortest, and they read back exactly."""
 
     def render(self, content: Any) -> bytes:
         if orjson is not None:
