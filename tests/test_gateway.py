@@ -107,6 +107,22 @@ def test_models_chat_and_completions_equal_tritons_own_answer(gateway):
     assert seeded[0] == seeded[1], "same seed, same text"
 
 
+def test_a_model_card_the_models_own_max_tokens_and_head_on_the_playground(gateway):
+    """Issue 42 #6: the SDK's models.retrieve was 404; max_tokens past the model's limit was refused by the model
+    under its internal name with param null; HEAD on the playground was 405."""
+    import openai
+
+    api = openai_client(gateway)
+    assert api.models.retrieve("generate").id == "generate"
+    with pytest.raises(openai.NotFoundError):
+        api.models.retrieve("nothing")
+    status, answer = post(gateway, "/chat/completions", {"model": "generate", "messages": ASK, "max_tokens": 3001})
+    assert status == 400 and answer["error"]["param"] == "max_tokens" and "1..3000" in answer["error"]["message"], answer
+    head = urllib.request.Request(base_url(gateway).removesuffix("/v1") + "/playground/", method="HEAD")
+    with urllib.request.urlopen(head, timeout=10) as response:  # noqa: S310 - our gateway on loopback
+        assert response.status == 200
+
+
 def test_async_client_and_embeddings_equal_tritons(gateway):
     import tritonclient.http as httpclient
     from openai import AsyncOpenAI
@@ -156,7 +172,7 @@ def test_async_client_and_embeddings_equal_tritons(gateway):
             400,
             "temperature",
         ),
-        ("/chat/completions", {"model": "generate", "messages": ASK, "max_tokens": 5000}, 400, "exceeds"),
+        ("/chat/completions", {"model": "generate", "messages": ASK, "max_tokens": 5000}, 400, "out of range (1..3000)"),
         ("/chat/completions", {"model": "embed", "messages": ASK}, 400, "feature-extraction"),
         ("/embeddings", {"model": "embed", "input": [1, 2, 3]}, 400, "token arrays"),
         ("/embeddings", {"model": "embed", "input": "x", "encoding_format": "hex"}, 400, "encoding_format"),

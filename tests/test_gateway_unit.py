@@ -9,11 +9,12 @@ import socket
 
 import pytest
 
+from hf2triton.errors import UserError
 from hf2triton.gateway.app import create_app
 from hf2triton.gateway.backend import Gateway
 from hf2triton.gateway.boundary import host_name, served_names
 from hf2triton.gateway.errors import ApiError, triton_error, unreachable
-from hf2triton.gateway.protocol import chat_messages, embedding_inputs, generation_options
+from hf2triton.gateway.protocol import chat_messages, completion_prompt, embedding_inputs, generation_options
 
 
 def test_sampling_parameters_map_to_model_inputs():
@@ -189,3 +190,58 @@ def test_several_grpc_addresses_become_one_round_robin_channel_and_bad_ones_are_
     for bad, words in (("8001", "not host:port"), ("a:0", "not host:port"), (",", "names no address"), ("127.0.0.1:1,[::1]:2", "mixes")):
         with pytest.raises(ValueError, match=words):
             grpc_target(bad)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "x", "best_of": 3}, "best_of"),
+        ({"prompt": "x", "suffix": "end"}, "suffix"),
+        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "echo": "yes"}, "echo"),
+    ],
+)
+def test_completion_parameters_not_done_here_are_refused_not_ignored(body, param):
+    """Issue 42 #6: best_of, suffix and echo were accepted and ignored."""
+    with pytest.raises(ApiError) as info:
+        completion_prompt(body)
+    assert info.value.status == 400 and info.value.param == param
+    assert completion_prompt({"prompt": "x", "best_of": 1, "suffix": "", "echo": False}) == "x", "their no-op values pass"
+
+
+def test_max_tokens_is_checked_against_the_models_own_limit_and_stream_must_be_a_boolean():
+    with pytest.raises(ApiError) as info:
+        generation_options({"max_tokens": 2000}, max_new_tokens=1024)
+    assert info.value.param == "max_tokens" and "1..1024" in info.value.message, "the model's range, the client's name"
+    assert generation_options({"max_tokens": 1024}, max_new_tokens=1024) == {"max_new_tokens": 1024}
+    with pytest.raises(ApiError) as info:
+        generation_options({"stream": "yes"})
+    assert info.value.param == "stream" and "true or false" in info.value.message
+    with pytest.raises(ApiError, match=r"developer"):
+        chat_messages({"messages": [{"role": "tool", "content": "x"}]})
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "words"),
+    [
+        (RuntimeError("[StatusCode.UNAVAILABLE] Request for unknown model: 'generate' has no available versions"), 503, "not loaded yet"),
+        (RuntimeError("[StatusCode.UNAVAILABLE] Stream removed (Socket closed)"), 503, "Stream removed (Socket closed)"),
+        (UserError("the client key file /k is missing", "`make serve` creates it"), 503, "the client key file /k is missing"),
+    ],
+)
+def test_restarts_and_a_missing_key_are_503_with_retry_after_in_plain_words(error, status, words):
+    """Issue 42 #2/#3: a restart answered 400 (SDKs do not retry it); gRPC's wrapping leaked into messages."""
+    mapped = triton_error(error, "generate")
+    assert mapped.status == status and words in mapped.message and mapped.headers() == {"Retry-After": "2"}
+    assert "StatusCode" not in mapped.message and "AioRpcError" not in mapped.message
+
+
+def test_a_configured_model_that_is_not_loaded_is_503_not_404():
+    gateway = Gateway("127.0.0.1:1", None, ["generate"])
+    gateway.refresh_failed, gateway.refreshed_at = False, float("inf")  # as if Triton had just listed no models
+    with pytest.raises(ApiError) as info:
+        asyncio.run(gateway.model({"model": "generate"}, "text-generation"))
+    assert info.value.status == 503 and info.value.headers() == {"Retry-After": "2"}
+    with pytest.raises(ApiError) as info:
+        asyncio.run(gateway.model({"model": "other"}, "text-generation"))
+    assert info.value.status == 404 and info.value.code == "model_not_found"

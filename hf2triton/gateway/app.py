@@ -46,7 +46,7 @@ def create_app(
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError):
-        return JSONResponse(err.body(), status_code=err.status)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, err: RequestValidationError):

@@ -15,7 +15,7 @@ from typing import Any, Callable, TypeVar
 from fastapi import Request
 
 from hf2triton.gateway.boundary import check_key
-from hf2triton.gateway.errors import ApiError, triton_error, unavailable, unreachable
+from hf2triton.gateway.errors import ApiError, not_loaded, not_served, triton_error, unavailable, unreachable
 from hf2triton.gateway.protocol import ServedModel
 from hf2triton.serving import interface
 from hf2triton.triton import client
@@ -130,7 +130,7 @@ class Gateway:
         except ApiError:
             raise
         except Exception as err:  # noqa: BLE001 - Triton's answer becomes an OpenAI error
-            raise triton_error(err) from None
+            raise triton_error(err, name) from None
 
     async def refresh(self) -> None:
         """The served models' tasks and limits, from their configs on the server; 503 while Triton is down
@@ -161,7 +161,7 @@ class Gateway:
             device = "gpu" if any(g.kind == g.KIND_GPU for g in groups) else "cpu"
             found[name] = ServedModel(
                 name, parameters.task, decoupled, config.max_batch_size, parameters.max_texts_per_request,
-                parameters.backend, device, sum(max(g.count, 1) for g in groups) or 1,
+                parameters.backend, device, sum(max(g.count, 1) for g in groups) or 1, parameters.max_new_tokens_limit,
             )  # fmt: skip
         self.models, self.refresh_failed = found, False
 
@@ -178,8 +178,10 @@ class Gateway:
         if name not in self.models and name in self.names and stale:
             await self.refresh()
         served = self.models.get(name)
+        if served is None and name in self.names:  # configured, not loaded now: a restart or reload, not a wrong name
+            raise not_loaded(name)
         if served is None:
-            raise ApiError(404, f"model {name!r} is not served here (GET /v1/models lists them)", param="model", code="model_not_found")
+            raise not_served(name)
         if served.task != task:
             raise ApiError(400, f"model {name!r} is a {served.task} model, not {task}", param="model")
         if task == interface.GENERATION and not served.streaming:

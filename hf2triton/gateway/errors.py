@@ -3,11 +3,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+from hf2triton.errors import UserError
 
 # gRPC's words for "no connection" (down, restarting, or this channel in its reconnect back-off), as opposed to
 # Triton's own UNAVAILABLE answers about a request (a full queue is 429, not retried)
 UNREACHABLE = ("failed to connect", "connection refused", "connection reset", "socket closed", "broken pipe", "goaway")
+# Triton's words for a model of ours that is not (yet) loaded: a restart, a reload. A 400 would tell SDKs not to retry.
+LOADING = ("unknown model", "no available versions", "is not ready")
+RETRY_AFTER_S = 2  # sent with every 503 and 429: how long a client waits before trying again
 
 
 class ApiError(Exception):
@@ -17,23 +23,39 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
 
+    def headers(self) -> dict[str, str]:
+        """Retry-After on the states that pass (not ready, restarting, busy): SDKs retry those, and wait that long."""
+        return {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else {}
+
     def body(self) -> dict[str, Any]:
         message = self.message.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate from the request cannot be sent
         return {"error": {"message": message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
-def triton_error(err: Exception) -> ApiError:
-    """Triton's error for one request -> the OpenAI status class."""
-    text = str(err)
+def reason(err: BaseException) -> str:
+    """Triton's or gRPC's own words for a failure, without the client library's wrapping ("[StatusCode.X] ",
+    AioRpcError's multi-line repr)."""
+    details, message = getattr(err, "details", None), getattr(err, "message", None)
+    text = details() if callable(details) else message() if callable(message) else str(err)
+    return re.sub(r"^\[StatusCode\.\w+\]\s*", "", str(text or "")).strip() or type(err).__name__
+
+
+def triton_error(err: Exception, model: str = "") -> ApiError:
+    """Triton's error for one request (of `model`) -> the OpenAI status class, in Triton's words."""
+    if isinstance(err, UserError):  # ours, on the way to Triton: the client key file (hf2triton.triton.client)
+        return ApiError(503, f"{err.message} -- fix: {err.fix}" if err.fix else err.message, "server_error", code="unavailable")
+    text = reason(err)
     lowered = text.lower()
     if "busy" in lowered or "exceeds the maximum queue size" in lowered:
         return ApiError(429, text, "rate_limit_error", code="busy")
     if "max_input_bytes" in lowered or "max_texts_per_request" in lowered or "max_request_bytes" in lowered:
         return ApiError(413, text, code="too_large")
-    if "unavailable" in lowered or "failed to connect" in lowered or "not ready" in lowered:
-        return ApiError(503, f"the Triton server is not ready: {text}", "server_error", code="unavailable")
+    if "unavailable" in lowered or any(words in lowered for words in (*UNREACHABLE, "stream removed")):
+        return unavailable(text)
+    if any(words in lowered for words in LOADING):  # a configured model: the gateway answers 404 for others first
+        return not_loaded(model)
     if "stub process" in lowered or "not healthy" in lowered:  # the model's Python process died: the server's fault
-        return ApiError(503, f"the model's process is not healthy (`make serve` restarts it): {text}", "server_error", code="unavailable")
+        return ApiError(503, f"the model's process is not healthy (the supervisor restarts it): {text}", "server_error", code="unavailable")
     return ApiError(400, text)
 
 
@@ -44,7 +66,16 @@ def unreachable(err: BaseException) -> bool:
 
 
 def unavailable(detail: str | BaseException) -> ApiError:
-    if isinstance(detail, BaseException):  # gRPC's own words, not its multi-line repr
-        details = getattr(detail, "details", None)
-        detail = (details() if callable(details) else str(detail)) or type(detail).__name__
+    detail = reason(detail) if isinstance(detail, BaseException) else detail  # gRPC's own words, not its repr
     return ApiError(503, f"the Triton server is unavailable ({detail[:200]}); retry shortly", "server_error", code="unavailable")
+
+
+def not_loaded(model: str) -> ApiError:
+    """A model of ours that Triton does not serve right now (starting, restarting, reloading): 503, not 400/404."""
+    what = f"model {model!r}" if model else "the model"
+    message = f"{what} is not loaded yet (the server is starting or reloading it); retry shortly"
+    return ApiError(503, message, "server_error", code="unavailable")
+
+
+def not_served(model: str) -> ApiError:
+    return ApiError(404, f"model {model[:100]!r} is not served here (GET /v1/models lists them)", param="model", code="model_not_found")

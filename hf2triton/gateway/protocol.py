@@ -33,6 +33,7 @@ class ServedModel:
     backend: str = ""
     device: str = ""  # "gpu" / "cpu": the instance groups' kind
     instances: int = 0
+    max_new_tokens: int = interface.MAX_NEW_TOKENS_RANGE[1]  # generation: the model's per-request cap (max_new_tokens_limit)
 
 
 # ------------------------------------------------------------------ requests
@@ -73,8 +74,18 @@ def _number(body: dict[str, Any], key: str, kind: type, low: float, high: float)
     return kind(value)
 
 
-def generation_options(body: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI sampling parameters -> the model's request inputs (checked here: a bad value never reaches Triton)."""
+def flag(body: dict[str, Any], key: str) -> bool:
+    """A boolean field: true, false or absent ("yes" or 1 is a mistake, not true)."""
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"'{key}' must be true or false, got {json.dumps(value)[:40]}", param=key)
+    return bool(value)
+
+
+def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX_NEW_TOKENS_RANGE[1]) -> dict[str, Any]:
+    """OpenAI sampling parameters -> the model's request inputs (checked here: a bad value never reaches Triton);
+    `max_new_tokens`: the model's cap, the range max_tokens is checked against."""
+    flag(body, "stream")
     if body.get("n", 1) != 1:
         raise ApiError(400, "only n = 1 is supported", param="n")
     for key in UNSUPPORTED_CHAT:
@@ -87,8 +98,8 @@ def generation_options(body: dict[str, Any]) -> dict[str, Any]:
         if body.get(key) not in (None, 0, 0.0) or isinstance(body.get(key), bool):
             raise ApiError(400, f"'{key}' is not supported by this server (only 0)", param=key)
     options: dict[str, Any] = {}
-    tokens = _number(body, "max_completion_tokens", int, 1, interface.MAX_NEW_TOKENS_RANGE[1])
-    tokens = tokens if tokens is not None else _number(body, "max_tokens", int, 1, interface.MAX_NEW_TOKENS_RANGE[1])
+    tokens = _number(body, "max_completion_tokens", int, 1, max_new_tokens)
+    tokens = tokens if tokens is not None else _number(body, "max_tokens", int, 1, max_new_tokens)
     if tokens is not None:
         options[interface.MAX_NEW_TOKENS] = tokens
     temperature = _number(body, "temperature", float, 0.0, 2.0)
@@ -127,7 +138,7 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
         if role not in interface.CHAT_ROLES or not isinstance(content, str):
             raise ApiError(
                 400,
-                f"messages[{index}] must have a role ({', '.join(interface.CHAT_ROLES)}) and text content",
+                f"messages[{index}] must have a role ({', '.join((*interface.CHAT_ROLES, 'developer'))}) and text content",
                 param=f"messages[{index}]",
             )
         out.append({"role": role, "content": _text(content, f"messages[{index}].content")})
@@ -145,6 +156,13 @@ def embedding_inputs(body: dict[str, Any]) -> list[str]:
 
 
 def completion_prompt(body: dict[str, Any]) -> str:
+    # accepted by OpenAI's /v1/completions, not done here: refused, never silently ignored
+    if body.get("best_of") not in (None, 1):
+        raise ApiError(400, "'best_of' is not supported by this server (only 1)", param="best_of")
+    if body.get("suffix") not in (None, ""):
+        raise ApiError(400, "'suffix' is not supported by this server", param="suffix")
+    if flag(body, "echo"):
+        raise ApiError(400, "'echo' is not supported by this server", param="echo")
     raw = body.get("prompt")
     raw = raw[0] if isinstance(raw, list) and len(raw) == 1 else raw
     if not isinstance(raw, str) or not raw.strip():
@@ -157,7 +175,7 @@ def include_usage(body: dict[str, Any]) -> bool:
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
-    return bool(stream_options.get("include_usage"))
+    return flag(stream_options, "include_usage")
 
 
 def embedding_format(body: dict[str, Any]) -> str:

@@ -46,7 +46,7 @@ async def generate(gateway: Gateway, served: ServedModel, prompt: str | list[dic
     def read(response: tuple[Any, Any]) -> tuple[str, dict[str, Any] | None]:
         result, error = response
         if error is not None:
-            raise triton_error(error)
+            raise triton_error(error, served.name)
         piece = result.as_numpy(interface.TEXT_OUTPUT)
         text = piece.reshape(-1)[0].decode("utf-8") if piece is not None else ""
         reason = result.as_numpy(interface.FINISH_REASON)
@@ -72,7 +72,7 @@ async def generate(gateway: Gateway, served: ServedModel, prompt: str | list[dic
     except StopAsyncIteration:
         raise ApiError(502, "Triton ended the stream without a final response", "server_error") from None
     except Exception as err:  # noqa: BLE001 - gRPC failures become OpenAI errors
-        raise triton_error(err) from None
+        raise triton_error(err, served.name) from None
     finally:
         if not finished and stream is not None:
             stream.cancel()
@@ -82,11 +82,11 @@ async def completion(request: Request, chat: bool):
     gateway = gateway_of(request)
     body = await protocol.read_body(request)
     served = await gateway.model(body, interface.GENERATION)
-    options = protocol.generation_options(body)
+    options = protocol.generation_options(body, served.max_new_tokens)
     prompt = protocol.chat_messages(body) if chat else protocol.completion_prompt(body)
     head = protocol.completion_head(chat, served.name)
     pieces = generate(gateway, served, prompt, options)
-    if not body.get("stream"):
+    if not protocol.flag(body, "stream"):
 
         async def collect() -> tuple[str, dict[str, Any]]:
             text, final = [], {}

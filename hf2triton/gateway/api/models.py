@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from hf2triton.gateway import protocol
 from hf2triton.gateway.backend import gateway_of
 from hf2triton.gateway.boundary import KEY
+from hf2triton.gateway.errors import not_served
 from hf2triton.gateway.process import VALIDATION_REPORT_ENV
 
 router = APIRouter()
@@ -60,3 +61,14 @@ async def models(request: Request):
     gateway = gateway_of(request)
     await gateway.refresh()  # 503 while Triton is down: an empty list would read as "nothing is served"
     return {"object": "list", "data": [protocol.model_card(m, gateway.created) for m in gateway.models.values()]}
+
+
+@router.get("/v1/models/{model_id}", dependencies=KEY)
+async def model(request: Request, model_id: str):
+    """One model's card (the OpenAI SDK's models.retrieve); 404 in OpenAI's words for a name not served here."""
+    gateway = gateway_of(request)
+    await gateway.refresh()
+    served = gateway.models.get(model_id)
+    if served is None:
+        raise not_served(model_id)
+    return protocol.model_card(served, gateway.created)

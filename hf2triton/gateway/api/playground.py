@@ -31,13 +31,13 @@ PAGES = {name: (path.read_bytes(), media_type) for name, (path, media_type) in P
 router = APIRouter()
 
 
-@router.get("/", include_in_schema=False)
-@router.get("/playground", include_in_schema=False)
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)  # HEAD: link checkers and uptime probes
+@router.api_route("/playground", methods=["GET", "HEAD"], include_in_schema=False)
 async def to_playground():
     return RedirectResponse("/playground/", status_code=307)
 
 
-@router.get("/playground/{name:path}", include_in_schema=False)
+@router.api_route("/playground/{name:path}", methods=["GET", "HEAD"], include_in_schema=False)
 async def playground(name: str):
     """The playground's static files (no data in them: every figure comes from /v1 with the key)."""
     found = PAGES.get(name or "index.html")
