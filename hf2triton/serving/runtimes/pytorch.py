@@ -6,6 +6,7 @@ from typing import Any
 
 
 def torch_dtype(name: str, device: str):
+    """dtype auto: float16 on a GPU, float32 on the CPU."""
     import torch
 
     if name == "auto":
@@ -15,7 +16,6 @@ def torch_dtype(name: str, device: str):
 
 def load(spec: Any):
     """The saved model as its task's transformers class (`spec.auto_class`), in `spec.dtype`, in eval mode."""
-    import torch  # noqa: F401 - transformers' models need it; imported here like the other runtimes' libraries
     import transformers
 
     model = getattr(transformers, spec.auto_class).from_pretrained(spec.model_dir)
