@@ -108,7 +108,7 @@ def sentences_per_s_concurrent(urls: dict[str, str], model: str, texts: list[byt
 def inprocess_sentences_per_s(models: Path, name: str, texts: list[bytes], seconds: float) -> float:
     """The same engine model.py runs for `name`, in this process, batch 32, the server stopped: the yardstick
     that says how much serving costs each backend."""
-    from hf2triton.serving.model import EmbeddingEngine
+    from hf2triton.serving.tasks.embedding import EmbeddingEngine
 
     onnx = models / name / "onnx"
     backend = {"backend": "onnx", "onnx_dir": str(onnx)} if onnx.is_dir() else {}

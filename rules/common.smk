@@ -13,7 +13,7 @@ from hf2triton.errors import UserError
 from hf2triton.integrity import damaged
 from hf2triton.locks import clear_stale_locks
 from hf2triton.pipeline.export import EXPORT_VERSION
-from hf2triton.pipeline.render import SERVING_FILES
+from hf2triton.pipeline.render import SERVING_FILES, serving_files
 from hf2triton.pipeline.sources import package_version, resolve_model_sources
 from hf2triton.pipeline.tensorrt import require_tensorrt, tensorrt_version
 from hf2triton.specs import instance_kind, onnx_precision, require_onnx_on_gpu, serving_values, to_param
@@ -41,7 +41,7 @@ if clear_stale_locks(Path.cwd()):
 WORK = PROJECT.work
 MODELS = PROJECT.names
 SERVER = to_param(PROJECT.server)
-SERVING_CODE = [str(path) for path in SERVING_FILES]  # copied into each model: code changes re-render
+SERVING_CODE = [str(path) for path in SERVING_FILES]  # all of it: tune renders variants of every backend
 
 
 # ---------------------------------------------------------------- paths (one per artifact)
@@ -179,9 +179,11 @@ def artifacts(name, backends):
 
 
 def repository_inputs(wildcards):
-    """Artifacts of the model's backend plus the serving code (so code changes re-render)."""
+    """Artifacts of the model's backend plus the serving code copied into it (so its code changes re-render)."""
     force_damaged(wildcards.model)
-    return {**artifacts(wildcards.model, [PROJECT.model(wildcards.model).backend]), "serving_code": SERVING_CODE}
+    values = serving_values(PROJECT.model(wildcards.model), GPU_AVAILABLE, host.cpu_count(), PROJECT.vllm_env)
+    code = [str(path) for path in serving_files(values)]
+    return {**artifacts(wildcards.model, [PROJECT.model(wildcards.model).backend]), "serving_code": code}
 
 
 def preflight_models():

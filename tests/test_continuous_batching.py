@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from hf2triton.serving.generation import Busy, ContinuousBatcher, Sampling, Sequence, SlotBatcher
+from hf2triton.serving.batching.continuous import ContinuousBatcher
+from hf2triton.serving.batching.sequences import Busy, Sampling, Sequence
+from hf2triton.serving.batching.slots import SlotBatcher
 from hf2triton.serving.interface import DEFAULTS
 
 
@@ -205,7 +207,7 @@ def test_a_cancelled_long_prefill_frees_its_place_and_cache(llm, new_batcher):
 
 
 def test_served_batcher_is_the_preallocated_one_where_it_reproduces_the_dynamic_cache(llm):
-    from hf2triton.serving.generation import new_batcher as served_batcher
+    from hf2triton.serving.batching.slots import new_batcher as served_batcher
 
     lines: list[str] = []
     limits = {"max_sequences": 4, "max_queue": 4, "context": 256}
@@ -230,7 +232,7 @@ def test_responder_sends_pieces_that_queue_during_a_send_as_one_and_notices_gone
     import threading
     import time
 
-    from hf2triton.serving.generation import Responder
+    from hf2triton.serving.batching.responder import Responder
 
     sends: list[str] = []
     release = threading.Event()

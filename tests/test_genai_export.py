@@ -49,7 +49,7 @@ def test_a_decoder_for_the_gpu_is_built_in_float16_and_answers_like_torch(tmp_pa
     import onnx
     import torch
 
-    from hf2triton.serving.model import GenerationEngine
+    from hf2triton.serving.tasks.generation import GenerationEngine
     from tests.helpers import tiny_llama
 
     torch.manual_seed(0)

@@ -10,7 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: CUDA graphs over the preallocated KV cache")
 
-from hf2triton.serving.generation import ContinuousBatcher, Sampling, Sequence, SlotBatcher, new_batcher  # noqa: E402
+from hf2triton.serving.batching.continuous import ContinuousBatcher  # noqa: E402
+from hf2triton.serving.batching.sequences import Sampling, Sequence  # noqa: E402
+from hf2triton.serving.batching.slots import SlotBatcher, new_batcher  # noqa: E402
 
 PROMPTS = ["What is the capital of France?", "Hi", "Tell me a very long story about a dragon and a knight", "你好，介绍一下你自己"]
 

@@ -159,7 +159,7 @@ def test_onnx_runs_on_its_instance_s_device_or_refuses_to_load(tmp_path):
     from onnx import TensorProto, helper
 
     from hf2triton.pipeline.preflight import onnx_cuda_check
-    from hf2triton.serving.model import ort_providers, ort_session
+    from hf2triton.serving.runtimes.onnxruntime import ort_providers, ort_session
 
     cpu, cuda = "CPUExecutionProvider", "CUDAExecutionProvider"
     assert ort_providers("cpu", [cuda, cpu]) == [cpu], "device: cpu forces the CPU"

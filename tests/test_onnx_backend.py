@@ -80,7 +80,7 @@ def test_onnx_runtime_threads_sleep_and_decoders_spin_only_inside_a_run():
     """Served, spinning pool threads took the cores Triton's frontend needs: ONNX served at ~0.5x its
     in-process speed; with sleeping threads 0.85-0.91x (benchmarks/bench-2cpu/README.md). A decoder step
     (hundreds of small kernels) spins inside a Run only, and stops when the Run ends."""
-    from hf2triton.serving.model import ort_session_options
+    from hf2triton.serving.runtimes.onnxruntime import ort_session_options
 
     options = ort_session_options(2)
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
@@ -98,7 +98,7 @@ def test_torch_runs_on_one_thread_beside_onnx_runtime(onnx_workflow):
 
     models = onnx_workflow.work / "models" / "embed8"
     probe = (
-        "import sys, torch; from hf2triton.serving.model import EmbeddingEngine; "
+        "import sys, torch; from hf2triton.serving.tasks.embedding import EmbeddingEngine; "
         "EmbeddingEngine(sys.argv[1], num_threads=2, **({'backend': 'onnx', 'onnx_dir': sys.argv[2]} if sys.argv[2] else {})); "
         "print(torch.get_num_threads())"
     )
@@ -113,7 +113,7 @@ def test_onnx_decoder_loop_answers_like_torch_generate(onnx_workflow):
     """The ONNX decoder's own loop (KV cache kept in ONNX Runtime values) picks the same greedy tokens as
     torch's `generate`, for batches of different prompt lengths (the builder's graph takes them right-padded);
     sampling draws valid tokens."""
-    from hf2triton.serving.model import GenerationEngine
+    from hf2triton.serving.tasks.generation import GenerationEngine
 
     models = onnx_workflow.work / "models" / "generate"
     torch_engine = GenerationEngine(str(models / "pretrained"), num_threads=1)

@@ -131,7 +131,7 @@ def test_the_float16_export_keeps_the_served_tensors(tiny_models, tmp_path):
 
 
 def test_the_bound_output_shape_fills_the_symbolic_dims():
-    from hf2triton.serving.model import OrtEncoder
+    from hf2triton.serving.runtimes.onnxruntime import OrtEncoder
 
     encoder = OrtEncoder.__new__(OrtEncoder)
     encoder.output_dims = ["batch_size", "sequence_length", 384]
@@ -142,7 +142,7 @@ def test_the_bound_output_shape_fills_the_symbolic_dims():
 
 def test_graph_capable_sessions_ask_the_cuda_provider_for_graphs_and_only_there():
     from hf2triton.serving.interface import ModelParameters
-    from hf2triton.serving.model import ort_providers
+    from hf2triton.serving.runtimes.onnxruntime import ort_providers
 
     available = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert ort_providers("cuda:1", available, cuda_graphs=True)[0] == ("CUDAExecutionProvider", {"device_id": 1, "enable_cuda_graph": "1"})
@@ -169,7 +169,7 @@ def test_float16_on_the_gpu_matches_torch_float32(tmp_path):
     if reason:
         pytest.skip(reason)
     from hf2triton.pipeline.export import export_onnx_step
-    from hf2triton.serving.model import EmbeddingEngine
+    from hf2triton.serving.tasks.embedding import EmbeddingEngine
 
     out = tmp_path / "onnx"
     export_onnx_step(str(minilm_dir()), "feature-extraction", 17, "auto", "O2", "none", str(out), "float16")
@@ -191,7 +191,8 @@ def test_onnx_runtime_cuda_graphs_answer_like_its_eager_runs(tmp_path):
     if reason:
         pytest.skip(reason)
     from hf2triton.pipeline.export import export_onnx_step
-    from hf2triton.serving.model import EmbeddingEngine, OrtGraphs
+    from hf2triton.serving.runtimes.graphs import OrtGraphs
+    from hf2triton.serving.tasks.embedding import EmbeddingEngine
 
     out = tmp_path / "onnx"
     export_onnx_step(str(minilm_dir()), "feature-extraction", 17, "auto", "O2", "none", str(out), "float16")
@@ -219,7 +220,7 @@ def test_smollm2_float16_on_the_cuda_provider_answers_like_torch_float32(tmp_pat
 
     from hf2triton.pipeline.export import export_onnx_step
     from hf2triton.pipeline.validate import PARITY_GENERATION_PROMPTS
-    from hf2triton.serving.model import GenerationEngine
+    from hf2triton.serving.tasks.generation import GenerationEngine
     from tests.helpers import smollm2_gguf
 
     saved = tmp_path / "smollm2"

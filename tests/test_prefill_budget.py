@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hf2triton.serving import model as serving
+from hf2triton.serving import inputs as serving
 from hf2triton.triton import client
 from tests.helpers import long_context_copy, make_workflow, tiny_model_entries
 

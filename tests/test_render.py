@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from hf2triton.pipeline.render import SERVING_FILES, SERVING_MODULE, render_model
+from hf2triton.pipeline.render import SERVING_DIR, SERVING_MODULE, render_model, serving_files
 from hf2triton.specs import GenerationSpec, ModelSpec, serving_values
 from hf2triton.triton.modelconfig import build_model_config, config_text
 
@@ -73,13 +77,16 @@ def test_render_model_writes_directory(tmp_path):
     model = ModelSpec(
         name="emb", source="org/emb", task="feature-extraction", max_batch_size=4, max_queue_delay_us=100, max_input_bytes=1000
     )
-    out = render_model(str(tmp_path / "repo" / "emb"), serving_values(model, gpu_available=False, cpus=2), str(saved))
+    values = serving_values(model, gpu_available=False, cpus=2)
+    out = render_model(str(tmp_path / "repo" / "emb"), values, str(saved))
     config = parse((out / "config.pbtxt").read_text())
     assert list(config.output[0].dims) == [24]
     assert config.parameters["model_dir"].string_value == str(saved.resolve())
     assert config.parameters["num_threads"].string_value == "2"
     assert (out / "1" / "model.py").read_text() == SERVING_MODULE.read_text()
-    assert all((out / "1" / source.name).read_text() == source.read_text() for source in SERVING_FILES)
+    copied = serving_files(values)
+    assert all((out / "1" / source.relative_to(SERVING_DIR)).read_text() == source.read_text() for source in copied)
+    assert {p.relative_to(out / "1") for p in (out / "1").rglob("*.py")} == {p.relative_to(SERVING_DIR) for p in copied}
     assert not [p for p in (tmp_path / "repo").iterdir() if p.name.startswith(".")], "no temporary directory left behind"
 
 
@@ -95,3 +102,36 @@ def test_render_generation_parameters(tmp_path):
     assert params["max_new_tokens"].string_value == "7"
     assert params["temperature"].string_value == "0.5"
     assert params["chat_template"].string_value == "false"
+
+
+@pytest.mark.parametrize(
+    "backend,task,streaming,later",
+    [
+        ("python", "feature-extraction", False, ["runtimes.pytorch"]),
+        ("onnx", "text-classification", False, ["runtimes.onnxruntime"]),
+        ("tensorrt", "feature-extraction", False, ["runtimes.tensorrt"]),
+        ("onnx", "text-generation", False, ["runtimes.onnxruntime"]),
+        ("python", "text-generation", True, ["runtimes.pytorch", "batching.responder", "batching.slots"]),
+        ("vllm", "text-generation", True, ["runtimes.vllm"]),
+    ],
+)
+def test_rendered_serving_code_imports_without_hf2triton(tmp_path, backend, task, streaming, later):
+    """Triton loads 1/model.py by path, in a Python where hf2triton need not be installed: the copies beside it import
+    each other (as the package hf2triton_serving), and every module the model loads later (its task, its runtime, the
+    batcher) was copied; no other runtime was."""
+    values = SimpleNamespace(backend=backend, task=task, generation=SimpleNamespace(streaming=streaming))
+    for source in serving_files(values):
+        target = tmp_path / "1" / source.relative_to(SERVING_DIR)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+    code = (
+        "import importlib.util, sys; sys.modules['hf2triton'] = None\n"  # importing hf2triton fails
+        f"spec = importlib.util.spec_from_file_location('model', {str(tmp_path / '1' / 'model.py')!r})\n"
+        "model = importlib.util.module_from_spec(spec); spec.loader.exec_module(model)\n"
+        f"model.tasks.engine_class({task!r}); [model._load_sibling(name) for name in {later!r}]\n"
+        "assert model.tasks.__name__ == 'hf2triton_serving.tasks'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)  # noqa: S603 - fixed code
+    assert done.returncode == 0, done.stderr[-2000:]
+    runtimes = {p.name for p in (tmp_path / "1" / "runtimes").iterdir()} - {"__init__.py", "graphs.py", "__pycache__"}
+    assert runtimes == {later[0].split(".")[1] + ".py"}, runtimes

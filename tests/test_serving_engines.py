@@ -8,15 +8,11 @@ import numpy as np
 import pytest
 
 from hf2triton.serving import interface
-from hf2triton.serving.model import (
-    ClassificationEngine,
-    EmbeddingEngine,
-    GenerationEngine,
-    RequestError,
-    decode_texts,
-    generation_options,
-    length_buckets,
-)
+from hf2triton.serving.inputs import RequestError, decode_texts, generation_options
+from hf2triton.serving.tasks.base import length_buckets
+from hf2triton.serving.tasks.classification import ClassificationEngine
+from hf2triton.serving.tasks.embedding import EmbeddingEngine
+from hf2triton.serving.tasks.generation import GenerationEngine
 from tests.helpers import minilm_dir
 
 TEXTS = ["short", "a considerably longer sentence with many more tokens in it than the first", "naïve café — 東京"]
@@ -168,7 +164,7 @@ def test_model_reads_its_parameters_through_the_interface():
 
 
 def test_cuda_graph_buckets_pad_small_batches_and_leave_big_ones_eager():
-    from hf2triton.serving.model import graph_bucket
+    from hf2triton.serving.runtimes.graphs import graph_bucket
 
     assert graph_bucket(1, 9, 256) == (1, 16)
     assert graph_bucket(3, 40, 256) == (4, 64)
@@ -179,7 +175,7 @@ def test_cuda_graph_buckets_pad_small_batches_and_leave_big_ones_eager():
 
 
 def test_a_big_length_bucket_is_cut_into_graph_sized_chunks_in_order():
-    from hf2triton.serving.model import graph_bucket, graph_chunks
+    from hf2triton.serving.runtimes.graphs import graph_bucket, graph_chunks
 
     lengths = [100, 20, 130, *range(30, 121)]
     bucket = sorted(range(len(lengths)), key=lengths.__getitem__)
@@ -197,7 +193,7 @@ def test_a_batch_fills_a_buckets_fixed_buffers_as_masked_padding():
     beyond it attending to their first token only (a fully masked row would be NaN)."""
     import torch
 
-    from hf2triton.serving.model import fill_static, static_inputs
+    from hf2triton.serving.runtimes.graphs import fill_static, static_inputs
 
     names = ("input_ids", "attention_mask", "token_type_ids")
     inputs = static_inputs(torch, (4, 8), names, "cpu", pad_id=7)
@@ -241,7 +237,7 @@ def test_bucket_graphs_capture_once_per_bucket_replay_after_and_turn_off_on_a_fa
     replayed after, the batch's rows are cut from the fixed outputs, big batches and a failed capture run eagerly."""
     import torch
 
-    from hf2triton.serving.model import BucketGraphs, static_inputs
+    from hf2triton.serving.runtimes.graphs import BucketGraphs, static_inputs
 
     class Doubling(BucketGraphs):
         captured: list = []

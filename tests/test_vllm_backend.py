@@ -202,7 +202,6 @@ def render_vllm(tmp_path: Path, vllm: VllmSpec | None = None, context: int = 204
 def test_render_vllm_model(tmp_path):
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from hf2triton.pipeline.render import SERVING_FILES
     from hf2triton.triton.modelconfig import model_parameters
 
     config, env, out = render_vllm(tmp_path, VllmSpec(gpu_memory_utilization=0.3, max_num_seqs=128, load_format="dummy"), dtype="bfloat16")
@@ -216,7 +215,9 @@ def test_render_vllm_model(tmp_path):
     assert (params.gpu_memory_utilization, params.max_num_seqs, params.load_format) == (0.3, 128, "dummy")
     assert (params.max_model_len, params.max_num_batched_tokens, params.quantization, params.enforce_eager) == (2048, 0, "", False)
     assert (params.max_new_tokens, params.max_queue) == (32, GenerationSpec().max_queue), "generation values still apply"
-    assert {p.name for p in (out / "1").iterdir()} >= {p.name for p in SERVING_FILES} >= {"model.py", "vllm_engine.py"}
+    rendered = {p.relative_to(out / "1").as_posix() for p in (out / "1").rglob("*.py")}
+    assert {"model.py", "runtimes/vllm.py", "tasks/generation.py"} <= rendered, rendered
+    assert not rendered & {"runtimes/pytorch.py", "runtimes/onnxruntime.py", "batching/continuous.py"}, "vLLM's runtime only"
 
 
 def test_render_resolves_max_model_len(tmp_path):
@@ -387,7 +388,7 @@ def engine_params(**changes):
 
 
 def test_engine_arguments():
-    from hf2triton.serving.vllm_engine import engine_arguments
+    from hf2triton.serving.runtimes.vllm import engine_arguments
 
     arguments = engine_arguments(engine_params())
     assert arguments == {
@@ -405,8 +406,8 @@ def test_engine_arguments():
 
 
 def test_sampling_arguments_and_finish():
-    from hf2triton.serving.generation import Sampling
-    from hf2triton.serving.vllm_engine import completion_tokens, finish_reason, sampling_arguments
+    from hf2triton.serving.batching.sequences import Sampling
+    from hf2triton.serving.runtimes.vllm import completion_tokens, finish_reason, sampling_arguments
 
     assert sampling_arguments(Sampling(max_new_tokens=5)) == {
         "max_tokens": 5,
@@ -442,7 +443,7 @@ def test_sampling_arguments_and_finish():
 
 
 def test_importing_the_engine_module_does_not_import_vllm():
-    code = "import sys, hf2triton.serving.vllm_engine; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
+    code = "import sys, hf2triton.serving.runtimes.vllm; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -494,7 +495,7 @@ class FakeApi:
         return self.fake
 
     def request(self, prompt_ids, sampling):
-        from hf2triton.serving.vllm_engine import sampling_arguments
+        from hf2triton.serving.runtimes.vllm import sampling_arguments
 
         return prompt_ids, sampling_arguments(sampling)
 
@@ -527,13 +528,13 @@ class Client:
 
 
 def generator(engine, **params):
-    from hf2triton.serving.vllm_engine import VllmGenerator
+    from hf2triton.serving.runtimes.vllm import VllmGenerator
 
     return VllmGenerator(engine_params(**params), "cpu", log=lambda _: None, api=FakeApi(engine))
 
 
 def submit(gen, client, max_new_tokens=16, time_limit_s=0.0):
-    from hf2triton.serving.generation import Sampling, Sequence
+    from hf2triton.serving.batching.sequences import Sampling, Sequence
 
     gen.submit(Sequence([1, 2, 3], Sampling(max_new_tokens=max_new_tokens, time_limit_s=time_limit_s), client.emit, client.cancelled))
 
@@ -570,7 +571,7 @@ def test_a_slow_sender_gets_pieces_together():
 
 
 def test_queue_bound_refuses_with_busy():
-    from hf2triton.serving.generation import Busy
+    from hf2triton.serving.batching.sequences import Busy
 
     engine = FakeEngine(wait_s=30)
     gen = generator(engine, max_num_seqs=2, max_queue=1)
@@ -633,7 +634,7 @@ def test_engine_errors():
         def engine(self, arguments):
             raise RuntimeError("CUDA out of memory")
 
-    from hf2triton.serving.vllm_engine import VllmGenerator
+    from hf2triton.serving.runtimes.vllm import VllmGenerator
 
     with pytest.raises(RuntimeError, match="vLLM's engine did not start: RuntimeError: CUDA out of memory"):
         VllmGenerator(engine_params(), "cpu", log=lambda _: None, api=NoStart(FakeEngine()))
@@ -774,18 +775,20 @@ def test_model_py_checks_requests_alike_and_hands_them_to_vllm(tiny_models, monk
     generator as the batcher; outside Triton a vllm model's reference is the same saved model on torch."""
     import dataclasses
 
-    from hf2triton.serving import model, vllm_engine
-    from hf2triton.serving.generation import Sampling, Sequence
+    from hf2triton.serving.batching.sequences import Sampling, Sequence
     from hf2triton.serving.interface import ModelParameters
+    from hf2triton.serving.runtimes import vllm as vllm_engine
+    from hf2triton.serving.tasks import engine_from_parameters
+    from hf2triton.serving.tasks.generation import GenerationEngine, VllmEngine
 
     saved = str(tiny_models["text-generation"])
     params = ModelParameters(task="text-generation", model_dir=saved, backend="vllm", streaming=True, max_model_len=256, max_num_seqs=2)
     fake = FakeEngine(pieces=("Hi", " there"), reason="stop")
     monkeypatch.setattr(vllm_engine, "VllmApi", FakeApi(fake))
-    engine = model.VllmEngine(params, "cpu", log=lambda _: None)
+    engine = engine_from_parameters(params, "cpu", serving=True, log=lambda _: None)  # what model.py builds
     try:
-        reference = model.engine_from_parameters(dataclasses.replace(params, max_new_tokens=4))
-        assert isinstance(reference, model.GenerationEngine) and reference.backend == "python"
+        reference = engine_from_parameters(dataclasses.replace(params, max_new_tokens=4))
+        assert isinstance(engine, VllmEngine) and isinstance(reference, GenerationEngine) and reference.backend == "python"
         assert engine.prompt("Hello") == reference.prompt("Hello") != "Hello", "the same chat template"
         assert engine.max_length == 256 and engine.outputs == ("text_output",)
         client = Client()

@@ -1,5 +1,5 @@
 """Big requests on CUDA graphs, in-process on the GPU (issue 29's 256-text goal): what cutting a request's length
-buckets into graph-sized chunks (`hf2triton.serving.model.graph_chunks`, the served default since 2026-12-03) gains
+buckets into graph-sized chunks (`hf2triton.serving.runtimes.graphs.graph_chunks`, the served default since 2026-12-03) gains
 over running each big bucket eagerly, for torch float16 and ONNX Runtime's CUDA provider (float16 export), side by
 side in one process, rounds interleaved. Also the host floor: the Rust tokeniser alone on the same texts.
 
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
 from hf2triton.pipeline.export import export_onnx_step  # noqa: E402
-from hf2triton.serving.model import EmbeddingEngine  # noqa: E402
+from hf2triton.serving.tasks.embedding import EmbeddingEngine  # noqa: E402
 
 
 def texts_per_s(call, requests: list[list[str]], seconds: float) -> float:

@@ -17,7 +17,9 @@ import torch
 from generation_bench import PROMPTS  # the served load's prompts (this directory is on sys.path)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf2triton.serving.generation import ContinuousBatcher, Sampling, Sequence, SlotBatcher
+from hf2triton.serving.batching.continuous import ContinuousBatcher
+from hf2triton.serving.batching.sequences import Sampling, Sequence
+from hf2triton.serving.batching.slots import SlotBatcher
 
 VARIANTS = {
     "dynamic cache (before)": lambda *a, **k: ContinuousBatcher(*a, **k),

@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
-from hf2triton.serving.model import EmbeddingEngine  # noqa: E402
+from hf2triton.serving.tasks.embedding import EmbeddingEngine  # noqa: E402
 
 
 def measure(engine: EmbeddingEngine, texts: list[str], batch: int, seconds: float) -> dict:

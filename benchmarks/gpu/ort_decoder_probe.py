@@ -1,4 +1,4 @@
-"""ONNX Runtime's decoder loop (`hf2triton.serving.model.OrtDecoder`) in-process on a GPU (issue 29 #4), side by side
+"""ONNX Runtime's decoder loop (`hf2triton.serving.runtimes.onnxruntime.OrtDecoder`) in-process on a GPU (issue 29 #4), side by side
 in one process, rounds interleaved: the present key/values bound to the device (I/O binding, the served default
 since 2026-12-04) vs a plain Run (every output, the whole KV cache included, copied to the host and back each
 token: the served path until then). Same session, same prompts (the served load's chat prompts), N rows decoded
@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from hf2triton.serving.model import OrtDecoder, cuda_device_id  # noqa: E402
+from hf2triton.serving.runtimes.onnxruntime import OrtDecoder, cuda_device_id  # noqa: E402
 
 
 def left_padded(tokenizer, rows: int) -> tuple[np.ndarray, np.ndarray]:

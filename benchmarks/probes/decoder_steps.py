@@ -56,7 +56,7 @@ def _timed(call) -> float:
 
 
 def engine_tokens_per_s(models: Path, name: str, threads: int) -> dict:
-    from hf2triton.serving.model import GenerationEngine
+    from hf2triton.serving.tasks.generation import GenerationEngine
 
     onnx = models / name / "onnx"
     backend = {"backend": "onnx", "onnx_dir": str(onnx)} if onnx.is_dir() else {}
@@ -134,7 +134,7 @@ def onnx_steps(onnx_dir: Path, threads: int, steps: int) -> dict:
     import onnx
     import onnxruntime as ort
 
-    from hf2triton.serving.model import ort_session_options
+    from hf2triton.serving.runtimes.onnxruntime import ort_session_options
 
     path = str(onnx_dir / "model.onnx")
     session = ort.InferenceSession(path, ort_session_options(threads, spin_within_runs=True))

@@ -33,7 +33,7 @@ def _sync(engine) -> None:
 
 
 def stages(engine, texts: list[str], batch: int, seconds: float) -> dict:
-    from hf2triton.serving.model import length_buckets
+    from hf2triton.serving.tasks.base import length_buckets
 
     chunks = [texts[i : i + batch] for i in range(0, len(texts) - batch + 1, batch)]
     for chunk in chunks[:8]:
@@ -78,7 +78,7 @@ def stages(engine, texts: list[str], batch: int, seconds: float) -> dict:
 
 def child(args: argparse.Namespace, threads: int) -> dict:
     from hf2triton.perf.corpus import bench_texts
-    from hf2triton.serving.model import EmbeddingEngine
+    from hf2triton.serving.tasks.embedding import EmbeddingEngine
 
     options = {"cuda_graphs": True} if args.device.startswith("cuda") else {}
     if args.min_bucket:

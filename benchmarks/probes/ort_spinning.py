@@ -25,7 +25,8 @@ from backends import corpus  # noqa: E402
 from decoder_steps import decode_times  # noqa: E402
 
 from hf2triton import host  # noqa: E402
-from hf2triton.serving import model as served  # noqa: E402
+from hf2triton.serving.runtimes import onnxruntime as served  # noqa: E402
+from hf2triton.serving.tasks.embedding import EmbeddingEngine  # noqa: E402
 
 VARIANTS = {"sleep": False, "spin inside a Run": True}
 
@@ -41,7 +42,7 @@ def embedding_texts_per_s(models: Path, name: str, spin: bool, batch: int, texts
     original = served.ort_session_options
     served.ort_session_options = lambda threads, spin_within_runs=False: original(threads, spin)
     try:
-        engine = served.EmbeddingEngine(
+        engine = EmbeddingEngine(
             str(models / name / "pretrained"), num_threads=host.cpu_count(), backend="onnx", onnx_dir=str(models / name / "onnx")
         )
     finally:

@@ -76,7 +76,7 @@ def main() -> int:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    from hf2triton.serving.model import EmbeddingEngine
+    from hf2triton.serving.tasks.embedding import EmbeddingEngine
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -90,7 +90,7 @@ def raw_throughput(engine, texts: list[str], batch: int, seconds: float, options
 
 def measure_raw(config, texts: list[str], sizes: list[int], seconds: float, backends: list[str], max_new_tokens: int) -> dict:
     from hf2triton.pipeline.validate import reference_device
-    from hf2triton.serving.model import engine_from_parameters
+    from hf2triton.serving.tasks import engine_from_parameters
 
     params = model_parameters(config)
     device = reference_device(config)
@@ -258,7 +258,7 @@ def host_facts() -> dict[str, Any]:
 def inprocess_generation(config, params: ModelParameters, plan: list[tuple[bytes, int]], counter) -> dict[str, Any]:
     """The yardstick of a lone stream: the same requests, one after another, through the engine's generate()."""
     from hf2triton.pipeline.validate import reference_device
-    from hf2triton.serving.model import engine_from_parameters
+    from hf2triton.serving.tasks import engine_from_parameters
 
     engine = engine_from_parameters(params, reference_device(config))
     engine.run([plan[0][0].decode()], **{interface.MAX_NEW_TOKENS: 4})  # warm-up

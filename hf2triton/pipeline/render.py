@@ -7,6 +7,7 @@ also names the venv Triton runs its stub in (EXECUTION_ENV_PATH; hf2triton.envs)
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import logging
@@ -19,6 +20,8 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory
 from hf2triton.integrity import write_manifest
 from hf2triton.serving.interface import FEATURE_EXTRACTION, ModelParameters
+from hf2triton.serving.runtimes import runtime_module
+from hf2triton.serving.tasks import ENGINES
 from hf2triton.specs import VLLM_MAX_MODEL_LEN, ServingValues, VllmSpec, from_param
 from hf2triton.triton.modelconfig import HEADER, build_model_config, config_text
 
@@ -26,10 +29,61 @@ log = logging.getLogger(__name__)
 
 SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
 SERVING_MODULE = SERVING_DIR / "model.py"
-# Copied into <model>/1/: model.py loads interface.py, generation.py (the continuous batcher) and, for backend
-# vllm, vllm_engine.py from there.
-SERVING_FILES = (SERVING_MODULE, SERVING_DIR / "interface.py", SERVING_DIR / "generation.py", SERVING_DIR / "vllm_engine.py")
+# All the serving code (its package's own __init__.py aside: a rendered model.py makes its directory the package);
+# each model gets the part of it `serving_files` names.
+SERVING_FILES = tuple(sorted(p for p in SERVING_DIR.rglob("*.py") if p != SERVING_DIR / "__init__.py"))
 VERSION = "1"
+
+
+def serving_files(serving: ServingValues) -> tuple[Path, ...]:
+    """The serving modules a model's version directory gets, copied to their paths in SERVING_DIR; the one place
+    this is decided (rules/common.smk makes them the repository rule's inputs, so their changes re-render).
+
+    What model.py loads for every model (the request checks, the task registry, streaming's request types), the
+    model's task head (tasks.ENGINES) and its backend's runtime (runtimes.RUNTIMES; backend vllm: vLLM's), the torch
+    continuous batcher for a streaming torch model -- and whatever those import, found in their own imports. So a
+    CPU embedder carries no TensorRT, vLLM or batcher code, and a new module is copied wherever it is imported."""
+    streaming = bool(serving.generation and serving.generation.streaming)
+    roots = ["model.py", "interface.py", "inputs.py", "batching/sequences.py", "tasks/__init__.py", f"tasks/{ENGINES[serving.task][0]}.py"]
+    if serving.backend == "vllm":
+        roots.append("runtimes/vllm.py")
+    else:
+        roots.append(f"runtimes/{runtime_module(serving.backend)}.py")
+        if streaming:
+            roots += ["batching/responder.py", "batching/slots.py"]
+    files: set[Path] = set()
+    pending = [SERVING_DIR / root for root in roots]
+    while pending:
+        path = pending.pop()
+        if path not in files:
+            files.add(path)
+            pending += _imported(path)
+    return tuple(sorted(files))
+
+
+def _imported(path: Path) -> list[Path]:
+    """The serving files a module needs at import: its package's __init__.py (below SERVING_DIR) and the modules its
+    relative imports name (`from .x import y`, `from .. import x`) outside functions. An import inside a function is
+    lazy (vLLM's runtime in tasks/generation.py): `serving_files` names its module where a model needs it."""
+    needed = [path.parent / "__init__.py"] if path.parent != SERVING_DIR else []
+    for node in _outside_functions(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        base = path.parents[node.level - 1].joinpath(*(node.module or "").split("."))
+        if base.is_dir():  # a package: its __init__.py, and the modules (packages) imported from it by name
+            named = [base / f"{alias.name}.py" for alias in node.names] + [base / alias.name / "__init__.py" for alias in node.names]
+            needed += [file for file in named if file.is_file()] + ([base / "__init__.py"] if base != SERVING_DIR else [])
+        else:
+            needed.append(base.with_suffix(".py"))
+    return needed
+
+
+def _outside_functions(node: ast.AST):
+    """`node` and the nodes below it, those inside function definitions aside."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield from _outside_functions(child)
 
 
 def embedding_dim_of(model_dir: Path) -> int | None:
@@ -108,7 +162,8 @@ def check_generation_fits(serving: ServingValues, pretrained: str) -> None:
 
 
 def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir: str = "", trt_engine: str = "") -> Path:
-    """Write the model's repository directory `output` (config.pbtxt + 1/model.py + 1/interface.py) atomically."""
+    """Write the model's repository directory `output` (config.pbtxt + 1/model.py and the serving modules beside it)
+    atomically."""
     check_generation_fits(serving, pretrained)
     if serving.execution_env:
         check_vllm_env(serving.execution_env)
@@ -130,8 +185,10 @@ def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir:
     with atomic_directory(output) as tmp:
         (tmp / "config.pbtxt").write_text(config_text(config))
         (tmp / VERSION).mkdir()
-        for source in SERVING_FILES:
-            shutil.copyfile(source, tmp / VERSION / source.name)
+        for source in serving_files(serving):
+            target = tmp / VERSION / source.relative_to(SERVING_DIR)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
         os.chmod(tmp / VERSION, 0o755)  # noqa: S103 - readable by the server, writable only by us
         write_manifest(tmp)
     log.info("rendered %s (%s, %s x%d, max_batch_size %d)", output, serving.task, serving.kind, serving.instances, serving.max_batch_size)

@@ -191,7 +191,7 @@ def reference_outputs(
     `backend="python"` gives the torch reference for the parity gate, `float32_cpu` the full-precision one."""
     import dataclasses
 
-    from hf2triton.serving.model import engine_from_parameters
+    from hf2triton.serving.tasks import engine_from_parameters
 
     params: ModelParameters = model_parameters(config)
     if backend:
@@ -298,7 +298,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         parity = parity_check(rendered, name, http_client, parity_floor)
         detail = ", ".join(f"{k} {v}" for k, v in parity.items() if k != "ok")
         checks.append(check(f"parity {backend} vs torch", parity["ok"], detail))
-    if backend == "onnx":  # the model refuses to load where its device's provider does not (serving/model.py ort_session)
+    if backend == "onnx":  # the model refuses to load where its device's provider does not (serving/runtimes/onnxruntime.py ort_session)
         provider = "CUDAExecutionProvider on the GPU" if uses_gpu(rendered) else "CPUExecutionProvider"
         detail = f"{provider}, {export_precision(rendered)} graph (the served model loads with no other provider)"
         checks.append(check("onnx provider", True, detail))

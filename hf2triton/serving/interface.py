@@ -38,7 +38,7 @@ GENERATION = "text-generation"
 TASKS = (FEATURE_EXTRACTION, CLASSIFICATION, GENERATION)
 
 # Written into an ONNX export by ONNX Runtime GenAI's model builder: its decoder graphs take right-padded
-# prompts and derive positions from the mask (model.py's decoder looks for it).
+# prompts and derive positions from the mask (runtimes/onnxruntime.py's decoder looks for it).
 GENAI_CONFIG = "genai_config.json"
 
 # transformers Auto* class per task (pretrained, export and the serving engines load with the same one)
@@ -154,7 +154,7 @@ class ModelParameters:
     max_queue: int = 64  # requests waiting for a place; beyond it "busy" at once
     max_new_tokens_limit: int = 1024  # per-request cap
     time_limit_s: float = 300.0  # per-request generation time limit
-    # backend vllm (vllm_engine.py): vLLM's engine settings as render resolved them (the config's vllm block)
+    # backend vllm (runtimes/vllm.py): vLLM's engine settings as render resolved them (the config's vllm block)
     gpu_memory_utilization: float = 0.5  # fraction of the whole GPU the engine takes
     max_model_len: int = 0  # prompt + answer tokens per sequence (rendered: the served context)
     max_num_seqs: int = 64  # the engine's running batch

@@ -18,7 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
-from hf2triton.serving.model import EmbeddingEngine, GenerationEngine  # noqa: E402
+from hf2triton.serving.tasks.embedding import EmbeddingEngine  # noqa: E402
+from hf2triton.serving.tasks.generation import GenerationEngine  # noqa: E402
 
 
 def corpus(count: int, low: int = 20, high: int = 90, seed: int = 0) -> list[str]:

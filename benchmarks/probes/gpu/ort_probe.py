@@ -2,7 +2,7 @@
 (issue 29: served single texts were slower on ONNX Runtime than on torch). One run measures, per batch size:
 
 - the engines model.py runs: torch float16 eager, torch float16 with CUDA graphs, ONNX Runtime (the float16 export,
-  I/O bound: hf2triton.serving.model.OrtEncoder) eager and with its CUDA graphs per bucket (OrtGraphs: ONNX
+  I/O bound: hf2triton.serving.runtimes.onnxruntime.OrtEncoder) eager and with its CUDA graphs per bucket (OrtGraphs: ONNX
   Runtime's graph of the network + a torch graph of the pooling, the served default since issue 29);
 - the bare float16 session on one fixed batch: numpy feeds (ONNX Runtime copies), I/O binding as OrtEncoder does,
   I/O binding on torch's own stream (no host sync before the run), and ONNX Runtime's CUDA graph (enable_cuda_graph:
@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from hf2triton.perf.corpus import bench_texts  # noqa: E402
 from hf2triton.pipeline.export import export_onnx_step  # noqa: E402
-from hf2triton.serving.model import EmbeddingEngine, ort_session_options  # noqa: E402
+from hf2triton.serving.runtimes.onnxruntime import ort_session_options  # noqa: E402
+from hf2triton.serving.tasks.embedding import EmbeddingEngine  # noqa: E402
 
 
 def timed(call, seconds: float) -> float:

@@ -12,7 +12,7 @@ there (after each send, and every POLL_S for requests still waiting for a place)
 aborted in the engine and ends with finish reason "cancelled".
 
 Standard library only at import: vllm is imported when the engine starts, inside the vLLM environment
-(hf2triton.envs), so a CPU host never imports it. Copied next to model.py into every rendered model.
+(hf2triton.envs), so a CPU host never imports it. Copied next to model.py into a backend vllm model only.
 """
 
 from __future__ import annotations
@@ -24,24 +24,20 @@ import importlib.util
 import itertools
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..batching.sequences import Busy, Finish, add_pending
+
 POLL_S = 0.1  # how often the clients of requests that get no output (waiting for a place) are asked if they are gone
 STOP_GRACE_S = 5.0  # finalize(): time for cancelled requests to send their final response
 
-# vLLM's finish reasons (and "time", the generator's own) -> the model's (generation.Finish: stop | length |
+# vLLM's finish reasons (and "time", the generator's own) -> the model's (Finish: stop | length |
 # cancelled | time | error)
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error", "repetition": "stop", "time": "time"}
-
-
-def _generation():
-    """generation.py (Busy, Finish): the copy model.py loaded next to itself, else the package's own."""
-    return sys.modules.get("hf2triton_generation") or importlib.import_module("hf2triton.serving.generation")
 
 
 # ---------------------------------------------------------------- pure mappings (tested without vllm)
@@ -72,7 +68,7 @@ def engine_arguments(params: Any) -> dict[str, Any]:
 
 
 def sampling_arguments(sampling: Any) -> dict[str, Any]:
-    """SamplingParams keywords (without output_kind) for a checked generation.Sampling. The same meanings: 0 is
+    """SamplingParams keywords (without output_kind) for a checked Sampling (hf2triton.serving.batching.sequences). The same meanings: 0 is
     greedy, top_k 0 is off; stop strings end the text before them and are not part of it."""
     return {
         "max_tokens": sampling.max_new_tokens,
@@ -136,10 +132,10 @@ class VllmApi:
 class _Stream:
     """One request between the loop (which adds pieces) and the response thread (which sends them)."""
 
-    sequence: Any  # generation.Sequence: prompt_ids, sampling, emit(text, finish), cancelled()
+    sequence: Any  # Sequence: prompt_ids, sampling, emit(text, finish), cancelled()
     request_id: str
     pieces: list[str] = field(default_factory=list)
-    finish: Any = None  # generation.Finish once the engine is done with it
+    finish: Any = None  # Finish once the engine is done with it
     queued: bool = False  # waiting in the response queue
     cancelled: bool = False
     task: Any = None  # its coroutine's task, once it runs on the loop
@@ -147,7 +143,7 @@ class _Stream:
 
 class VllmGenerator:
     """vLLM's AsyncLLM on its own loop thread behind model.py's batcher interface: `submit(Sequence)` (raises
-    generation.Busy beyond max_num_seqs running + max_queue waiting) and `stop()`."""
+    Busy beyond max_num_seqs running + max_queue waiting) and `stop()`."""
 
     def __init__(self, params: Any, device: str = "cuda:0", log: Callable[[str], None] = print, api: Callable[[], Any] | None = None):
         for key, value in environment_defaults().items():
@@ -238,33 +234,26 @@ class VllmGenerator:
         except Exception as err:  # noqa: BLE001 - this request fails; the engine and the others go on
             reason, message = "error", f"generation failed: {type(err).__name__}: {err}"
             self.log(f"hf2triton: {message}")
-        finish = _generation().Finish(
-            finish_reason(reason), len(sequence.prompt_ids), completion_tokens(generated, reason, stop_reason), message
-        )
+        finish = Finish(finish_reason(reason), len(sequence.prompt_ids), completion_tokens(generated, reason, stop_reason), message)
         self._post(stream, last, finish)
 
     def _post(self, stream: _Stream, text: str, finish: Any = None) -> None:
         """Hand a piece (and, at the end, the finish) to the response thread; pieces queued but not yet sent
         are sent together."""
         with self.lock:
-            if text:
-                stream.pieces.append(text)
-            if finish is not None:
-                stream.finish = finish
-            if stream.queued or (not stream.pieces and stream.finish is None):
-                return
-            stream.queued = True
-        self.responses.put(stream)
+            pending = add_pending(stream, text, finish)
+        if pending:
+            self.responses.put(stream)
 
     # ------------------------------------------------------------------ requests in (Triton's thread)
 
     def submit(self, sequence: Any) -> None:
         with self.lock:
             if self.stopping:
-                raise _generation().Busy("busy: the model is being unloaded; retry later")
+                raise Busy("busy: the model is being unloaded; retry later")
             waiting = len(self.streams) - self.max_running
             if waiting >= self.max_queue:
-                raise _generation().Busy(f"busy: {waiting} requests already wait (generation.max_queue = {self.max_queue}); retry later")
+                raise Busy(f"busy: {waiting} requests already wait (generation.max_queue = {self.max_queue}); retry later")
             stream = _Stream(sequence, f"hf2triton-{next(self.ids)}")
             self.streams[stream.request_id] = stream
         asyncio.run_coroutine_threadsafe(self._generate(stream), self.loop)

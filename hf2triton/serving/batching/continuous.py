@@ -1,0 +1,344 @@
+"""Continuous (iteration-level) batching for a transformers causal LM, without Triton: sequences join the
+running batch at the next decoding step and leave the moment they finish or their client is gone.
+
+The model.py of a text-generation model runs one batcher per instance on a background thread (this one, or on a
+GPU its preallocated-cache subclass: slots.py);
+`execute()` only parses requests and submits `Sequence`s (vllm_backend's shape). Like text-generation-
+inference's Python server for plain transformers models, the running batch is one left-padded KV cache:
+a joining prefill is padded to the batch's length, a leaving row is dropped, and columns no row needs any
+more are trimmed. Attention masks and explicit position ids make every row compute what it would alone.
+
+Prefill is bounded per step (`max_prefill_tokens`, vLLM's max_num_batched_tokens): prompts that fit are
+prefilled together, a longer one alone in chunks with its KV cache growing per chunk (chunked prefill), and
+every step still decodes the running batch. Unbounded, three 8,000-token prompts joining at once took a CPU
+stub from 2.1 to 9.8 GB and froze running streams for 30 s (issue 24 #11).
+
+Standard library + torch (imported when a batcher starts): copied next to model.py into every streaming torch model.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import inspect
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .responder import Responder
+from .sequences import Busy, Finish, Sequence
+from .text import append_token, sample_tokens
+
+
+def _malloc_trim() -> Callable[[], Any] | None:
+    """glibc's malloc_trim(0), which hands freed heap pages back to the system (None elsewhere)."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+class ContinuousBatcher:
+    """A running batch over one model. Thread-safe `submit`; `step()` does one decoding iteration (the
+    background loop calls it while there is work; tests call it directly). `max_prefill_tokens`: prompt tokens
+    prefilled per step, padding included (None: no bound; the served model passes generation.max_prefill_tokens)."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        device: str,
+        max_sequences: int,
+        max_queue: int,
+        context: int,
+        max_prefill_tokens: int | None = None,
+        responder: Responder | None = None,
+    ):
+        import torch
+
+        self.torch, self.model, self.tokenizer, self.device = torch, model, tokenizer, device
+        self.max_sequences, self.max_queue, self.context = max_sequences, max_queue, context
+        self.max_prefill_tokens = max_prefill_tokens or sys.maxsize
+        # the last position's logits only, as generate() asks: a prompt's full logits are tokens x vocabulary floats
+        # (8,000 tokens of SmolLM2: 1.6 GB)
+        self.last_logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        self.trim = _malloc_trim() if device == "cpu" else None
+        eos = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
+        eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        self.eos_ids = {int(e) for e in [*eos, tokenizer.eos_token_id] if e is not None}
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (min(self.eos_ids) if self.eos_ids else 0)
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []
+        self.partial: Sequence | None = None  # the long prompt being prefilled in chunks (it holds a place)
+        self.lock = threading.Condition()
+        self.cache = None  # list of (keys, values) per layer, [batch, heads, length, dim], left-padded
+        self.mask = None  # [batch, length] 1 = real token
+        self.positions = None  # [batch] position id of each row's next token
+        self.last = None  # [batch] each row's last token
+        self.stopped = False
+        self.steps = 0
+        self.responder = responder  # None: emit on this thread and ask `cancelled()` directly (in-process use)
+
+    # ------------------------------------------------------------------ requests in
+
+    def submit(self, sequence: Sequence) -> None:
+        with self.lock:
+            if len(self.waiting) >= self.max_queue:
+                self._purge_waiting()  # clients that gave up do not hold places
+            if len(self.waiting) >= self.max_queue:
+                raise Busy(f"busy: {len(self.waiting)} requests already wait (generation.max_queue = {self.max_queue}); retry later")
+            if sequence.sampling.seed is not None:
+                sequence.generator = self.torch.Generator(device="cpu").manual_seed(sequence.sampling.seed)
+            self.waiting.append(sequence)
+            self.lock.notify()
+        if self.responder is not None:
+            self.responder.watch(sequence)
+
+    def _gone(self, sequence: Sequence) -> bool:
+        return sequence.gone if self.responder is not None else sequence.cancelled()
+
+    def _emit(self, sequence: Sequence, text: str, finish: Finish | None = None) -> None:
+        if self.responder is not None:
+            self.responder.post(sequence, text, finish)
+        else:
+            sequence.emit(text, finish)
+
+    def _purge_waiting(self) -> None:
+        """Finish waiting sequences whose client is gone (caller holds the lock)."""
+        gone = [s for s in self.waiting if self._gone(s)]
+        for sequence in gone:
+            self.waiting.remove(sequence)
+            self._finish(sequence, "cancelled")
+
+    def load(self) -> tuple[int, int]:
+        with self.lock:
+            return len(self.running) + (self.partial is not None), len(self.waiting)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.running or self.waiting or self.partial)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run_forever(self) -> None:
+        """The background loop: wait for work, step while there is any."""
+        while True:
+            with self.lock:
+                while not self.stopped and self.idle:
+                    self.lock.wait()
+                if self.stopped:
+                    return
+            self.step()
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopped = True
+            self.lock.notify_all()
+
+    def step(self) -> None:
+        """Prefill under the token budget (prompts that fit together, the long one by one more chunk), then one
+        decoding step for everyone running: a long prompt holds the running streams up for one chunk at most."""
+        self._drop(self._gone, "cancelled")
+        if self.partial is not None and self._cancelled_early(self.partial):
+            self.partial = None
+        with self.lock:
+            self._purge_waiting()
+            joining, chunk = self._schedule()
+        joining = [s for s in joining if not self._cancelled_early(s)]
+        with self.torch.inference_mode():
+            if chunk:
+                self._prefill_chunk(chunk)
+            if joining:
+                self._prefill(joining)
+            if self.running:
+                self._decode()
+        self.steps += 1
+        if self.trim is not None and self.idle:
+            # freed caches and activations go back to the system, not just to the heap (SmolLM2, 3 x 1,000-token
+            # prompts on the CPU: idle again at 1,185 MB without, 965 MB with, from ~950 MB before them)
+            self.trim()
+
+    def _schedule(self) -> tuple[list[Sequence], int]:
+        """This step's prefill under `max_prefill_tokens` (caller holds the lock): the short prompts to prefill
+        together (padded: a batch costs rows x its longest prompt) and how many tokens of the long one to feed.
+
+        A prompt longer than half the budget is long: the oldest becomes `partial` and is fed alone, chunk by
+        chunk, at least half the budget every step until it is in. Short prompts share the rest in arrival
+        order (a shorter one before a longer one that does not fit): a short request never waits for a long
+        prefill, and a long one is never starved by short ones."""
+        budget, room = self.max_prefill_tokens, self.max_sequences - len(self.running)
+        half = max(1, budget // 2)
+        if self.partial is None and room > 0:
+            self.partial = next((s for s in self.waiting if len(s.prompt_ids) > half), None)
+            if self.partial is not None:
+                self.waiting.remove(self.partial)
+        left = len(self.partial.prompt_ids) - self.partial.prefilled if self.partial else 0
+        room -= self.partial is not None
+        joining: list[Sequence] = []
+        width = 0
+        for sequence in self.waiting:
+            if len(joining) >= room:
+                break
+            wider = max(width, len(sequence.prompt_ids))
+            if wider <= half and (len(joining) + 1) * wider <= budget - min(left, half):
+                joining.append(sequence)
+                width = wider
+        for sequence in joining:
+            self.waiting.remove(sequence)
+        return joining, min(left, budget - len(joining) * width)
+
+    # ------------------------------------------------------------------ model passes
+
+    def _forward(self, input_ids, mask, positions, cache: list | None):
+        """The last position's logits and the grown cache. `cache` is consumed (emptied): its tensors move into
+        the model's cache as they are, so a layer's old keys and values are freed as soon as the step has appended
+        to them. DynamicCache.from_legacy_cache copies every layer, and a cache still held here would stay until
+        the step ends: each a second KV cache at every step's peak (transformers 4.57's layer API)."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        past = DynamicCache()
+        for keys, values in cache or ():
+            layer = DynamicLayer()
+            layer.lazy_initialization(keys)
+            layer.keys, layer.values = keys, values
+            past.layers.append(layer)
+        if cache:
+            cache.clear()
+        out = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True, **self.last_logits
+        )
+        return out.logits[:, -1, :].float(), [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+
+    def _prefill(self, joining: list[Sequence]) -> None:
+        """Prefill the joining prompts together (left-padded), merge them into the running batch and take their
+        first token (the decode of the same step then advances every row, old and new)."""
+        torch = self.torch
+        width = max(len(s.prompt_ids) for s in joining)
+        ids = torch.full((len(joining), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(joining), width), dtype=torch.long)
+        for row, s in enumerate(joining):
+            ids[row, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
+            mask[row, width - len(s.prompt_ids) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, cache = self._forward(ids.to(self.device), mask.to(self.device), positions.to(self.device), None)
+        new_positions = mask.sum(-1).to(self.device)
+        self._merge(joining, cache, mask.to(self.device), new_positions)
+        self._advance(joining, logits, offset=len(self.running) - len(joining))
+
+    def _prefill_chunk(self, count: int) -> None:
+        """Feed the long prompt's next `count` tokens (its KV cache grows by them); with its last chunk it joins
+        the running batch and takes its first token."""
+        torch, sequence = self.torch, self.partial
+        start = sequence.prefilled
+        end = start + count
+        ids = torch.tensor([sequence.prompt_ids[start:end]], dtype=torch.long, device=self.device)
+        mask = torch.ones((1, end), dtype=torch.long, device=self.device)
+        positions = torch.arange(start, end, device=self.device)[None]
+        logits, sequence.past = self._forward(ids, mask, positions, sequence.past)
+        sequence.prefilled = end
+        if end < len(sequence.prompt_ids):
+            return
+        cache, sequence.past, self.partial = sequence.past, None, None
+        self._merge([sequence], cache, mask, torch.tensor([end], device=self.device))
+        self._advance([sequence], logits, offset=len(self.running) - 1)
+
+    def _decode(self) -> None:
+        torch = self.torch
+        mask = torch.cat([self.mask, torch.ones((len(self.running), 1), dtype=self.mask.dtype, device=self.device)], dim=1)
+        logits, cache = self._forward(self.last[:, None], mask, self.positions[:, None], self.cache)
+        self.cache, self.mask, self.positions = cache, mask, self.positions + 1
+        self._advance(list(self.running), logits, offset=0)
+
+    def _merge(self, joining: list[Sequence], cache, mask, positions) -> None:
+        """Append the prefilled rows to the running batch, left-padding the shorter side's cache."""
+        torch = self.torch
+        if not self.running:
+            self.running, self.cache, self.mask, self.positions = list(joining), cache, mask, positions
+            self.last = torch.zeros(len(joining), dtype=torch.long, device=self.device)
+            return
+        old, new = self.mask.shape[1], mask.shape[1]
+        width = max(old, new)
+
+        def pad(tensor, length):  # left-pad dim 2 (cache) / dim 1 (mask) with zeros
+            if length == width:
+                return tensor
+            shape = list(tensor.shape)
+            shape[-2 if tensor.dim() == 4 else -1] = width - length
+            return torch.cat([tensor.new_zeros(shape), tensor], dim=-2 if tensor.dim() == 4 else -1)
+
+        for index, (k1, v1) in enumerate(cache):  # layer by layer: one old layer at a time next to the merged cache
+            k0, v0 = self.cache[index]
+            self.cache[index] = (torch.cat([pad(k0, old), pad(k1, new)]), torch.cat([pad(v0, old), pad(v1, new)]))
+        self.mask = torch.cat([pad(self.mask, old), pad(mask, new)])
+        self.positions = torch.cat([self.positions, positions])
+        self.last = torch.cat([self.last, torch.zeros(len(joining), dtype=torch.long, device=self.device)])
+        self.running += joining
+
+    def _advance(self, rows: list[Sequence], logits, offset: int) -> None:
+        """Pick each row's next token, emit new text, and retire the rows that are done."""
+        tokens = sample_tokens(self.torch, rows, logits)
+        self._set_last(offset, tokens)
+        done: dict[int, str] = {}
+        for index, (sequence, token) in enumerate(zip(rows, tokens)):
+            reason = append_token(sequence, token, self.eos_ids, self.context, self.tokenizer.decode, self._emit)
+            if reason:
+                done[offset + index] = reason
+        if done:
+            self._retire(done)
+
+    def _set_last(self, offset: int, tokens: list[int]) -> None:
+        """The next step's input tokens of rows offset.. (one copy to the device, not one per row)."""
+        self.last[offset : offset + len(tokens)] = self.torch.tensor(tokens, dtype=self.last.dtype).to(self.device)
+
+    # ------------------------------------------------------------------ the end of a sequence
+
+    def _finish(self, sequence: Sequence, reason: str, message: str = "") -> None:
+        sequence.past = None  # a long prompt's cache (the client may hold the sequence a while longer)
+        rest = sequence.text[sequence.sent :]
+        sequence.sent = len(sequence.text)
+        self._emit(sequence, rest, Finish(reason, len(sequence.prompt_ids), len(sequence.generated), message))
+
+    def _cancelled_early(self, sequence: Sequence) -> bool:
+        if self._gone(sequence):
+            self._finish(sequence, "cancelled")
+            return True
+        return False
+
+    def _drop(self, predicate: Callable[[Sequence], bool], reason: str) -> None:
+        done = {row: reason for row, sequence in enumerate(self.running) if predicate(sequence)}
+        if done:
+            self._retire(done)
+
+    def _retire(self, done: dict[int, str]) -> None:
+        """Finish rows `done` ({row: reason}) and remove them from the batch at once."""
+        torch = self.torch
+        for row, reason in done.items():
+            self._finish(self.running[row], reason)
+        keep = [row for row in range(len(self.running)) if row not in done]
+        self.running = [self.running[row] for row in keep]
+        if not keep:
+            self._reset()
+            return
+        index = torch.tensor(keep, device=self.device)
+        mask = self.mask[index]
+        first = int((mask.sum(0) > 0).nonzero()[0])  # columns before this are padding in every remaining row
+        self.mask = mask[:, first:]
+        for layer, (k, v) in enumerate(self.cache):  # in place: one old layer at a time next to the kept rows
+            self.cache[layer] = (k[index][:, :, first:], v[index][:, :, first:])
+        self.positions, self.last = self.positions[index], self.last[index]
+
+    def fail_all(self, message: str) -> None:
+        """A model pass failed: every running and waiting sequence ends with the error (the loop goes on)."""
+        with self.lock:
+            waiting, self.waiting = list(self.waiting), collections.deque()
+        partial = [self.partial] if self.partial is not None else []
+        for sequence in [*self.running, *partial, *waiting]:
+            self._finish(sequence, "error", message)
+        self.running, self.partial = [], None
+        self._reset()
+
+    def _reset(self) -> None:
+        """The running batch's state, once no row is left."""
+        self.cache = self.mask = self.positions = self.last = None

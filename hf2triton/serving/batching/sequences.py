@@ -1,0 +1,79 @@
+"""What a streaming request is to a batcher (the torch continuous batcher or vLLM's runtime): its decoding options
+(`Sampling`), its state (`Sequence`), its last event (`Finish`), and `Busy` when no place is left. Standard library
+only: copied next to model.py into every rendered model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+PARTIAL_CHARACTER = "\ufffd"
+
+
+class Busy(Exception):
+    """The waiting queue is full: the request is refused at once (retry later)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-request decoding options (validated by the caller, which knows the model's defaults)."""
+
+    max_new_tokens: int
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    time_limit_s: float = 0.0  # 0 = none
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The last event of a sequence."""
+
+    reason: str  # "stop" | "length" | "cancelled" | "time" | "error"
+    prompt_tokens: int
+    completion_tokens: int
+    message: str = ""
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request's generation. `emit(text, finish)` is called with each new piece of text (never a split
+    character) and once with a `Finish`; `cancelled()` is polled before every step (with a Responder: by it,
+    which sets `gone`)."""
+
+    prompt_ids: list[int]
+    sampling: Sampling
+    emit: Callable[[str, Finish | None], None]
+    cancelled: Callable[[], bool] = lambda: False
+    generated: list[int] = field(default_factory=list)
+    text: str = ""  # decoded so far (complete characters only)
+    sent: int = 0  # characters of `text` already emitted
+    started: float = field(default_factory=time.monotonic)
+    generator: Any = None
+    prefilled: int = 0  # prompt tokens in `past` (a long prompt prefilled in chunks)
+    past: Any = None  # its KV cache until the whole prompt is in
+    gone: bool = False  # its client left (set by the Responder, which asks Triton)
+    pieces: list[str] = field(default_factory=list)  # text waiting for the Responder to send it
+    finish: Finish | None = None  # the final event, waiting likewise
+    queued: bool = False  # in the Responder's queue
+    prefix_offset: int = 0  # incremental detokenisation: `generated[prefix_offset:read_offset]` decodes to what
+    read_offset: int = 0  # `text` already ends with (a few tokens of context, so joining spaces come out right)
+
+
+def add_pending(item: Any, text: str, finish: Finish | None) -> bool:
+    """Add a piece of text (and, at the end, the finish) to what `item` (a Sequence, or vLLM's stream) waits to
+    have sent; True when it must join its response thread's queue (it is not there yet). Pieces added while it
+    waits go out together as one response. The caller holds its lock."""
+    if text:
+        item.pieces.append(text)
+    if finish is not None:
+        item.finish = finish
+    if item.queued or (not item.pieces and item.finish is None):
+        return False
+    item.queued = True
+    return True

@@ -1,0 +1,71 @@
+"""Tokens to text for the torch batchers: the next token of each row, incremental detokenisation, stop strings."""
+
+from __future__ import annotations
+
+import time
+
+from .sequences import PARTIAL_CHARACTER, Sequence
+
+
+def sample_tokens(torch, rows: list[Sequence], logits) -> list[int]:
+    """Each row's next token: the argmax for a greedy row, else a draw from softmax(logits / temperature) within
+    top_k / top_p, from the sequence's own generator when it has a seed."""
+    tokens = logits.argmax(-1).tolist()  # greedy rows: the same argmax generate() takes
+    for index, sequence in enumerate(rows):
+        options = sequence.sampling
+        if options.temperature <= 0:
+            continue
+        scores = logits[index] / options.temperature
+        if options.top_k > 0:
+            kth = torch.topk(scores, min(options.top_k, scores.shape[-1])).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if options.top_p < 1.0:
+            ordered, order = torch.sort(scores, descending=True)
+            cumulative = ordered.softmax(-1).cumsum(-1)
+            drop = cumulative - ordered.softmax(-1) > options.top_p  # keep the smallest prefix reaching top_p
+            scores = scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+        probs = scores.softmax(-1).cpu()
+        tokens[index] = int(torch.multinomial(probs, 1, generator=sequence.generator).item())
+    return tokens
+
+
+def append_token(sequence: Sequence, token: int, eos_ids: set[int], context: int, decode, emit) -> str | None:
+    """Record a token; `emit(sequence, text)` the complete new text, holding back what may be the start of a stop
+    string (the text ends before one, which is not part of it); the finish reason when the sequence is done
+    (`context`: the tokens the model attends to)."""
+    options = sequence.sampling
+    if token in eos_ids:
+        return "stop"
+    sequence.generated.append(token)
+    complete = sequence.text + new_text(decode, sequence)
+    for stop in options.stop:
+        at = complete.find(stop, max(0, sequence.sent - len(stop)))
+        if at >= 0:
+            sequence.text = complete[:at]
+            return "stop"
+    sequence.text = complete
+    held = max((len(s) - 1 for s in options.stop), default=0)  # a stop string may be arriving
+    visible = len(sequence.text) - held
+    if visible > sequence.sent:
+        emit(sequence, sequence.text[sequence.sent : visible])
+        sequence.sent = visible
+    if len(sequence.generated) >= options.max_new_tokens:
+        return "length"
+    if len(sequence.prompt_ids) + len(sequence.generated) >= context:
+        return "length"
+    if options.time_limit_s and time.monotonic() - sequence.started > options.time_limit_s:
+        return "time"
+    return None
+
+
+def new_text(decode, sequence: Sequence) -> str:
+    """The complete characters the newest tokens add, decoding only the last few tokens (text-generation-
+    inference's and vLLM's incremental detokenisation) rather than the whole answer at every token. A split
+    multi-byte character waits for its next token."""
+    generated = sequence.generated
+    known = decode(generated[sequence.prefix_offset : sequence.read_offset], skip_special_tokens=True)
+    text = decode(generated[sequence.prefix_offset :], skip_special_tokens=True)
+    if len(text) <= len(known) or text.endswith(PARTIAL_CHARACTER):
+        return ""
+    sequence.prefix_offset, sequence.read_offset = sequence.read_offset, len(generated)
+    return text[len(known) :]

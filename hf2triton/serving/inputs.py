@@ -1,0 +1,166 @@
+"""A request's inputs decoded and checked, shared by every task and engine: texts (strict UTF-8, not empty),
+stop strings, per-request generation options, chat messages and a streaming prompt's token ids. A problem with
+one request raises `RequestError`: that request gets an error response of its own, the rest of the batch is
+unaffected. Copied next to model.py into every rendered model (numpy + the standard library).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import unicodedata
+from typing import Any
+
+import numpy as np
+
+from . import interface
+
+
+class RequestError(ValueError):
+    """A problem with one request; it gets an error response, the rest of the batch is unaffected."""
+
+
+def _utf8(item: Any, name: str, what: str, max_bytes: int, limit: str) -> str:
+    """One string of a BYTES tensor (Triton hands them over as bytes objects): size checked, strict UTF-8."""
+    raw = item.encode("utf-8") if isinstance(item, str) else item
+    if not isinstance(raw, (bytes, np.bytes_)):
+        raise RequestError(f"input '{name}' must be BYTES (UTF-8 text), got {type(item).__name__}")
+    if len(raw) > max_bytes:
+        raise RequestError(f"{what} of {len(raw)} bytes exceeds {limit}")
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RequestError(f"{what} is not valid UTF-8 (byte {err.start})") from None
+
+
+def check_request_size(values: np.ndarray, params: Any) -> None:
+    """A request's texts within max_texts_per_request and max_request_bytes, checked before decoding anything."""
+    if values.size > params.max_texts_per_request:
+        raise RequestError(f"{values.size} texts exceed max_texts_per_request={params.max_texts_per_request}; split the request")
+    total = sum(len(item) for item in values.reshape(-1))
+    if total > params.max_request_bytes:
+        raise RequestError(f"{total} bytes of text exceed max_request_bytes={params.max_request_bytes}; split the request")
+
+
+def decode_texts(values: np.ndarray, max_bytes: int) -> list[str]:
+    """The texts of a request, refusing empty ones (empty: nothing left once whitespace and control/format
+    characters -- NUL, zero-width space/joiners, BOM, soft hyphen -- are removed: tokenizers drop or ignore
+    them, so there would be no text to embed)."""
+
+    def _visible(text: str) -> bool:
+        return any(not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf") for c in text)
+
+    texts = []
+    for item in values.reshape(-1):
+        text = _utf8(item, interface.TEXT, "text", max_bytes, f"max_input_bytes={max_bytes}")
+        if not _visible(text):
+            raise RequestError("text is empty")
+        texts.append(text)
+    if not texts:
+        raise RequestError("request holds no text")
+    return texts
+
+
+MAX_STOP_BYTES = 1024
+
+
+def stop_strings(values: np.ndarray) -> tuple[str, ...]:
+    """The `stop` strings: any text but the empty one ("\n", the most common stop string, is whitespace)."""
+    stops = tuple(_utf8(v, interface.STOP, "stop string", MAX_STOP_BYTES, f"{MAX_STOP_BYTES} bytes") for v in values.reshape(-1))
+    if "" in stops:
+        raise RequestError(f"'{interface.STOP}' holds an empty string: every stop string needs at least one character")
+    return stops
+
+
+def _one_value(raw: Any, name: str, kind: type, bounds: tuple, problem=None) -> Any:
+    """The one value of an option tensor, checked against `bounds` (or `problem(value)`: why not allowed)."""
+    values = {kind(v) for v in np.asarray(raw).reshape(-1)}
+    if len(values) != 1:
+        raise RequestError(f"{name} must hold one value per request")
+    value = values.pop()
+    low, high = bounds
+    message = problem(value) if problem is not None else None
+    if message is None and not (math.isfinite(value) and low <= value <= high):
+        message = f"{name}={value} must be a finite number between {low} and {high}"
+    if message:
+        raise RequestError(message)
+    return value
+
+
+def generation_options(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """Per-request max_new_tokens / temperature, checked; missing values take the configured defaults."""
+    options = dict(defaults)
+    if raw.get(interface.MAX_NEW_TOKENS) is not None:
+        options[interface.MAX_NEW_TOKENS] = _one_value(
+            raw[interface.MAX_NEW_TOKENS], interface.MAX_NEW_TOKENS, int, interface.MAX_NEW_TOKENS_RANGE
+        )
+    if raw.get(interface.TEMPERATURE) is not None:
+        # 0 (greedy) or MIN_TEMPERATURE..100: sampling divides by it, so a denormal like 1e-45 would give NaN
+        options[interface.TEMPERATURE] = _one_value(
+            raw[interface.TEMPERATURE], interface.TEMPERATURE, float, interface.TEMPERATURE_RANGE, interface.temperature_problem
+        )
+    return options
+
+
+def chat_prompt(tokenizer, messages_json: list[str]) -> str:
+    """The chat template over `messages` (one JSON list of {"role", "content"}), ready for the answer."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise RequestError(f"this model has no chat template: send '{interface.TEXT}' instead of '{interface.MESSAGES}'")
+    if len(messages_json) != 1:
+        raise RequestError(f"'{interface.MESSAGES}' takes one JSON list per request, got {len(messages_json)}")
+    try:
+        messages = json.loads(messages_json[0])
+    except ValueError as err:
+        raise RequestError(f"'{interface.MESSAGES}' is not valid JSON ({err})") from None
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(f"'{interface.MESSAGES}' must be a non-empty JSON list of {{role, content}}")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in interface.CHAT_ROLES or not isinstance(message.get("content"), str):
+            roles = "/".join(interface.CHAT_ROLES)
+            raise RequestError(f'messages[{index}] must be {{"role": {roles}, "content": a string}}, got {str(message)[:80]}')
+    return tokenizer.apply_chat_template(
+        [{"role": m["role"], "content": m["content"]} for m in messages], tokenize=False, add_generation_prompt=True
+    )
+
+
+def sampling_values(raw: dict[str, Any], options: dict[str, Any], params: Any) -> dict[str, Any]:
+    """A streaming request's decoding options (the fields of batching's `Sampling`): max_new_tokens / temperature
+    as `generation_options` checked them, within generation.max_new_tokens_limit, and top_p / top_k / seed / stop
+    from `raw` (tensor name -> array, None when not sent), checked with clear errors."""
+    values = {
+        "max_new_tokens": options[interface.MAX_NEW_TOKENS],
+        "temperature": options[interface.TEMPERATURE],
+        "time_limit_s": params.time_limit_s,
+    }
+    if values["max_new_tokens"] > params.max_new_tokens_limit:
+        raise RequestError(
+            f"max_new_tokens={values['max_new_tokens']} exceeds generation.max_new_tokens_limit={params.max_new_tokens_limit}"
+        )
+    if raw.get(interface.TOP_P) is not None:
+        values["top_p"] = _one_value(raw[interface.TOP_P], interface.TOP_P, float, interface.TOP_P_RANGE)
+    if raw.get(interface.TOP_K) is not None:
+        values["top_k"] = _one_value(raw[interface.TOP_K], interface.TOP_K, int, interface.TOP_K_RANGE)
+    if raw.get(interface.SEED) is not None:
+        values["seed"] = _one_value(raw[interface.SEED], interface.SEED, int, interface.SEED_RANGE)
+    if raw.get(interface.STOP) is not None:
+        values["stop"] = stop_strings(raw[interface.STOP])
+    return values
+
+
+def prompt_ids(engine: Any, text: np.ndarray | None, messages: np.ndarray | None, max_bytes: int, max_new_tokens: int) -> list[int]:
+    """A streaming request's prompt as token ids, from `text` (the engine's chat template applied as configured) or
+    `messages` (always templated); prompt + max_new_tokens must fit the engine's context."""
+    if (text is None) == (messages is None):
+        raise RequestError(f"send either '{interface.TEXT}' or '{interface.MESSAGES}' (a JSON list of {{role, content}})")
+    if text is not None:
+        texts = decode_texts(text, max_bytes)
+        if len(texts) != 1:
+            raise RequestError(f"a streaming model takes one prompt per request, got {len(texts)}")
+        prompt = engine.prompt(texts[0])
+    else:
+        prompt = chat_prompt(engine.tokenizer, decode_texts(messages, max_bytes))
+    ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    context = engine.max_length
+    if len(ids) + max_new_tokens > context:
+        raise RequestError(f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} exceeds the context of {context} tokens")
+    return ids

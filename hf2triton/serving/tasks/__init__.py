@@ -1,0 +1,45 @@
+"""Task heads, one module per task, each an `Engine` subclass (base.py) with the same steps: tokenise the request's
+texts, run the runtime, shape the answer. The registry maps a task to its module and class: a new task is one
+module here and one line in ENGINES (render copies only the model's task module, found here too).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .. import interface
+
+# task -> (module in this package, class)
+ENGINES = {
+    interface.FEATURE_EXTRACTION: ("embedding", "EmbeddingEngine"),
+    interface.CLASSIFICATION: ("classification", "ClassificationEngine"),
+    interface.GENERATION: ("generation", "GenerationEngine"),
+}
+
+
+def engine_class(task: str) -> type:
+    """The task's engine class, its module imported only now."""
+    module, name = ENGINES[task]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def engine_from_parameters(params: interface.ModelParameters, device: str = "cpu", *, serving: bool = False, log=print) -> Any:
+    """Build the engine a config.pbtxt `parameters` block describes; the one place an engine is chosen.
+
+    backend vllm: inside its Triton model (`serving`) vLLM's engine (VllmEngine: it runs only in the vLLM
+    environment); elsewhere the same saved model on torch, what stands for it outside its Triton model
+    (validation's reference, bench's yardstick)."""
+    if serving and params.backend == "vllm":
+        return importlib.import_module(f"{__name__}.generation").VllmEngine(params, device, log)
+    return engine_class(params.task)(
+        params.model_dir,
+        device=device,
+        dtype=params.dtype,
+        num_threads=params.num_threads,
+        backend="python" if params.backend == "vllm" else params.backend,
+        onnx_dir=params.onnx_dir,
+        trt_engine=params.trt_engine,
+        chat_template=params.chat_template,
+        cuda_graphs=params.cuda_graphs,
+    )

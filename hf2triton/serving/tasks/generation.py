@@ -1,0 +1,99 @@
+"""text-generation: one answer per prompt, in one pass per set of options (`GenerationEngine`), or streamed by a
+batcher: the torch continuous batcher (hf2triton.serving.batching) or, for backend vllm, vLLM's engine
+(`VllmEngine`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import interface
+from ..batching.sequences import PARTIAL_CHARACTER
+from ..inputs import RequestError
+from .base import Engine
+
+MAX_TOKENS_PER_CHARACTER = 4  # a UTF-8 character is at most 4 bytes, so at most 4 byte-level tokens
+
+
+class GenerationEngine(Engine):
+    """text-generation: chat template when the tokenizer has one, greedy unless temperature > 0."""
+
+    outputs = (interface.TEXT_OUTPUT,)
+    auto_class = interface.AUTO_CLASSES[interface.GENERATION]
+    decoder = True
+
+    def setup(self, model_dir: str) -> None:
+        self.tokenizer.padding_side = "left"  # generation continues at the right end of every row
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+
+    def prompt(self, text: str) -> str:
+        if self.options.get("chat_template", interface.DEFAULTS.chat_template) and getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        return text
+
+    def check_lengths(self, texts: list[str], max_new_tokens: int) -> None:
+        """Raise RequestError if a prompt plus max_new_tokens exceeds the model's context."""
+        for ids in self.tokenizer([self.prompt(t) for t in texts], add_special_tokens=False)["input_ids"]:
+            if len(ids) + max_new_tokens > self.max_length:
+                raise RequestError(
+                    f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} exceeds the context of {self.max_length} tokens"
+                )
+
+    def run(
+        self,
+        texts: list[str],
+        max_new_tokens: int = interface.DEFAULTS.max_new_tokens,
+        temperature: float = interface.DEFAULTS.temperature,
+        **_: Any,
+    ) -> dict[str, np.ndarray]:
+        prompts = [self.prompt(t) for t in texts]
+        if self.backend == "onnx":  # the export's own decoder loop (OrtDecoder)
+            batch = self.tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="np")
+            pad_id = self.tokenizer.pad_token_id
+            new_tokens = self.model.generate(batch["input_ids"], batch["attention_mask"], max_new_tokens, pad_id, temperature).tolist()
+        else:
+            new_tokens = self._generate_torch(prompts, max_new_tokens, temperature)
+        texts_out = [self.complete_text(ids) for ids in new_tokens]
+        return {interface.TEXT_OUTPUT: np.array([t.strip().encode("utf-8") for t in texts_out], dtype=np.object_)}
+
+    def _generate_torch(self, prompts: list[str], max_new_tokens: int, temperature: float) -> list[list[int]]:
+        batch = self.tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+        with self.torch.inference_mode():
+            out = self.model.generate(
+                **batch, max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id, top_p=None, top_k=None, **sampling
+            )
+        return out[:, batch["input_ids"].shape[1] :].tolist()
+
+    def complete_text(self, ids: list[int]) -> str:
+        """Decoded text without a trailing partial character: byte-level tokens can split a multi-byte
+        character, which decodes to U+FFFD when max_new_tokens cuts it; such a tail is dropped."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        cut = 0
+        while text.endswith(PARTIAL_CHARACTER) and cut < MAX_TOKENS_PER_CHARACTER and cut < len(ids):
+            cut += 1
+            text = self.tokenizer.decode(ids[: len(ids) - cut], skip_special_tokens=True)
+        return text if not text.endswith(PARTIAL_CHARACTER) else text.rstrip(PARTIAL_CHARACTER)
+
+
+class VllmEngine:
+    """backend vllm: vLLM's engine generates (runtimes/vllm.py, loaded only here, inside the vLLM environment);
+    requests are tokenized, templated and checked exactly as for GenerationEngine (its `prompt`, this tokenizer,
+    the served context), and `batcher` takes them as the torch continuous batcher does (submit / stop)."""
+
+    outputs = (interface.TEXT_OUTPUT,)
+    prompt = GenerationEngine.prompt
+
+    def __init__(self, params: interface.ModelParameters, device: str, log=print):
+        from transformers import AutoTokenizer
+
+        from ..runtimes.vllm import VllmGenerator  # copied only into a backend vllm model
+
+        self.tokenizer = AutoTokenizer.from_pretrained(params.model_dir)
+        self.options = {"chat_template": params.chat_template}
+        self.max_length = params.max_model_len
+        self.device = device
+        self.batcher = VllmGenerator(params, device, log)
