@@ -48,6 +48,7 @@ def test_minimal_config_gets_all_defaults():
         "log_verbose": 0,
         "shm_default_byte_size": 16777216,
         "cuda_mps": "auto",
+        "supervise": True,
     }
     assert cfg["paths"] == {"work": ".hf2triton", "vllm_env": ".venv-vllm"}
     assert GOOD["models"][0] == {"name": "m", "source": "org/model", "task": "feature-extraction"}, "input must not be modified"

@@ -125,7 +125,7 @@ class Engine:
         """Rust `Encoding`s of `texts` (fast tokenizers), without character offsets where the tokenizers library
         can skip them (`encode_batch_fast`): nothing here reads offsets, and skipping them tokenises MiniLM's corpus
         1.2-1.3x faster (16 texts 1.16-1.41 vs 1.50-1.76 ms, 256 texts 15.3-17.2 vs 20.4-22.9 ms on 2 cores, same ids:
-        benchmarks/tokenize_offsets.py) -- most of a served request's time on a GPU (benchmarks/h200/onnx/)."""
+        benchmarks/probes/tokenize_offsets.py) -- most of a served request's time on a GPU (benchmarks/h200/onnx/)."""
         fast = self.fast_tokenizer
         return getattr(fast, "encode_batch_fast", fast.encode_batch)(texts)
 
