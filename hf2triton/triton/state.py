@@ -105,7 +105,7 @@ def observe(settings: Settings, state: dict[str, Any] | None) -> Facts:
     not_ready: list[str] = []
     if state and state.get("boot_id") == host.boot_id():
         cmdline = host.process_cmdline(int(state["pid"]))
-        alive = cmdline is not None
+        alive = bool(cmdline)  # a zombie (killed, its parent not yet waiting) has an empty command line: gone
         matches = alive and cmdline == state.get("cmdline")
         ready = matches and is_ready(settings)
         live = ready or (matches and client.is_live(settings.url()))

@@ -5,10 +5,9 @@ hf2triton.triton.supervisor SPEC`, its own session, a state file and a log in th
 second it looks at what runs, and when something is wrong it takes the serving lock and calls the same
 `ensure_server` / `ensure_gateway` as `serve` -- so a restart is exactly what `make serve` would do:
 - tritonserver gone (a crash, an abort, the OOM killer): started again with the same command line;
-- a model's stub process gone: that model reloaded (Triton keeps such a model "ready" while every request fails);
-- a stub process stopped (SIGSTOP, a debugger, a frozen swap storm) for STALLED_S: killed, then reloaded -- a
-  stopped stub holds its requests without a word, and resuming it later aborts tritonserver itself
-  (boost::interprocess::lock_exception), taking every model down;
+- a model's stub process gone, or stopped (SIGSTOP, a frozen swap storm) for STALLED_S: the server restarted. Its
+  requests died with it, but Triton keeps their streams open without a word (a reload of the model would leave
+  them hanging for good); a stopped stub resumed later aborts tritonserver itself (lock_exception) anyway;
 - the gateway gone: started again.
 Repeated failures back off (1, 2, 4 ... MAX_BACKOFF_S). `make stop` stops the supervisor first; it also ends by
 itself when the server's state file is gone (stopped by other means). Every action is one line in its log and
@@ -117,6 +116,28 @@ def stub_model(settings: Settings, pid: int) -> str:
     return cmd[1].removeprefix(f"{settings.repository}/").split("/")[0] if len(cmd) > 1 else "?"
 
 
+def reap_children() -> None:
+    """Collect the exit of servers and gateways this supervisor started and that ended since: a zombie keeps its
+    pid (with an empty command line) until its parent waits for it."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL tritonserver and its stubs (it leads its own process group when we started it)."""
+    for kill, target in ((os.killpg, pid), (os.kill, pid)):
+        try:
+            kill(target, signal.SIGKILL)
+            return
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
 class Supervisor:
     def __init__(self, settings: Settings, openai: OpenAISpec):
         self.settings, self.openai = settings, openai
@@ -151,10 +172,16 @@ class Supervisor:
         return found
 
     def repair(self, problems: list[str]) -> None:
-        """What `make serve` does, under its lock; recorded in the state file and the log."""
+        """What `make serve` does, under its lock; recorded in the state file and the log. A stub that died or was
+        killed takes its requests with it, but Triton keeps their streams open without a word (a reload of the model
+        leaves them hanging for good): only ending the server's connections ends them, with an error. So a stub
+        problem restarts the whole server (SIGKILL: a graceful stop would wait for those requests)."""
         with serving_lock(self.settings):
-            if read_state(self.settings) is None:  # `make stop` ran meanwhile
+            state = read_state(self.settings)
+            if state is None:  # `make stop` ran meanwhile
                 raise SystemExit(0)
+            if any("stub process" in problem for problem in problems):
+                kill_group(int(state["pid"]))
             server = ensure_server(self.settings)
             gateway = ensure_gateway(self.settings, self.openai)["action"] if self.openai.enabled else "kept"
         if server["action"] == "keep" and gateway == "kept":  # `make serve` repaired it meanwhile
@@ -166,6 +193,7 @@ class Supervisor:
         atomic_write_json(state_file(self.settings), state, mode=0o600)
 
     def step(self) -> None:
+        reap_children()
         problems = self.problems()
         now = time.monotonic()
         if not problems:
