@@ -60,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("model")
         if name in ("infer", "chat"):
             command.add_argument("--max-tokens", type=positive_int, help="generation: max_new_tokens (default: the model's)")
+            command.add_argument("--temperature", type=float, help="generation: sampling temperature (0: greedy; default: the model's)")
+            command.add_argument("--top-p", type=float, help="generation: nucleus sampling (0 < p <= 1)")
+            command.add_argument("--seed", type=int, help="generation: sampling seed (the same seed, the same answer)")
+            command.add_argument("--stop", action="append", help="generation: stop at this text (repeat for several)")
+        if name == "chat":
+            command.add_argument("--system", help="a system prompt that starts the conversation")
         if text:
             command.add_argument("text", nargs=text)
         if name in ("models", "infer", "embed"):

@@ -47,6 +47,19 @@ def test_max_tokens_must_be_a_positive_integer(value, capsys):
     assert info.value.code == 2 and "argument --max-tokens:" in capsys.readouterr().err
 
 
+def test_generation_flags_become_the_models_options():
+    """The playground's "Copy as CLI" carries every setting (issue 42 #7): the CLI takes them all."""
+    import argparse
+
+    from hf2triton.triton.commands import generation_flags
+
+    args = argparse.Namespace(max_tokens=5, temperature=0.0, top_p=None, seed=3, stop=["END"])
+    assert generation_flags(args) == {"max_new_tokens": 5, "temperature": 0.0, "seed": 3, "stop": ["END"]}
+    assert generation_flags(argparse.Namespace()) == {}, "embed and models have none"
+    with pytest.raises(SystemExit):
+        main(["chat", "--grpc", "127.0.0.1:1", "m", "--seed", "x"])
+
+
 def test_lint_of_an_empty_directory_or_a_model_directory_fails_clearly(tmp_path):
     result = cli("lint", str(tmp_path))
     assert result.returncode == 1 and "holds no model directories" in result.stderr and "Traceback" not in result.stderr

@@ -34,6 +34,7 @@ class ServedModel:
     device: str = ""  # "gpu" / "cpu": the instance groups' kind
     instances: int = 0
     max_new_tokens: int = interface.MAX_NEW_TOKENS_RANGE[1]  # generation: the model's per-request cap (max_new_tokens_limit)
+    max_sequences: int = 0  # streaming generation: sequences decoded together (its Triton max_batch_size is 0)
 
 
 # ------------------------------------------------------------------ requests
@@ -231,12 +232,16 @@ def embedding_answer(model: str, vectors: np.ndarray, tokens: int, encoding: str
 
 
 def model_card(model: ServedModel, created: int) -> dict[str, Any]:
-    return {"id": model.name, "object": "model", "created": created, "owned_by": "hf2triton", "task": model.task}
+    card = {"id": model.name, "object": "model", "created": created, "owned_by": "hf2triton", "task": model.task}
+    if model.task == interface.GENERATION:
+        card["max_tokens"] = model.max_new_tokens  # the range max_tokens is checked against (the playground's field)
+    return card
 
 
 def model_status(model: ServedModel) -> dict[str, Any]:
     """hf2triton's own: what /v1/status says of a model."""
     return {
         "id": model.name, "task": model.task, "backend": model.backend, "device": model.device, "instances": model.instances,
-        "max_batch_size": model.max_batch_size, "streaming": model.streaming,
+        "max_batch_size": None if model.streaming else model.max_batch_size, "streaming": model.streaming,
+        "max_sequences": model.max_sequences or None,
     }  # fmt: skip

@@ -145,12 +145,24 @@ def summary(result: dict[str, Any]) -> str:
     return result["text"]
 
 
-def chat(grpc_url: str, model: str, options: dict[str, Any], read=input, out=sys.stdout) -> int:
-    """A conversation with history; Ctrl-D or Ctrl-C leaves cleanly."""
+def generation_flags(args: Any) -> dict[str, Any]:
+    """--max-tokens, --temperature, --top-p, --seed, --stop as the model's request options (the server checks them)."""
+    flags = {
+        interface.MAX_NEW_TOKENS: getattr(args, "max_tokens", None),
+        interface.TEMPERATURE: getattr(args, "temperature", None),
+        interface.TOP_P: getattr(args, "top_p", None),
+        interface.SEED: getattr(args, "seed", None),
+        interface.STOP: getattr(args, "stop", None),
+    }
+    return {name: value for name, value in flags.items() if value is not None}
+
+
+def chat(grpc_url: str, model: str, options: dict[str, Any], read=input, out=sys.stdout, system: str | None = None) -> int:
+    """A conversation with history (starting with `system`, if given); Ctrl-D or Ctrl-C leaves cleanly."""
     facts = model_facts(grpc_url, model)
     if facts["task"] != interface.GENERATION or not facts["streaming"]:
         raise UserError(f"{model} is not a streaming text-generation model", "chat with a text-generation model served with streaming")
-    history: list[dict[str, str]] = []
+    history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     out.write(f"chatting with {model} (Ctrl-D or Ctrl-C to leave)\n")
     while True:
         try:
@@ -228,7 +240,7 @@ def main(args) -> int:
     if args.command == "key":
         return show_key(args.config, args.new)
     http_url, grpc_url = addresses(args.http, args.grpc, args.config)
-    options = {interface.MAX_NEW_TOKENS: args.max_tokens} if getattr(args, "max_tokens", None) else {}
+    options = generation_flags(args)
     if args.command == "models":
         rows = list_models(grpc_url)
         if args.json:
@@ -238,7 +250,7 @@ def main(args) -> int:
             print(f"{row['name']:<24} {row['state']:<12} {extra}")
         return 0
     if args.command == "chat":
-        return chat(grpc_url, args.model, options)
+        return chat(grpc_url, args.model, options, system=args.system)
     stream = getattr(args, "stream", False)
     task = interface.FEATURE_EXTRACTION if args.command == "embed" else None  # embed must never generate
     result = infer(http_url, grpc_url, args.model, args.text, options, stream=stream and not args.json, task=task)

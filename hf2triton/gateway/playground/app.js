@@ -66,6 +66,7 @@ async function start() {
   }
   $("login").hidden = true;
   $("tabs").hidden = false;
+  $("logout").hidden = !state.key;  // nothing to forget on a gateway without a key
   fillModelLists();
   show("chat");
 }
@@ -107,6 +108,18 @@ function fillModelLists() {
       if (!names.length) select.append(el("option", { value: "", text: "(none served)" }));
     }
   }
+  limitMaxTokens($("chat-model"), $("chat-max-tokens"));
+  for (const column of document.querySelectorAll("#compare .column")) limitMaxTokens(column.querySelector(".side-model"), column.querySelector(".side-max-tokens"));
+}
+
+// max_tokens fields offer the selected model's own range (its card's max_tokens), not a guess
+function limitMaxTokens(select, input) {
+  const apply = () => {
+    const card = state.models.find((m) => m.id === select.value);
+    if (card && card.max_tokens) input.max = String(card.max_tokens);
+  };
+  select.addEventListener("change", apply);
+  apply();
 }
 
 // ---------------------------------------------------------------- streaming
@@ -209,7 +222,7 @@ $("chat-form").addEventListener("submit", async (event) => {
   showError(null);
   $("chat-input").value = "";
   state.history.push({ role: "user", content: text });
-  addMessage("user", text);
+  const asked = addMessage("user", text);
   const answer = addMessage("assistant", "");
   const stats = el("span", { className: "stats" });
   answer.node.append(stats);
@@ -230,9 +243,11 @@ $("chat-form").addEventListener("submit", async (event) => {
       stats.textContent = "stopped";
       if (received) state.history.push({ role: "assistant", content: received });
       else state.history.pop();
-    } else {
+    } else {  // not sent: off the screen as out of the history, the text back in the box to try again
       state.history.pop();
       answer.node.remove();
+      asked.node.remove();
+      if (!$("chat-input").value) $("chat-input").value = text;
       showError(err);
     }
   } finally {
@@ -268,8 +283,10 @@ $("chat-copy").addEventListener("click", async () => {
   const body = { ...chatOptions(), messages: chatMessages(), stream: true };
   const key = state.key ? ' -H "Authorization: Bearer $HF2TRITON_API_KEY"' : "";
   const curl = `curl -N ${location.origin}/v1/chat/completions -H "Content-Type: application/json"${key} -d ${shellQuote(JSON.stringify(body))}`;
-  const max = body.max_tokens ? ` --max-tokens ${body.max_tokens}` : "";
-  const cli = `python -m hf2triton chat ${body.model}${max}   # then type the conversation`;
+  const flags = [["--max-tokens", body.max_tokens], ["--temperature", body.temperature], ["--top-p", body.top_p], ["--seed", body.seed],
+    ...(body.stop || []).map((stop) => ["--stop", stop]), ["--system", $("chat-system").value.trim() || undefined]]
+    .filter(([, value]) => value !== undefined).map(([flag, value]) => ` ${flag} ${shellQuote(String(value))}`).join("");
+  const cli = `python -m hf2triton chat ${body.model}${flags}   # then type the conversation`;
   const text = `${curl}\n\n${cli}\n`;
   $("chat-command").textContent = text;
   $("chat-command").hidden = false;
@@ -359,7 +376,8 @@ $("embeddings-send").addEventListener("click", async () => {
       return cell;
     })));
     $("similarity").replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
-    $("embeddings-note").textContent = `${model}: ${vectors.length} texts, ${vectors[0].length} dimensions, ${answer.usage.prompt_tokens} tokens; cosine similarity`;
+    $("embeddings-note").textContent = `${model}: ${vectors.length} texts, ${vectors[0].length} dimensions, ${answer.usage.prompt_tokens} tokens; `
+      + "cosine similarity, coloured from blue (0 or less: unrelated) to red (1: the same meaning)";
   } catch (err) {
     showError(err);
   }
@@ -371,7 +389,7 @@ async function refreshStatus() {
   try {
     const status = await (await api("/v1/status")).json();
     $("status-health").textContent = `Triton ${status.triton_ready ? "ready" : "NOT ready"} · gateway up`;
-    const columns = ["id", "task", "backend", "device", "instances", "max_batch_size", "streaming"];
+    const columns = ["id", "task", "backend", "device", "instances", "max_batch_size", "max_sequences", "streaming"];
     const head = el("tr", {}, ...columns.map((c) => el("th", { text: c })));
     const rows = status.models.map((m) => el("tr", {}, ...columns.map((c) => el("td", { text: String(m[c] ?? "") }))));
     $("status-models").replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
