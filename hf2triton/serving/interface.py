@@ -31,18 +31,29 @@ CHAT_ROLES = ("system", "user", "assistant")
 FINISH_REASON = "finish_reason"
 PROMPT_TOKENS = "prompt_tokens"
 COMPLETION_TOKENS = "completion_tokens"
+# token-classification: per text, the entities as the JSON `transformers.pipeline("token-classification")` returns
+ENTITIES = "entities"
+AGGREGATION_STRATEGY = "aggregation_strategy"
+AGGREGATION_STRATEGIES = ("none", "simple", "first", "average", "max")  # the pipeline's AggregationStrategy values
+DEFAULT_AGGREGATION_STRATEGY = "simple"
 
 FEATURE_EXTRACTION = "feature-extraction"
 CLASSIFICATION = "text-classification"
 GENERATION = "text-generation"
-TASKS = (FEATURE_EXTRACTION, CLASSIFICATION, GENERATION)
+TOKEN_CLASSIFICATION = "token-classification"  # noqa: S105 - a task name
+TASKS = (FEATURE_EXTRACTION, CLASSIFICATION, GENERATION, TOKEN_CLASSIFICATION)
 
 # Written into an ONNX export by ONNX Runtime GenAI's model builder: its decoder graphs take right-padded
 # prompts and derive positions from the mask (runtimes/onnxruntime.py's decoder looks for it).
 GENAI_CONFIG = "genai_config.json"
 
 # transformers Auto* class per task (pretrained, export and the serving engines load with the same one)
-AUTO_CLASSES = {FEATURE_EXTRACTION: "AutoModel", CLASSIFICATION: "AutoModelForSequenceClassification", GENERATION: "AutoModelForCausalLM"}
+AUTO_CLASSES = {
+    FEATURE_EXTRACTION: "AutoModel",
+    CLASSIFICATION: "AutoModelForSequenceClassification",
+    GENERATION: "AutoModelForCausalLM",
+    TOKEN_CLASSIFICATION: "AutoModelForTokenClassification",
+}
 
 # Limits every request option must respect (the config schema's bounds are the same).
 MAX_NEW_TOKENS_RANGE = (1, 8192)
@@ -78,6 +89,7 @@ class Tensor:
 
 TEXT_TENSOR = Tensor(TEXT, "BYTES")
 GENERATION_OPTIONS = (Tensor(MAX_NEW_TOKENS, "INT32", optional=True), Tensor(TEMPERATURE, "FP32", optional=True))
+TOKEN_CLASSIFICATION_OPTIONS = (Tensor(AGGREGATION_STRATEGY, "BYTES", optional=True),)  # one of AGGREGATION_STRATEGIES
 
 
 STREAMING_OPTIONS = (
@@ -98,6 +110,8 @@ STREAMING_OUTPUTS = (
 
 def task_inputs(task: str, streaming: bool = False) -> tuple[Tensor, ...]:
     check_task(task)
+    if task == TOKEN_CLASSIFICATION:
+        return (TEXT_TENSOR, *TOKEN_CLASSIFICATION_OPTIONS)
     if task != GENERATION:
         return (TEXT_TENSOR,)
     if streaming:  # text or messages
@@ -113,6 +127,8 @@ def task_outputs(task: str, embedding_dim: int | None = None, streaming: bool = 
         return (Tensor(EMBEDDING, "FP32", (embedding_dim or -1,)), Tensor(PROMPT_TOKENS, "INT32"))
     if task == CLASSIFICATION:
         return (Tensor(LABEL, "BYTES"), Tensor(SCORE, "FP32"))
+    if task == TOKEN_CLASSIFICATION:  # a JSON list of entities per text
+        return (Tensor(ENTITIES, "BYTES"),)
     return (Tensor(TEXT_OUTPUT, "BYTES"),)
 
 

@@ -137,6 +137,8 @@ class TritonPythonModel:
                 raw[name] = optional.as_numpy() if optional is not None else None
             options = inputs.generation_options(raw, self.defaults)
             self.engine.check_lengths(texts, options[interface.MAX_NEW_TOKENS])
+        elif self.task == interface.TOKEN_CLASSIFICATION:  # requests with the same strategy share one pass
+            options = inputs.token_classification_options(self._optional(request, interface.AGGREGATION_STRATEGY))
         return texts, options
 
     # ------------------------------------------------------------------ streaming generation (decoupled)

@@ -131,7 +131,7 @@ def _triton_headers(url: str, headers: dict[str, str] | None) -> dict[str, str]:
 
 
 NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
-OPTION_TENSORS = {t.name: t for t in (*interface.GENERATION_OPTIONS, *interface.STREAMING_OPTIONS)}
+OPTION_TENSORS = {t.name: t for t in (*interface.GENERATION_OPTIONS, *interface.STREAMING_OPTIONS, *interface.TOKEN_CLASSIFICATION_OPTIONS)}
 
 
 def http_get(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
@@ -245,6 +245,8 @@ def input_arrays(
         if name == interface.STOP:
             arrays.append((name, tensor.datatype, np.array([s.encode("utf-8") for s in value], dtype=np.object_)))
             continue
+        if tensor.datatype == "BYTES" and isinstance(value, str):  # e.g. aggregation_strategy
+            value = value.encode("utf-8")
         arrays.append((name, tensor.datatype, np.full(shape, value, dtype=NUMPY_TYPES[tensor.datatype])))
     return arrays
 

@@ -130,6 +130,8 @@ def infer(
     if facts["task"] == interface.CLASSIFICATION:
         labels = [v.decode() for v in outputs[interface.LABEL].reshape(-1)]
         return {"labels": labels, "scores": [round(float(v), 6) for v in outputs[interface.SCORE].reshape(-1)]}
+    if facts["task"] == interface.TOKEN_CLASSIFICATION:  # per text the pipeline's JSON list of entities
+        return {"entities": [json.loads(v) for v in outputs[interface.ENTITIES].reshape(-1)]}
     return {"texts": [v.decode() for v in outputs[interface.TEXT_OUTPUT].reshape(-1)]}
 
 
@@ -140,9 +142,25 @@ def summary(result: dict[str, Any]) -> str:
         return "\n".join(f"[{len(v)} dims] {' '.join(f'{x:.4f}' for x in v[:6])} ... (norm {np.linalg.norm(v):.4f})" for v in vectors)
     if "labels" in result:
         return "\n".join(f"{label} ({score:.4f})" for label, score in zip(result["labels"], result["scores"]))
+    if "entities" in result:  # one line per entity, a blank line between texts
+        return "\n\n".join("\n".join(entity_line(e) for e in entities) or "(no entities)" for entities in result["entities"])
     if "texts" in result:
         return "\n".join(result["texts"])
     return result["text"]
+
+
+def entity_line(entity: dict[str, Any]) -> str:
+    """One entity of a tagger's answer, readable: label, the text, its character span and score."""
+    label = entity.get("entity_group", entity.get("entity"))
+    return f"{label:<8} {entity['word']!r} [{entity['start']}:{entity['end']}] ({entity['score']:.4f})"
+
+
+def printed_json(result: dict[str, Any]) -> Any:
+    """What `infer --json` prints: a tagger's answer as transformers' pipeline returns it (one text: its list of
+    entities; several: a list per text); other tasks' answers as they are."""
+    if "entities" in result:
+        return result["entities"][0] if len(result["entities"]) == 1 else result["entities"]
+    return result
 
 
 def generation_flags(args: Any) -> dict[str, Any]:
@@ -153,6 +171,7 @@ def generation_flags(args: Any) -> dict[str, Any]:
         interface.TOP_P: getattr(args, "top_p", None),
         interface.SEED: getattr(args, "seed", None),
         interface.STOP: getattr(args, "stop", None),
+        interface.AGGREGATION_STRATEGY: getattr(args, "aggregation_strategy", None),  # token-classification
     }
     return {name: value for name, value in flags.items() if value is not None}
 
@@ -255,7 +274,7 @@ def main(args) -> int:
     task = interface.FEATURE_EXTRACTION if args.command == "embed" else None  # embed must never generate
     result = infer(http_url, grpc_url, args.model, args.text, options, stream=stream and not args.json, task=task)
     if args.json:
-        print(json.dumps(result, ensure_ascii=False))
+        print(json.dumps(printed_json(result), ensure_ascii=False))
     elif not stream or "text" not in result:
         print(summary(result))
     return 0

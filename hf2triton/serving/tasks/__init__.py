@@ -15,6 +15,7 @@ ENGINES = {
     interface.FEATURE_EXTRACTION: ("embedding", "EmbeddingEngine"),
     interface.CLASSIFICATION: ("classification", "ClassificationEngine"),
     interface.GENERATION: ("generation", "GenerationEngine"),
+    interface.TOKEN_CLASSIFICATION: ("token_classification", "TokenClassificationEngine"),
 }
 
 
