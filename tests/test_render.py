@@ -28,6 +28,7 @@ def parse(text: str) -> mc.ModelConfig:
         ("text-classification", ["text"], ["label", "score"]),
         ("text-generation", ["text", "max_new_tokens", "temperature"], ["text_output"]),
         ("token-classification", ["text", "aggregation_strategy"], ["entities"]),
+        ("fill-mask", ["text", "top_k"], ["candidates"]),
     ],
 )
 def test_tasks_render_expected_tensors(task, inputs, outputs):
@@ -110,6 +111,7 @@ def test_render_generation_parameters(tmp_path):
     [
         ("python", "feature-extraction", False, ["runtimes.pytorch"]),
         ("python", "token-classification", False, ["runtimes.pytorch"]),
+        ("python", "fill-mask", False, ["runtimes.pytorch"]),
         ("onnx", "text-classification", False, ["runtimes.onnxruntime"]),
         ("tensorrt", "feature-extraction", False, ["runtimes.tensorrt"]),
         ("onnx", "text-generation", False, ["runtimes.onnxruntime"]),

@@ -11,10 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from hf2triton.errors import UserError
 from hf2triton.pipeline.validate import PROBES, compare_entities, entity_lists, pipeline_entities
 from hf2triton.serving import inputs, interface
-from tests.helpers import ROOT, make_workflow, tiny_tagger
+from tests.helpers import ROOT, assert_python_only_task, assert_rendered_task, passed_checks, serving_workflow, tiny_tagger
 
 TEXTS = [
     *PROBES[interface.TOKEN_CLASSIFICATION],
@@ -68,48 +67,23 @@ def test_aggregation_strategy_option():
 
 
 def test_config_accepts_a_tagger_on_python_and_refuses_onnx(tmp_path):
-    from hf2triton.config import load_config
-
-    entry = {"name": "ner", "source": str(tmp_path), "task": "token-classification"}
-    path = tmp_path / "config.yaml"
-    path.write_text(json.dumps({"models": [entry]}))
-    assert load_config(path)["models"][0]["task"] == "token-classification"
-    path.write_text(json.dumps({"models": [{**entry, "backend": "onnx"}]}))
-    with pytest.raises(UserError) as refused:
-        load_config(path)
-    assert "token-classification" in str(refused.value) and "backend: python" in refused.value.fix
+    assert_python_only_task(tmp_path, interface.TOKEN_CLASSIFICATION)
 
 
 def test_rendered_interface(taggers, tmp_path):
-    from hf2triton.pipeline.render import render_model, serving_files
-    from hf2triton.specs import ModelSpec, serving_values
-    from hf2triton.triton.modelconfig import read_model_config
-
-    model = ModelSpec(name="ner", source=str(taggers["bert"]), task=interface.TOKEN_CLASSIFICATION)
-    serving = serving_values(model, gpu_available=False, cpus=2)
-    assert "tasks/token_classification.py" in {str(p).split("serving/")[-1] for p in serving_files(serving)}
-    config = read_model_config(render_model(str(tmp_path / "ner"), serving, str(taggers["bert"])) / "config.pbtxt")
-    assert [(t.name, t.optional, list(t.dims)) for t in config.input] == [("text", False, [1]), ("aggregation_strategy", True, [1])]
-    assert [(t.name, list(t.dims)) for t in config.output] == [("entities", [1])]
-    assert config.parameters["task"].string_value == "token-classification"
+    task = interface.TOKEN_CLASSIFICATION
+    assert_rendered_task(tmp_path, taggers["bert"], task, "token_classification", "aggregation_strategy", "entities")
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, taggers):
     entry = {"name": "ner", "source": str(taggers["bert"]), "task": "token-classification", "max_batch_size": 4}
-    workflow = make_workflow(tmp_path_factory.mktemp("ner-workflow"), [entry])
-    workflow.run("serve")
-    yield workflow
-    workflow.stop()
+    yield from serving_workflow(tmp_path_factory.mktemp("ner-workflow"), entry)
 
 
 @pytest.mark.integration
 def test_served_tagger_validates_and_infer_prints_the_pipelines_json(served, taggers):
-    report = served.report()
-    assert report["ok"] is True
-    checks = {c["name"]: c for c in report["models"]["ner"]["checks"]}
-    assert all(c["ok"] for c in checks.values()), checks
-    assert {"http equals grpc", "served equals in-process", "aggregation strategies equal the pipeline"} <= set(checks)
+    checks = passed_checks(served, "ner", {"http equals grpc", "served equals in-process", "aggregation strategies equal the pipeline"})
     assert "as transformers' pipeline" in checks["served equals in-process"]["detail"]
     grpc = served.settings().url("grpc_port")
     text = "Angela Merkel met Emmanuel Macron in Paris."

@@ -7,7 +7,6 @@ latency of each call; the metrics endpoint counting the requests. Writes report.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -23,6 +22,15 @@ from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
 from hf2triton.gateway.process import require_api_key
+from hf2triton.pipeline.pipeline_answers import (
+    JSON_ANSWERS,
+    compare_entities,
+    entity_lists,
+    pipeline_answers,
+    pipeline_candidates,
+    pipeline_entities,
+    probe_texts,
+)
 from hf2triton.pipeline.render import VERSION, prune_repository
 from hf2triton.pipeline.serve import FAILED_REPORT, settings_from_params
 from hf2triton.serving import interface
@@ -49,6 +57,11 @@ PROBES = {
         "Angela Merkel met Emmanuel Macron in Paris on Tuesday.",
         "Hugging Face Inc. is based in New York City; its CEO is Clément Delangue.",
         "Ada Lovelace wohnte in London, 東京 ist weit weg.",
+    ],
+    interface.FILL_MASK: [  # {mask}: the model's own mask token (pipeline_answers.probe_texts)
+        "Paris is the {mask} of France.",
+        "The cat sat on the {mask}, purring.",
+        "Ich trinke gern {mask} am Morgen; 東京 ist weit weg.",
     ],
 }
 VALIDATION_MAX_NEW_TOKENS = 24
@@ -115,33 +128,6 @@ def _texts(values: np.ndarray) -> list[str]:
     return [x.decode() for x in values.reshape(-1)]
 
 
-def entity_lists(values: np.ndarray) -> list[list[dict[str, Any]]]:
-    """A token-classification answer (one JSON list of entities per text) as Python."""
-    return [json.loads(v) for v in _texts(values)]
-
-
-def compare_entities(served: list[list[dict]], reference: list[list[dict]]) -> dict[str, Any]:
-    """Served entities vs the pipeline's: the same entities in the same order, the same keys in the same order and
-    the same values, scores within 1e-3."""
-    diff, differing = 0.0, []
-    for index, (mine, theirs) in enumerate(zip(served, reference)):
-        same = len(mine) == len(theirs)
-        for a, b in zip(mine, theirs):
-            same = same and list(a) == list(b) and all(a[k] == b[k] for k in a if k != interface.SCORE)
-            if interface.SCORE in a and interface.SCORE in b:
-                diff = max(diff, abs(float(a[interface.SCORE]) - float(b[interface.SCORE])))
-        if not same:
-            differing.append(index)
-    ok = not differing and len(served) == len(reference) and diff < 1e-3
-    figures = {
-        "texts": len(reference),
-        "entities": sum(map(len, reference)),
-        "max_score_diff": round(diff, 6),
-        "texts_differing": differing,
-    }
-    return {"ok": ok, **figures}
-
-
 def compare(task: str, served: dict[str, np.ndarray], reference: dict[str, np.ndarray], floor: float = COSINE_FLOOR) -> dict[str, Any]:
     """Served vs a reference: embeddings by cosine (>= floor), labels exactly with close scores, generated
     text exactly. {"ok": ..., figures...}"""
@@ -155,8 +141,9 @@ def compare(task: str, served: dict[str, np.ndarray], reference: dict[str, np.nd
         same = sum(x == y for x, y in zip(labels_s, labels_r))
         figures = {"texts": len(labels_r), "labels_identical": same, "max_score_diff": round(diff, 6)}
         return {"ok": same == len(labels_r) and diff < 1e-3, **figures, "served": labels_s, "reference": labels_r}
-    if task == interface.TOKEN_CLASSIFICATION:
-        return compare_entities(entity_lists(served[interface.ENTITIES]), entity_lists(reference[interface.ENTITIES]))
+    if task in JSON_ANSWERS:  # the pipeline's JSON per text
+        output = JSON_ANSWERS[task][0]
+        return compare_entities(entity_lists(served[output]), entity_lists(reference[output]))
     text_s, text_r = _texts(served[interface.TEXT_OUTPUT]), _texts(reference[interface.TEXT_OUTPUT])
     same = sum(x == y for x, y in zip(text_s, text_r))
     return {"ok": same == len(text_r), "prompts": len(text_r), "greedy_identical": same, "served": text_s, "reference": text_r}
@@ -193,9 +180,9 @@ def compare_outputs(task: str, served: dict[str, np.ndarray], reference: dict[st
         return result["ok"], f"min cosine {result['cosine_min']:.6f} (floor {COSINE_FLOOR})"
     if task == interface.CLASSIFICATION:
         return result["ok"], f"labels {result['served']} vs {result['reference']}; max score diff {result['max_score_diff']:.2e}"
-    if task == interface.TOKEN_CLASSIFICATION:
+    if task in JSON_ANSWERS:
         differing = f"; texts differing: {result['texts_differing']}" if result["texts_differing"] else ""
-        detail = f"{result['entities']} entities of {result['texts']} texts as transformers' pipeline"
+        detail = f"{result['entities']} {JSON_ANSWERS[task][1]} of {result['texts']} texts as transformers' pipeline"
         detail += f"; max score diff {result['max_score_diff']:.2e}"
         return result["ok"], detail + differing
     return result["ok"], f"served {result['served']!r} vs in-process {result['reference']!r}"
@@ -239,30 +226,10 @@ def reference_outputs(
     if float32_cpu:
         params = dataclasses.replace(params, dtype="float32")
     device = "cpu" if float32_cpu else reference_device(config)
-    if params.task == interface.TOKEN_CLASSIFICATION:  # the reference is transformers' pipeline itself
-        return {interface.ENTITIES: pipeline_entities(params.model_dir, texts, device, dtype=params.dtype)}
+    if params.task in JSON_ANSWERS:  # the reference is transformers' pipeline itself
+        return pipeline_answers(params.task, params.model_dir, texts, device, params.dtype)
     engine = engine_from_parameters(params, device)
     return engine.run(texts, **(VALIDATION_OPTIONS if params.task == GENERATION else {}))
-
-
-@functools.lru_cache(maxsize=1)
-def _tagger(model_dir: str, device: str, dtype: str):
-    from transformers import pipeline
-
-    from hf2triton.serving.runtimes.pytorch import torch_dtype
-
-    return pipeline(interface.TOKEN_CLASSIFICATION, model=model_dir, device=device, dtype=torch_dtype(dtype, device))
-
-
-def pipeline_entities(
-    model_dir: str, texts: list[str], device: str = "cpu", strategy: str = interface.DEFAULT_AGGREGATION_STRATEGY, dtype: str = "auto"
-) -> np.ndarray:
-    """`transformers.pipeline("token-classification")` over `texts` in-process (the served model's device and dtype),
-    one JSON list per text (BYTES, as served)."""
-    from hf2triton.serving.tasks.token_classification import entities_json
-
-    answers = _tagger(model_dir, device, dtype)(texts, aggregation_strategy=strategy)
-    return np.array([entities_json(entities).encode("utf-8") for entities in answers], dtype=np.object_)
 
 
 def strategies_check(rendered: mc.ModelConfig, name: str, http_client, texts: list[str]) -> dict[str, Any]:
@@ -287,6 +254,26 @@ def strategies_check(rendered: mc.ModelConfig, name: str, http_client, texts: li
             f"{strategy}: {result['entities']} entities, max score diff {result['max_score_diff']:.2e}" + ("" if result["ok"] else " FAIL")
         )
     return check("aggregation strategies equal the pipeline", ok, "; ".join(details))
+
+
+def top_k_check(rendered: mc.ModelConfig, name: str, http_client, texts: list[str]) -> dict[str, Any]:
+    """fill-mask: the smallest and largest top_k served equal the pipeline's with that top_k (the default 5 is checked
+    by "served equals in-process")."""
+    import tritonclient.http as httpclient
+
+    params = model_parameters(rendered)
+    details, ok = [], True
+    for top_k in interface.FILL_MASK_TOP_K_RANGE:
+        try:
+            served = http_client.infer(name, client.build_inputs(httpclient, texts, {interface.TOP_K: top_k}))
+        except Exception as err:  # noqa: BLE001 - reported as a failed check
+            return check("top_k equals the pipeline", False, f"top_k {top_k}: {type(err).__name__}: {err}")
+        reference = pipeline_candidates(params.model_dir, texts, reference_device(rendered), top_k, params.dtype)
+        result = compare_entities(entity_lists(served.as_numpy(interface.CANDIDATES)), entity_lists(reference))
+        ok = ok and result["ok"]
+        figures = f"top_k {top_k}: {result['entities']} candidates, max score diff {result['max_score_diff']:.2e}"
+        details.append(figures + ("" if result["ok"] else " FAIL"))
+    return check("top_k equals the pipeline", ok, "; ".join(details))
 
 
 def half_precision_check(rendered: mc.ModelConfig, served: dict[str, np.ndarray], texts: list[str]) -> dict[str, Any] | None:
@@ -354,7 +341,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     task = params.task
     if rendered.model_transaction_policy.decoupled:
         return validate_streaming(settings, name, rendered, checks)
-    texts = PROBES[task][: rendered.max_batch_size or None]  # one request must fit max_batch_size
+    texts = probe_texts(task, params.model_dir, PROBES[task][: rendered.max_batch_size or None])  # one request fits max_batch_size
     outputs = tuple(o.name for o in rendered.output)
     before = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
     try:
@@ -379,6 +366,8 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         checks.append(precision)
     if task == interface.TOKEN_CLASSIFICATION:
         checks.append(strategies_check(rendered, name, http_client, texts))
+    if task == interface.FILL_MASK:
+        checks.append(top_k_check(rendered, name, http_client, texts))
     if task == GENERATION and params.temperature > 0:
         checks.append(sampling_check(http_client, name, texts[:1], params.temperature))
     backend = params.backend

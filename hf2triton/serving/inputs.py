@@ -116,6 +116,13 @@ def token_classification_options(raw: Any) -> dict[str, Any]:
     return {name: value}
 
 
+def fill_mask_options(raw: Any) -> dict[str, Any]:
+    """A fill-mask request's `top_k`: candidates per text (default 5, as the pipeline; FILL_MASK_TOP_K_RANGE)."""
+    if raw is None:
+        return {interface.TOP_K: interface.DEFAULT_FILL_MASK_TOP_K}
+    return {interface.TOP_K: _one_value(raw, interface.TOP_K, int, interface.FILL_MASK_TOP_K_RANGE)}
+
+
 def chat_prompt(tokenizer, messages_json: list[str]) -> str:
     """The chat template over `messages` (one JSON list of {"role", "content"}), ready for the answer."""
     if not getattr(tokenizer, "chat_template", None):

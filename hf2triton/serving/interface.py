@@ -36,12 +36,17 @@ ENTITIES = "entities"
 AGGREGATION_STRATEGY = "aggregation_strategy"
 AGGREGATION_STRATEGIES = ("none", "simple", "first", "average", "max")  # the pipeline's AggregationStrategy values
 DEFAULT_AGGREGATION_STRATEGY = "simple"
+# fill-mask: per text, the candidates as the JSON `transformers.pipeline("fill-mask")` returns; option top_k (INT32)
+CANDIDATES = "candidates"
+FILL_MASK_TOP_K_RANGE = (1, 50)
+DEFAULT_FILL_MASK_TOP_K = 5  # the pipeline's
 
 FEATURE_EXTRACTION = "feature-extraction"
 CLASSIFICATION = "text-classification"
 GENERATION = "text-generation"
 TOKEN_CLASSIFICATION = "token-classification"  # noqa: S105 - a task name
-TASKS = (FEATURE_EXTRACTION, CLASSIFICATION, GENERATION, TOKEN_CLASSIFICATION)
+FILL_MASK = "fill-mask"
+TASKS = (FEATURE_EXTRACTION, CLASSIFICATION, GENERATION, TOKEN_CLASSIFICATION, FILL_MASK)
 
 # Written into an ONNX export by ONNX Runtime GenAI's model builder: its decoder graphs take right-padded
 # prompts and derive positions from the mask (runtimes/onnxruntime.py's decoder looks for it).
@@ -53,6 +58,7 @@ AUTO_CLASSES = {
     CLASSIFICATION: "AutoModelForSequenceClassification",
     GENERATION: "AutoModelForCausalLM",
     TOKEN_CLASSIFICATION: "AutoModelForTokenClassification",
+    FILL_MASK: "AutoModelForMaskedLM",
 }
 
 # Limits every request option must respect (the config schema's bounds are the same).
@@ -90,6 +96,7 @@ class Tensor:
 TEXT_TENSOR = Tensor(TEXT, "BYTES")
 GENERATION_OPTIONS = (Tensor(MAX_NEW_TOKENS, "INT32", optional=True), Tensor(TEMPERATURE, "FP32", optional=True))
 TOKEN_CLASSIFICATION_OPTIONS = (Tensor(AGGREGATION_STRATEGY, "BYTES", optional=True),)  # one of AGGREGATION_STRATEGIES
+FILL_MASK_OPTIONS = (Tensor(TOP_K, "INT32", optional=True),)  # candidates per text, FILL_MASK_TOP_K_RANGE
 
 
 STREAMING_OPTIONS = (
@@ -112,6 +119,8 @@ def task_inputs(task: str, streaming: bool = False) -> tuple[Tensor, ...]:
     check_task(task)
     if task == TOKEN_CLASSIFICATION:
         return (TEXT_TENSOR, *TOKEN_CLASSIFICATION_OPTIONS)
+    if task == FILL_MASK:
+        return (TEXT_TENSOR, *FILL_MASK_OPTIONS)
     if task != GENERATION:
         return (TEXT_TENSOR,)
     if streaming:  # text or messages
@@ -129,6 +138,8 @@ def task_outputs(task: str, embedding_dim: int | None = None, streaming: bool = 
         return (Tensor(LABEL, "BYTES"), Tensor(SCORE, "FP32"))
     if task == TOKEN_CLASSIFICATION:  # a JSON list of entities per text
         return (Tensor(ENTITIES, "BYTES"),)
+    if task == FILL_MASK:  # a JSON list of candidates per text
+        return (Tensor(CANDIDATES, "BYTES"),)
     return (Tensor(TEXT_OUTPUT, "BYTES"),)
 
 

@@ -131,7 +131,10 @@ def _triton_headers(url: str, headers: dict[str, str] | None) -> dict[str, str]:
 
 
 NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
-OPTION_TENSORS = {t.name: t for t in (*interface.GENERATION_OPTIONS, *interface.STREAMING_OPTIONS, *interface.TOKEN_CLASSIFICATION_OPTIONS)}
+# fill-mask's top_k is the same tensor (INT32) as streaming generation's
+_OPTIONS = (*interface.GENERATION_OPTIONS, *interface.STREAMING_OPTIONS)
+_OPTIONS += (*interface.TOKEN_CLASSIFICATION_OPTIONS, *interface.FILL_MASK_OPTIONS)
+OPTION_TENSORS = {t.name: t for t in _OPTIONS}
 
 
 def http_get(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> tuple[int, str]:

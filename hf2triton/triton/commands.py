@@ -132,6 +132,8 @@ def infer(
         return {"labels": labels, "scores": [round(float(v), 6) for v in outputs[interface.SCORE].reshape(-1)]}
     if facts["task"] == interface.TOKEN_CLASSIFICATION:  # per text the pipeline's JSON list of entities
         return {"entities": [json.loads(v) for v in outputs[interface.ENTITIES].reshape(-1)]}
+    if facts["task"] == interface.FILL_MASK:  # per text the pipeline's JSON list of candidates
+        return {"candidates": [json.loads(v) for v in outputs[interface.CANDIDATES].reshape(-1)]}
     return {"texts": [v.decode() for v in outputs[interface.TEXT_OUTPUT].reshape(-1)]}
 
 
@@ -144,6 +146,9 @@ def summary(result: dict[str, Any]) -> str:
         return "\n".join(f"{label} ({score:.4f})" for label, score in zip(result["labels"], result["scores"]))
     if "entities" in result:  # one line per entity, a blank line between texts
         return "\n\n".join("\n".join(entity_line(e) for e in entities) or "(no entities)" for entities in result["entities"])
+    if "candidates" in result:  # one line per candidate, a blank line between texts
+        lines = ["\n".join(f"{c['token_str']!r} ({c['score']:.4f}) {c['sequence']}" for c in each) for each in result["candidates"]]
+        return "\n\n".join(lines)
     if "texts" in result:
         return "\n".join(result["texts"])
     return result["text"]
@@ -156,10 +161,11 @@ def entity_line(entity: dict[str, Any]) -> str:
 
 
 def printed_json(result: dict[str, Any]) -> Any:
-    """What `infer --json` prints: a tagger's answer as transformers' pipeline returns it (one text: its list of
-    entities; several: a list per text); other tasks' answers as they are."""
-    if "entities" in result:
-        return result["entities"][0] if len(result["entities"]) == 1 else result["entities"]
+    """What `infer --json` prints: a tagger's or fill-mask's answer as transformers' pipeline returns it (one text:
+    its list of entities / candidates; several: a list per text); other tasks' answers as they are."""
+    for key in ("entities", "candidates"):
+        if key in result:
+            return result[key][0] if len(result[key]) == 1 else result[key]
     return result
 
 
@@ -172,6 +178,7 @@ def generation_flags(args: Any) -> dict[str, Any]:
         interface.SEED: getattr(args, "seed", None),
         interface.STOP: getattr(args, "stop", None),
         interface.AGGREGATION_STRATEGY: getattr(args, "aggregation_strategy", None),  # token-classification
+        interface.TOP_K: getattr(args, "top_k", None),  # fill-mask: candidates per text
     }
     return {name: value for name, value in flags.items() if value is not None}
 

@@ -16,6 +16,7 @@ ENGINES = {
     interface.CLASSIFICATION: ("classification", "ClassificationEngine"),
     interface.GENERATION: ("generation", "GenerationEngine"),
     interface.TOKEN_CLASSIFICATION: ("token_classification", "TokenClassificationEngine"),
+    interface.FILL_MASK: ("fill_mask", "FillMaskEngine"),
 }
 
 

@@ -33,12 +33,12 @@ def entities_json(entities: list[dict[str, Any]]) -> str:
     return json.dumps(entities, ensure_ascii=False, default=plain)
 
 
-def postprocessor(tokenizer, config):
-    """transformers' `TokenClassificationPipeline` with no model of its own: only its post-processing is used, which
-    reads the tokenizer and `model.config.id2label` (its __init__ would load and place a model)."""
+def postprocessor(tokenizer, config, base: type | None = None):
+    """transformers' `TokenClassificationPipeline` (or `base`, e.g. FillMaskPipeline) with no model of its own: only its
+    post-processing is used, which reads the tokenizer and `model.config` (its __init__ would load and place a model)."""
     from transformers import TokenClassificationPipeline
 
-    class Postprocessor(TokenClassificationPipeline):
+    class Postprocessor(base or TokenClassificationPipeline):
         def __init__(self) -> None:  # noqa: D107 - deliberately not the pipeline's
             self.tokenizer = tokenizer
             self.model = SimpleNamespace(config=config)

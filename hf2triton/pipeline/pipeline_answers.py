@@ -1,0 +1,91 @@
+"""transformers' own pipelines as validation's reference for the tasks whose served answer is the pipeline's JSON
+(token-classification: entities; fill-mask: candidates), and how two such answers compare."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import numpy as np
+
+from hf2triton.serving import interface
+
+# The pipeline's JSON per task: (served output tensor, what one item of its list is called in the report)
+JSON_ANSWERS = {interface.TOKEN_CLASSIFICATION: (interface.ENTITIES, "entities"), interface.FILL_MASK: (interface.CANDIDATES, "candidates")}
+MASK = "{mask}"  # fill-mask probes: replaced by the model's own mask token
+
+
+def entity_lists(values: np.ndarray) -> list[list[dict[str, Any]]]:
+    """A JSON answer (one JSON list per text: a tagger's entities, fill-mask's candidates) as Python."""
+    return [json.loads(v) for v in values.reshape(-1)]
+
+
+def compare_entities(served: list[list[dict]], reference: list[list[dict]]) -> dict[str, Any]:
+    """Served entities (candidates) vs the pipeline's: the same items in the same order, the same keys in the same
+    order and the same values, scores within 1e-3."""
+    diff, differing = 0.0, []
+    for index, (mine, theirs) in enumerate(zip(served, reference)):
+        same = len(mine) == len(theirs)
+        for a, b in zip(mine, theirs):
+            same = same and list(a) == list(b) and all(a[k] == b[k] for k in a if k != interface.SCORE)
+            if interface.SCORE in a and interface.SCORE in b:
+                diff = max(diff, abs(float(a[interface.SCORE]) - float(b[interface.SCORE])))
+        if not same:
+            differing.append(index)
+    ok = not differing and len(served) == len(reference) and diff < 1e-3
+    figures = {
+        "texts": len(reference),
+        "entities": sum(map(len, reference)),
+        "max_score_diff": round(diff, 6),
+        "texts_differing": differing,
+    }
+    return {"ok": ok, **figures}
+
+
+@functools.lru_cache(maxsize=1)
+def _pipeline(task: str, model_dir: str, device: str, dtype: str):
+    from transformers import pipeline
+
+    from hf2triton.serving.runtimes.pytorch import torch_dtype
+
+    return pipeline(task, model=model_dir, device=device, dtype=torch_dtype(dtype, device))
+
+
+def _as_served(answers: list[list[dict[str, Any]]]) -> np.ndarray:
+    from hf2triton.serving.tasks.token_classification import entities_json
+
+    return np.array([entities_json(answer).encode("utf-8") for answer in answers], dtype=np.object_)
+
+
+def pipeline_entities(
+    model_dir: str, texts: list[str], device: str = "cpu", strategy: str = interface.DEFAULT_AGGREGATION_STRATEGY, dtype: str = "auto"
+) -> np.ndarray:
+    """`transformers.pipeline("token-classification")` over `texts` in-process (the served model's device and dtype),
+    one JSON list per text (BYTES, as served)."""
+    return _as_served(_pipeline(interface.TOKEN_CLASSIFICATION, model_dir, device, dtype)(texts, aggregation_strategy=strategy))
+
+
+def pipeline_candidates(
+    model_dir: str, texts: list[str], device: str = "cpu", top_k: int = interface.DEFAULT_FILL_MASK_TOP_K, dtype: str = "auto"
+) -> np.ndarray:
+    """`transformers.pipeline("fill-mask")` over `texts` (one mask token each) in-process, one JSON list of
+    candidates per text (BYTES, as served)."""
+    answers = _pipeline(interface.FILL_MASK, model_dir, device, dtype)(texts, top_k=top_k)
+    return _as_served([answers] if len(texts) == 1 else answers)  # one text: the pipeline answers its list alone
+
+
+def pipeline_answers(task: str, model_dir: str, texts: list[str], device: str, dtype: str) -> dict[str, np.ndarray]:
+    """The pipeline's default answer for a JSON-answer task, as the served output tensor."""
+    reference = pipeline_entities if task == interface.TOKEN_CLASSIFICATION else pipeline_candidates
+    return {JSON_ANSWERS[task][0]: reference(model_dir, texts, device, dtype=dtype)}
+
+
+def probe_texts(task: str, model_dir: str, probes: list[str]) -> list[str]:
+    """Validation's probes for the model: fill-mask's with the tokenizer's own mask token."""
+    if task != interface.FILL_MASK:
+        return probes
+    from transformers import AutoTokenizer
+
+    mask = AutoTokenizer.from_pretrained(model_dir).mask_token
+    return [probe.replace(MASK, mask) for probe in probes]
