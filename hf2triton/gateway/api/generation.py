@@ -1,7 +1,7 @@
 """POST /v1/chat/completions and /v1/completions: streaming generation models (decoupled in Triton), one prompt
 (or the chat's messages, the model's `messages` input) per request, the answer whole or as server-sent events.
-A client that leaves (streamed or not) cancels the Triton request: the generation slot is freed within one
-decoding step."""
+A client that leaves (streamed or not, before its first piece as well) cancels the Triton request: the generation
+slot is freed within one decoding step."""
 
 from __future__ import annotations
 
@@ -102,8 +102,13 @@ async def completion(request: Request, chat: bool):
         answer, final = collected
         return protocol.completion_answer(head, chat, answer, final)
     include_usage = protocol.include_usage(body)
-    # The first piece is awaited before the response starts, so an early error (busy, bad prompt) is a status code.
-    first = await pieces.__anext__()
+    # The first piece is awaited before the response starts, so an early error (busy, bad prompt) is a status code;
+    # a client that leaves meanwhile (waiting for a place, a long prefill) cancels it then, not at its first piece.
+    first = await unless_client_leaves(request, pieces.__anext__())
+    if first is None:
+        await pieces.aclose()
+        log.info("client %s left before its first piece: the generation was cancelled", peer(request.scope))
+        return JSONResponse(ApiError(400, "the client left").body(), status_code=400)
     middle = TextEvents(lambda text: protocol.completion_chunk(head, chat, text, None))
 
     def piece_event(piece: str, info: dict | None, role: bool = False) -> bytes:

@@ -85,7 +85,7 @@ class ContinuousBatcher:
     def submit(self, sequence: Sequence) -> None:
         with self.lock:
             if len(self.waiting) >= self.max_queue:
-                self._purge_waiting()  # clients that gave up do not hold places
+                self._purge_waiting(ask=True)  # clients that gave up do not hold places
             if len(self.waiting) >= self.max_queue:
                 raise Busy(f"busy: {len(self.waiting)} requests already wait (generation.max_queue = {self.max_queue}); retry later")
             if sequence.sampling.seed is not None:
@@ -104,8 +104,12 @@ class ContinuousBatcher:
         else:
             sequence.emit(text, finish)
 
-    def _purge_waiting(self) -> None:
-        """Finish waiting sequences whose client is gone (caller holds the lock)."""
+    def _purge_waiting(self, ask: bool = False) -> None:
+        """Finish waiting sequences whose client is gone (caller holds the lock). `ask`: ask Triton about each now
+        rather than read the flag the Responder sets every POLL_S (a full queue refuses the next request on it)."""
+        if ask and self.responder is not None:
+            for sequence in self.waiting:
+                sequence.gone = sequence.gone or self.responder.ask(sequence)
         gone = [s for s in self.waiting if self._gone(s)]
         for sequence in gone:
             self.waiting.remove(sequence)

@@ -78,7 +78,12 @@ class Responder:
         with self.lock:
             sequences = [s for s in self.open if not s.gone and s.finish is None]
         for sequence in sequences:
-            try:
-                sequence.gone = bool(sequence.cancelled())
-            except Exception:  # noqa: BLE001 - a request Triton no longer knows is gone as well
-                sequence.gone = True
+            sequence.gone = self.ask(sequence)
+
+    @staticmethod
+    def ask(sequence: Sequence) -> bool:
+        """Whether Triton says the sequence's client is gone (any thread)."""
+        try:
+            return bool(sequence.cancelled())
+        except Exception:  # noqa: BLE001 - a request Triton no longer knows is gone as well
+            return True
