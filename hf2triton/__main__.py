@@ -3,7 +3,8 @@
     python -m hf2triton lint MODEL_REPOSITORY          check any Triton repository for load-time pitfalls (no server)
     python -m hf2triton models                         what the running server serves (task, streaming)
     python -m hf2triton infer MODEL TEXT [--stream]    one request, any task (--json for the raw answer; a tagger,
-                                                       fill-mask: the pipeline's JSON, --aggregation-strategy, --top-k)
+                                                       fill-mask: the pipeline's JSON, --aggregation-strategy, --top-k;
+                                                       a reranker: --query, the TEXTs are its documents)
     python -m hf2triton chat MODEL                     a conversation with a streaming generation model
     python -m hf2triton embed MODEL TEXT...            embeddings as JSON
     python -m hf2triton key                            where the client key is (curl needs it), never the key
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             joined = "token-classification: how tokens join into entities (default simple)"
             command.add_argument("--aggregation-strategy", choices=AGGREGATION_STRATEGIES, help=joined)
             command.add_argument("--top-k", type=positive_int, help="fill-mask: candidates per text (1-50, default 5)")
+            command.add_argument("--query", help="text-ranking: the query the TEXTs (documents) are scored against")
     replica = sub.add_parser("replica", help="fetch a published repository (make publish) and serve it with a tritonserver of its own")
     replica.add_argument("url", help="publish.url: s3://BUCKET/PREFIX")
     replica.add_argument("--work", required=True, help="this replica's directory (the fetched repository, server state, report)")

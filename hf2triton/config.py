@@ -204,7 +204,7 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].device = 'cpu': backend vllm runs on a CUDA GPU",
                 "set device: auto or gpu, or use backend: python on the CPU",
             )
-        if model["backend"] in ("onnx", "tensorrt") and model["task"] in ("token-classification", "fill-mask"):
+        if model["backend"] in ("onnx", "tensorrt") and model["task"] in ("token-classification", "fill-mask", "text-ranking"):
             raise UserError(
                 f"config.models[{index}].backend = {model['backend']!r}: {model['task']} is served by torch only (no ONNX export yet)",
                 "use backend: python for it",

@@ -84,6 +84,23 @@ def tiny_masked_lm(directory: Path, architecture: str = "bert", seed: int = 0) -
     return directory
 
 
+def tiny_reranker(directory: Path, seed: int = 0) -> Path:
+    """A random 2-layer cross-encoder (BertForSequenceClassification, one label) with MiniLM's real WordPiece tokenizer;
+    its weights drawn 20x wider than BERT's (initializer_range 0.4), so the documents' relevance scores spread over (0, 1)
+    (at BERT's 0.02 every pair's [CLS] is nearly the same vector: all scores within 0.003 of each other)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
+        num_labels=1, initializer_range=0.4,
+    )  # fmt: skip
+    BertForSequenceClassification(config).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(directory)
+    return directory
+
+
 def assert_python_only_task(tmp_path: Path, task: str) -> None:
     """A config with `task` on backend python loads; on onnx it is refused with a fix naming backend: python."""
     import pytest

@@ -29,6 +29,7 @@ def parse(text: str) -> mc.ModelConfig:
         ("text-generation", ["text", "max_new_tokens", "temperature"], ["text_output"]),
         ("token-classification", ["text", "aggregation_strategy"], ["entities"]),
         ("fill-mask", ["text", "top_k"], ["candidates"]),
+        ("text-ranking", ["text", "query"], ["score", "prompt_tokens"]),
     ],
 )
 def test_tasks_render_expected_tensors(task, inputs, outputs):
@@ -112,6 +113,7 @@ def test_render_generation_parameters(tmp_path):
         ("python", "feature-extraction", False, ["runtimes.pytorch"]),
         ("python", "token-classification", False, ["runtimes.pytorch"]),
         ("python", "fill-mask", False, ["runtimes.pytorch"]),
+        ("python", "text-ranking", False, ["runtimes.pytorch"]),
         ("onnx", "text-classification", False, ["runtimes.onnxruntime"]),
         ("tensorrt", "feature-extraction", False, ["runtimes.tensorrt"]),
         ("onnx", "text-generation", False, ["runtimes.onnxruntime"]),

@@ -1,5 +1,6 @@
 """transformers' own pipelines as validation's reference for the tasks whose served answer is the pipeline's JSON
-(token-classification: entities; fill-mask: candidates), and how two such answers compare."""
+(token-classification: entities; fill-mask: candidates), and how two such answers compare; text-ranking's reference
+(transformers has no rerank pipeline): the model in-process on the tokenizer's pair encoding, sigmoid of its logit."""
 
 from __future__ import annotations
 
@@ -89,3 +90,39 @@ def probe_texts(task: str, model_dir: str, probes: list[str]) -> list[str]:
 
     mask = AutoTokenizer.from_pretrained(model_dir).mask_token
     return [probe.replace(MASK, mask) for probe in probes]
+
+
+@functools.lru_cache(maxsize=1)
+def _cross_encoder(model_dir: str, device: str, dtype: str):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from hf2triton.serving.runtimes.pytorch import torch_dtype
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch_dtype(dtype, device)).to(device).eval()
+    return AutoTokenizer.from_pretrained(model_dir), model
+
+
+def cross_encoder_scores(model_dir: str, query: str, texts: list[str], device: str = "cpu", dtype: str = "auto") -> dict[str, np.ndarray]:
+    """text-ranking's reference, as sentence-transformers' CrossEncoder computes it for a one-label model: the
+    (query, text) pairs through the tokenizer's __call__ (padded, truncated longest-first to the model's context), the
+    model in-process, sigmoid of the logit; with the tokens each pair became (as served: score FP32, prompt_tokens)."""
+    import torch
+
+    tokenizer, model = _cross_encoder(model_dir, device, dtype)
+    limits = (getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length)
+    context = min(int(x) for x in limits if isinstance(x, (int, float)) and 0 < x < 1e9)
+    batch = tokenizer([query] * len(texts), texts, padding=True, truncation=True, max_length=context, return_tensors="pt").to(device)
+    with torch.inference_mode():
+        logits = model(**batch).logits.float()
+    scores = torch.sigmoid(logits[:, 0]).cpu().numpy().astype(np.float32)
+    return {interface.SCORE: scores, interface.PROMPT_TOKENS: batch["attention_mask"].sum(1).cpu().numpy().astype(np.int32)}
+
+
+def compare_scores(served: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, Any]:
+    """text-ranking: served relevance scores vs the reference's, within 1e-3, the same ranking and the same token counts."""
+    mine, theirs = served[interface.SCORE].reshape(-1), reference[interface.SCORE].reshape(-1)
+    diff = float(np.abs(mine - theirs).max()) if len(theirs) else 0.0
+    same_tokens = served[interface.PROMPT_TOKENS].reshape(-1).tolist() == reference[interface.PROMPT_TOKENS].reshape(-1).tolist()
+    same_order = np.argsort(-mine, kind="stable").tolist() == np.argsort(-theirs, kind="stable").tolist()
+    figures = {"texts": len(theirs), "max_score_diff": round(diff, 7), "same_ranking": same_order, "same_tokens": same_tokens}
+    return {"ok": len(mine) == len(theirs) and diff < 1e-3 and same_order and same_tokens, **figures}

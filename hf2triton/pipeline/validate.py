@@ -25,6 +25,8 @@ from hf2triton.gateway.process import require_api_key
 from hf2triton.pipeline.pipeline_answers import (
     JSON_ANSWERS,
     compare_entities,
+    compare_scores,
+    cross_encoder_scores,
     entity_lists,
     pipeline_answers,
     pipeline_candidates,
@@ -63,7 +65,13 @@ PROBES = {
         "The cat sat on the {mask}, purring.",
         "Ich trinke gern {mask} am Morgen; 東京 ist weit weg.",
     ],
+    interface.TEXT_RANKING: [  # the documents ranked against RANKING_QUERY
+        "Paris is the capital and largest city of France.",
+        "The cat sat on the mat, purring.",
+        "Berlin ist die Hauptstadt Deutschlands; 東京 ist weit weg.",
+    ],
 }
+RANKING_QUERY = "What is the capital of France?"
 VALIDATION_MAX_NEW_TOKENS = 24
 # Greedy, whatever generation.temperature is configured: served, gRPC and in-process answers must be equal.
 VALIDATION_OPTIONS = {interface.MAX_NEW_TOKENS: VALIDATION_MAX_NEW_TOKENS, interface.TEMPERATURE: 0.0}
@@ -112,7 +120,7 @@ def _as_dict(config: mc.ModelConfig) -> dict[str, Any]:
 
 
 def infer(triton, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...]) -> tuple[dict[str, np.ndarray], float]:
-    options = VALIDATION_OPTIONS if task == GENERATION else None
+    options = VALIDATION_OPTIONS if task == GENERATION else ({interface.QUERY: RANKING_QUERY} if task == interface.TEXT_RANKING else None)
     started = time.perf_counter()
     result = triton.infer(name, client.build_inputs(client_module, texts, options))
     elapsed_ms = (time.perf_counter() - started) * 1000
@@ -141,6 +149,8 @@ def compare(task: str, served: dict[str, np.ndarray], reference: dict[str, np.nd
         same = sum(x == y for x, y in zip(labels_s, labels_r))
         figures = {"texts": len(labels_r), "labels_identical": same, "max_score_diff": round(diff, 6)}
         return {"ok": same == len(labels_r) and diff < 1e-3, **figures, "served": labels_s, "reference": labels_r}
+    if task == interface.TEXT_RANKING:
+        return compare_scores(served, reference)
     if task in JSON_ANSWERS:  # the pipeline's JSON per text
         output = JSON_ANSWERS[task][0]
         return compare_entities(entity_lists(served[output]), entity_lists(reference[output]))
@@ -180,6 +190,11 @@ def compare_outputs(task: str, served: dict[str, np.ndarray], reference: dict[st
         return result["ok"], f"min cosine {result['cosine_min']:.6f} (floor {COSINE_FLOOR})"
     if task == interface.CLASSIFICATION:
         return result["ok"], f"labels {result['served']} vs {result['reference']}; max score diff {result['max_score_diff']:.2e}"
+    if task == interface.TEXT_RANKING:
+        detail = f"{result['texts']} documents' relevance as the cross-encoder in-process (sigmoid of the logit)"
+        detail += f"; max score diff {result['max_score_diff']:.2e}; same ranking {result['same_ranking']}"
+        detail += f", same tokens {result['same_tokens']}"
+        return result["ok"], detail
     if task in JSON_ANSWERS:
         differing = f"; texts differing: {result['texts_differing']}" if result["texts_differing"] else ""
         detail = f"{result['entities']} {JSON_ANSWERS[task][1]} of {result['texts']} texts as transformers' pipeline"
@@ -228,6 +243,8 @@ def reference_outputs(
     device = "cpu" if float32_cpu else reference_device(config)
     if params.task in JSON_ANSWERS:  # the reference is transformers' pipeline itself
         return pipeline_answers(params.task, params.model_dir, texts, device, params.dtype)
+    if params.task == interface.TEXT_RANKING:  # the model in-process on the tokenizer's pair encoding
+        return cross_encoder_scores(params.model_dir, RANKING_QUERY, texts, device, params.dtype)
     engine = engine_from_parameters(params, device)
     return engine.run(texts, **(VALIDATION_OPTIONS if params.task == GENERATION else {}))
 

@@ -123,6 +123,20 @@ def fill_mask_options(raw: Any) -> dict[str, Any]:
     return {interface.TOP_K: _one_value(raw, interface.TOP_K, int, interface.FILL_MASK_TOP_K_RANGE)}
 
 
+def text_ranking_options(raw: Any, max_bytes: int) -> dict[str, Any]:
+    """A text-ranking request's `query` (required, one value per request, not empty; max_input_bytes as a text)."""
+    name = interface.QUERY
+    if raw is None:
+        raise RequestError(f"input '{name}' is missing: a text-ranking request ranks its texts against one query")
+    values = {_utf8(v, name, name, max_bytes, f"max_input_bytes={max_bytes}") for v in np.asarray(raw).reshape(-1)}
+    if len(values) != 1:
+        raise RequestError(f"{name} must hold one value per request")
+    value = values.pop()
+    if not value.strip():
+        raise RequestError(f"{name} is empty")
+    return {name: value}
+
+
 def chat_prompt(tokenizer, messages_json: list[str]) -> str:
     """The chat template over `messages` (one JSON list of {"role", "content"}), ready for the answer."""
     if not getattr(tokenizer, "chat_template", None):

@@ -40,13 +40,18 @@ DEFAULT_AGGREGATION_STRATEGY = "simple"
 CANDIDATES = "candidates"
 FILL_MASK_TOP_K_RANGE = (1, 50)
 DEFAULT_FILL_MASK_TOP_K = 5  # the pipeline's
+# text-ranking (cross-encoder rerankers): input query (BYTES, the same value on every row of a request) and the texts
+# as the documents; per document its relevance score (FP32: sigmoid of the one logit, as sentence-transformers'
+# CrossEncoder) and the tokens its (query, document) pair became (PROMPT_TOKENS)
+QUERY = "query"
 
 FEATURE_EXTRACTION = "feature-extraction"
 CLASSIFICATION = "text-classification"
 GENERATION = "text-generation"
 TOKEN_CLASSIFICATION = "token-classification"  # noqa: S105 - a task name
 FILL_MASK = "fill-mask"
-TASKS = (FEATURE_EXTRACTION, CLASSIFICATION, GENERATION, TOKEN_CLASSIFICATION, FILL_MASK)
+TEXT_RANKING = "text-ranking"
+TASKS = (FEATURE_EXTRACTION, CLASSIFICATION, GENERATION, TOKEN_CLASSIFICATION, FILL_MASK, TEXT_RANKING)
 
 # Written into an ONNX export by ONNX Runtime GenAI's model builder: its decoder graphs take right-padded
 # prompts and derive positions from the mask (runtimes/onnxruntime.py's decoder looks for it).
@@ -59,6 +64,7 @@ AUTO_CLASSES = {
     GENERATION: "AutoModelForCausalLM",
     TOKEN_CLASSIFICATION: "AutoModelForTokenClassification",
     FILL_MASK: "AutoModelForMaskedLM",
+    TEXT_RANKING: "AutoModelForSequenceClassification",  # one label: the relevance logit
 }
 
 # Limits every request option must respect (the config schema's bounds are the same).
@@ -97,6 +103,9 @@ TEXT_TENSOR = Tensor(TEXT, "BYTES")
 GENERATION_OPTIONS = (Tensor(MAX_NEW_TOKENS, "INT32", optional=True), Tensor(TEMPERATURE, "FP32", optional=True))
 TOKEN_CLASSIFICATION_OPTIONS = (Tensor(AGGREGATION_STRATEGY, "BYTES", optional=True),)  # one of AGGREGATION_STRATEGIES
 FILL_MASK_OPTIONS = (Tensor(TOP_K, "INT32", optional=True),)  # candidates per text, FILL_MASK_TOP_K_RANGE
+# the query the texts (documents) are ranked against: needed, but declared optional as every option, so a request
+# without it gets model.py's error naming it (inputs.text_ranking_options), not Triton's generic one
+TEXT_RANKING_OPTIONS = (Tensor(QUERY, "BYTES", optional=True),)
 
 
 STREAMING_OPTIONS = (
@@ -121,6 +130,8 @@ def task_inputs(task: str, streaming: bool = False) -> tuple[Tensor, ...]:
         return (TEXT_TENSOR, *TOKEN_CLASSIFICATION_OPTIONS)
     if task == FILL_MASK:
         return (TEXT_TENSOR, *FILL_MASK_OPTIONS)
+    if task == TEXT_RANKING:
+        return (TEXT_TENSOR, *TEXT_RANKING_OPTIONS)
     if task != GENERATION:
         return (TEXT_TENSOR,)
     if streaming:  # text or messages
@@ -140,6 +151,8 @@ def task_outputs(task: str, embedding_dim: int | None = None, streaming: bool = 
         return (Tensor(ENTITIES, "BYTES"),)
     if task == FILL_MASK:  # a JSON list of candidates per text
         return (Tensor(CANDIDATES, "BYTES"),)
+    if task == TEXT_RANKING:  # per document its relevance score, and its pair's tokens (usage)
+        return (Tensor(SCORE, "FP32"), Tensor(PROMPT_TOKENS, "INT32"))
     return (Tensor(TEXT_OUTPUT, "BYTES"),)
 
 

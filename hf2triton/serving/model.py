@@ -142,6 +142,8 @@ class TritonPythonModel:
         elif self.task == interface.FILL_MASK:  # exactly one mask token per text, else this request's own error
             options = inputs.fill_mask_options(self._optional(request, interface.TOP_K))
             self.engine.check_masks(texts)
+        elif self.task == interface.TEXT_RANKING:  # requests with the same query share one pass
+            options = inputs.text_ranking_options(self._optional(request, interface.QUERY), self.max_bytes)
         return texts, options
 
     # ------------------------------------------------------------------ streaming generation (decoupled)

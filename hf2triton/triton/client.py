@@ -133,7 +133,7 @@ def _triton_headers(url: str, headers: dict[str, str] | None) -> dict[str, str]:
 NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
 # fill-mask's top_k is the same tensor (INT32) as streaming generation's
 _OPTIONS = (*interface.GENERATION_OPTIONS, *interface.STREAMING_OPTIONS)
-_OPTIONS += (*interface.TOKEN_CLASSIFICATION_OPTIONS, *interface.FILL_MASK_OPTIONS)
+_OPTIONS += (*interface.TOKEN_CLASSIFICATION_OPTIONS, *interface.FILL_MASK_OPTIONS, *interface.TEXT_RANKING_OPTIONS)
 OPTION_TENSORS = {t.name: t for t in _OPTIONS}
 
 
@@ -248,7 +248,7 @@ def input_arrays(
         if name == interface.STOP:
             arrays.append((name, tensor.datatype, np.array([s.encode("utf-8") for s in value], dtype=np.object_)))
             continue
-        if tensor.datatype == "BYTES" and isinstance(value, str):  # e.g. aggregation_strategy
+        if tensor.datatype == "BYTES" and isinstance(value, str):  # e.g. aggregation_strategy, a text-ranking query
             value = value.encode("utf-8")
         arrays.append((name, tensor.datatype, np.full(shape, value, dtype=NUMPY_TYPES[tensor.datatype])))
     return arrays

@@ -99,6 +99,8 @@ def infer(
     facts = model_facts(grpc_url, model)
     if task is not None and facts["task"] != task:
         raise UserError(f"{model} is a {facts['task']} model, not {task}", f"use a {task} model (`python -m hf2triton models` lists them)")
+    if facts["task"] == interface.TEXT_RANKING and not options.get(interface.QUERY):
+        raise UserError(f"{model} is a reranker: it scores the TEXTs (documents) against a query", "add --query 'QUERY'")
     try:
         if facts["task"] == interface.GENERATION and facts["streaming"]:
             if len(texts) != 1:
@@ -134,6 +136,8 @@ def infer(
         return {"entities": [json.loads(v) for v in outputs[interface.ENTITIES].reshape(-1)]}
     if facts["task"] == interface.FILL_MASK:  # per text the pipeline's JSON list of candidates
         return {"candidates": [json.loads(v) for v in outputs[interface.CANDIDATES].reshape(-1)]}
+    if facts["task"] == interface.TEXT_RANKING:  # per text (document) its relevance to the query
+        return {"relevance_scores": [float(v) for v in outputs[interface.SCORE].reshape(-1)]}
     return {"texts": [v.decode() for v in outputs[interface.TEXT_OUTPUT].reshape(-1)]}
 
 
@@ -149,6 +153,9 @@ def summary(result: dict[str, Any]) -> str:
     if "candidates" in result:  # one line per candidate, a blank line between texts
         lines = ["\n".join(f"{c['token_str']!r} ({c['score']:.4f}) {c['sequence']}" for c in each) for each in result["candidates"]]
         return "\n\n".join(lines)
+    if "relevance_scores" in result:  # best first: score and the text's position
+        ranked = sorted(enumerate(result["relevance_scores"]), key=lambda pair: -pair[1])
+        return "\n".join(f"{score:.4f} text {index}" for index, score in ranked)
     if "texts" in result:
         return "\n".join(result["texts"])
     return result["text"]
@@ -179,6 +186,7 @@ def generation_flags(args: Any) -> dict[str, Any]:
         interface.STOP: getattr(args, "stop", None),
         interface.AGGREGATION_STRATEGY: getattr(args, "aggregation_strategy", None),  # token-classification
         interface.TOP_K: getattr(args, "top_k", None),  # fill-mask: candidates per text
+        interface.QUERY: getattr(args, "query", None),  # text-ranking: the texts are the documents
     }
     return {name: value for name, value in flags.items() if value is not None}
 

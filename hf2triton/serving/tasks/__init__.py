@@ -17,6 +17,7 @@ ENGINES = {
     interface.GENERATION: ("generation", "GenerationEngine"),
     interface.TOKEN_CLASSIFICATION: ("token_classification", "TokenClassificationEngine"),
     interface.FILL_MASK: ("fill_mask", "FillMaskEngine"),
+    interface.TEXT_RANKING: ("text_ranking", "TextRankingEngine"),
 }
 
 

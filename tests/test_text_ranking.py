@@ -1,0 +1,93 @@
+"""text-ranking (cross-encoder rerankers): the engine's relevance scores equal the model in-process on the tokenizer's
+pair encoding with sigmoid (no server), the query option, config checks, the rendered interface, and one real serve:
+validation PASS, `infer --query` and the gateway's POST /v1/rerank equal to Triton's own answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hf2triton.pipeline.pipeline_answers import compare_scores, cross_encoder_scores
+from hf2triton.pipeline.validate import PROBES, RANKING_QUERY
+from hf2triton.serving import inputs, interface
+from tests.helpers import assert_python_only_task, tiny_reranker
+
+DOCUMENTS = [
+    "x",
+    "Mr. O'Neil-Smith (CEO of ACME Corp.) flew from São Paulo to Paris.",
+    "  leading and trailing spaces  ",
+    "unaffable antidisestablishmentarianism supercalifragilistic, " + "and more words " * 40,  # cut to 128 tokens
+]
+MAX_SCORE_DIFF = {}  # query -> served vs reference
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory):
+    return tiny_reranker(tmp_path_factory.mktemp("reranker"))
+
+
+def test_engine_scores_equal_the_cross_encoder_in_process(reranker):
+    from hf2triton.serving.tasks.text_ranking import TextRankingEngine
+
+    model_dir = str(reranker)
+    texts = [*PROBES[interface.TEXT_RANKING], *DOCUMENTS]
+    engine = TextRankingEngine(model_dir)
+    engine.min_bucket = 2  # several length buckets: the pairs are padded in more than one batch
+    for query in (RANKING_QUERY, "q", "a long query " * 30):
+        served = engine.run(texts, query=query)
+        reference = cross_encoder_scores(model_dir, query, texts)
+        result = compare_scores(served, reference)
+        assert result["ok"], (query, result, served, reference)
+        assert served[interface.SCORE].dtype == np.float32 and served[interface.PROMPT_TOKENS].dtype == np.int32
+        assert 0 < served[interface.SCORE].min() and served[interface.SCORE].max() < 1
+        assert served[interface.PROMPT_TOKENS].max() <= 128  # truncated longest-first to the context
+        MAX_SCORE_DIFF[query[:20]] = result["max_score_diff"]
+        assert result["max_score_diff"] < 1e-5
+    assert np.ptp(engine.run(texts, query=RANKING_QUERY)[interface.SCORE]) > 0.05  # the scores tell documents apart
+    alone = engine.run(texts[-1:], query=RANKING_QUERY)[interface.SCORE]
+    assert abs(float(alone[0]) - float(engine.run(texts, query=RANKING_QUERY)[interface.SCORE][-1])) < 1e-5
+    try:  # sentence-transformers' own CrossEncoder, where it is installed (not in this project's environment)
+        from sentence_transformers import CrossEncoder
+    except ImportError:
+        return
+    theirs = CrossEncoder(model_dir, device="cpu").predict([(RANKING_QUERY, t) for t in texts])
+    assert np.abs(np.asarray(theirs) - engine.run(texts, query=RANKING_QUERY)[interface.SCORE]).max() < 1e-5
+
+
+def test_query_option():
+    assert inputs.text_ranking_options(np.array([[b"q?"], [b"q?"]], dtype=np.object_), 100) == {interface.QUERY: "q?"}
+    with pytest.raises(inputs.RequestError, match="input 'query' is missing"):
+        inputs.text_ranking_options(None, 100)
+    with pytest.raises(inputs.RequestError, match="one value per request"):
+        inputs.text_ranking_options(np.array([[b"a"], [b"b"]], dtype=np.object_), 100)
+    with pytest.raises(inputs.RequestError, match="query is empty"):
+        inputs.text_ranking_options(np.array([[b"  "]], dtype=np.object_), 100)
+    with pytest.raises(inputs.RequestError, match="exceeds max_input_bytes=4"):
+        inputs.text_ranking_options(np.array([[b"abcdef"]], dtype=np.object_), 4)
+
+
+def test_config_takes_text_ranking_on_python_only_and_renders_its_interface(reranker, tmp_path):
+    from hf2triton.pipeline.render import render_model, serving_files
+    from hf2triton.specs import ModelSpec, serving_values
+    from hf2triton.triton.modelconfig import read_model_config
+
+    (tmp_path / "config").mkdir()
+    assert_python_only_task(tmp_path / "config", interface.TEXT_RANKING)
+    serving = serving_values(ModelSpec(name="m", source=str(reranker), task=interface.TEXT_RANKING), gpu_available=False, cpus=2)
+    assert "tasks/text_ranking.py" in {str(p).split("serving/")[-1] for p in serving_files(serving)}
+    config = read_model_config(render_model(str(tmp_path / "m"), serving, str(reranker)) / "config.pbtxt")
+    assert [(t.name, t.optional, list(t.dims)) for t in config.input] == [("text", False, [1]), ("query", True, [1])]
+    assert [(t.name, list(t.dims)) for t in config.output] == [("score", [1]), ("prompt_tokens", [1])]
+
+
+def test_engine_refuses_a_classifier_of_several_labels(tmp_path):
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from hf2triton.serving.tasks.text_ranking import TextRankingEngine
+    from tests.helpers import minilm_dir
+
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, num_labels=2)
+    BertForSequenceClassification(config).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="one label.*has 2"):
+        TextRankingEngine(str(tmp_path))
