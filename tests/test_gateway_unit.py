@@ -14,7 +14,15 @@ from hf2triton.gateway.app import create_app
 from hf2triton.gateway.backend import Gateway
 from hf2triton.gateway.boundary import host_name, served_names
 from hf2triton.gateway.errors import ApiError, triton_error, unreachable
-from hf2triton.gateway.protocol import chat_messages, completion_prompt, embedding_inputs, generation_options
+from hf2triton.gateway.protocol import (
+    Ranking,
+    chat_messages,
+    completion_prompt,
+    embedding_inputs,
+    generation_options,
+    rerank_answer,
+    rerank_request,
+)
 
 
 def test_sampling_parameters_map_to_model_inputs():
@@ -245,3 +253,35 @@ def test_a_configured_model_that_is_not_loaded_is_503_not_404():
     with pytest.raises(ApiError) as info:
         asyncio.run(gateway.model({"model": "other"}, "text-generation"))
     assert info.value.status == 404 and info.value.code == "model_not_found"
+
+
+def test_rerank_requests_and_answers():
+    assert rerank_request({"query": "q", "documents": ["a", "b"]}) == Ranking("q", ["a", "b"], 0, True)
+    assert rerank_request({"query": "q", "documents": ["a"], "top_n": 1, "return_documents": False}) == Ranking("q", ["a"], 1, False)
+    for body, param in (
+        ({"documents": ["a"]}, "query"),
+        ({"query": " ", "documents": ["a"]}, "query"),
+        ({"query": "q", "documents": []}, "documents"),
+        ({"query": "q", "documents": "a"}, "documents"),
+        ({"query": "q", "documents": [{"text": "a"}]}, "documents"),
+        ({"query": "q", "documents": ["a", "  "]}, "documents"),
+        ({"query": "q", "documents": ["\ud800"]}, "documents"),
+        ({"query": "q", "documents": ["a"], "top_n": -1}, "top_n"),
+        ({"query": "q", "documents": ["a"], "top_n": 1.5}, "top_n"),
+        ({"query": "q", "documents": ["a"], "return_documents": "yes"}, "return_documents"),
+    ):
+        with pytest.raises(ApiError) as refused:
+            rerank_request(body)
+        assert refused.value.status == 400 and refused.value.param == param, (body, refused.value.body())
+    ranking = Ranking("q", ["a", "b", "c"], 0, True)
+    answer = rerank_answer("rerank-1", "m", ranking, [0.2, 0.9, 0.2], 12)
+    assert answer == {
+        "id": "rerank-1", "model": "m", "usage": {"total_tokens": 12},
+        "results": [
+            {"index": 1, "relevance_score": 0.9, "document": {"text": "b"}},
+            {"index": 0, "relevance_score": 0.2, "document": {"text": "a"}},
+            {"index": 2, "relevance_score": 0.2, "document": {"text": "c"}},
+        ],
+    }  # fmt: skip
+    top = rerank_answer("rerank-2", "m", Ranking("q", ["a", "b", "c"], 2, False), [0.2, 0.9, 0.5], 12)["results"]
+    assert top == [{"index": 1, "relevance_score": 0.9}, {"index": 2, "relevance_score": 0.5}]

@@ -156,6 +156,33 @@ def embedding_inputs(body: dict[str, Any]) -> list[str]:
     return [_text(t, "input") for t in texts]
 
 
+@dataclass(frozen=True)
+class Ranking:
+    """A rerank request: the query, its documents, how many results to answer (0: all), whether with their text."""
+
+    query: str
+    documents: list[str]
+    top_n: int = 0
+    return_documents: bool = True
+
+
+def rerank_request(body: dict[str, Any]) -> Ranking:
+    """POST /v1/rerank's body (Cohere / Jina, as vLLM serves it): `query`, `documents` (strings), optional `top_n`
+    (0 or absent: every document) and `return_documents` (default true)."""
+    query = body.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise ApiError(400, "'query' must be a non-empty string", param="query")
+    documents = body.get("documents")
+    if not isinstance(documents, list) or not documents or not all(isinstance(d, str) for d in documents):
+        raise ApiError(400, "'documents' must be a non-empty list of strings", param="documents")
+    empty = [i for i, d in enumerate(documents) if not d.strip()]
+    if empty:
+        raise ApiError(400, f"'documents' contains an empty string (documents[{empty[0]}])", param="documents")
+    top_n = _number(body, "top_n", int, 0, 2**31 - 1) or 0
+    return_documents = flag(body, "return_documents") if body.get("return_documents") is not None else True
+    return Ranking(_text(query, "query"), [_text(d, "documents") for d in documents], top_n, return_documents)
+
+
 def completion_prompt(body: dict[str, Any]) -> str:
     # accepted by OpenAI's /v1/completions, not done here: refused, never silently ignored
     if body.get("best_of") not in (None, 1):
@@ -229,6 +256,18 @@ def embedding_answer(model: str, vectors: np.ndarray, tokens: int, encoding: str
         for i, v in enumerate(vectors)
     ]
     return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def rerank_answer(answer_id: str, model: str, ranking: Ranking, scores: np.ndarray, tokens: int) -> dict[str, Any]:
+    """The documents best first (ties: in request order), top_n of them (0: all), with their text unless not asked."""
+    order = sorted(range(len(scores)), key=lambda i: -float(scores[i]))[: ranking.top_n or None]
+    results = []
+    for index in order:
+        result: dict[str, Any] = {"index": index, "relevance_score": float(scores[index])}
+        if ranking.return_documents:
+            result["document"] = {"text": ranking.documents[index]}
+        results.append(result)
+    return {"id": answer_id, "model": model, "results": results, "usage": {"total_tokens": tokens}}
 
 
 def model_card(model: ServedModel, created: int) -> dict[str, Any]:
