@@ -4,13 +4,20 @@ validation PASS, `infer --query` and the gateway's POST /v1/rerank equal to Trit
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
+from hf2triton import host
 from hf2triton.pipeline.pipeline_answers import compare_scores, cross_encoder_scores
 from hf2triton.pipeline.validate import PROBES, RANKING_QUERY
 from hf2triton.serving import inputs, interface
-from tests.helpers import assert_python_only_task, tiny_reranker
+from hf2triton.triton import client
+from tests.helpers import ROOT, assert_python_only_task, make_workflow, passed_checks, tiny_reranker
 
 DOCUMENTS = [
     "x",
@@ -91,3 +98,70 @@ def test_engine_refuses_a_classifier_of_several_labels(tmp_path):
     AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="one label.*has 2"):
         TextRankingEngine(str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, reranker):
+    """The reranker served with the OpenAI gateway (max_batch_size 4: the gateway splits 7 documents in two requests)."""
+    model = {"name": "rank", "source": str(reranker), "task": interface.TEXT_RANKING, "max_batch_size": 4}
+    workflow = make_workflow(tmp_path_factory.mktemp("rank-workflow"), [model])
+    workflow.config["openai"] = {"enabled": True, "port": host.free_ports(1)[0]}
+    workflow.run("serve")
+    yield workflow
+    workflow.stop()
+
+
+def _infer(workflow, *args: str) -> subprocess.CompletedProcess:
+    """`python -m hf2triton infer rank ARGS` against the served workflow (over gRPC)."""
+    command = [sys.executable, "-m", "hf2triton", "infer", "--grpc", workflow.settings().url("grpc_port"), "rank", *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF2TRITON_CONFIG": ""}
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, check=False)
+
+
+def _rerank(workflow, body: dict) -> tuple[int, dict]:
+    status, text = client.http_post(f"http://127.0.0.1:{workflow.config['openai']['port']}/v1/rerank", body=body, timeout=60)
+    return status, json.loads(text)
+
+
+@pytest.mark.integration
+def test_served_reranker_validates_and_the_gateway_answers_as_triton(served, reranker):
+    import tritonclient.grpc as grpcclient
+
+    checks = passed_checks(served, "rank", {"http equals grpc", "served equals in-process"})
+    assert "3 documents' relevance as the cross-encoder in-process" in checks["served equals in-process"]["detail"]
+    gateway = json.loads((served.directory / "results" / "validation" / "gateway.json").read_text())
+    assert gateway["ok"] and [c["name"] for c in gateway["checks"]] == ["rank: rerank equals Triton"], gateway
+    documents = [*PROBES[interface.TEXT_RANKING], *DOCUMENTS]
+    query = RANKING_QUERY
+    triton = client.grpc_client(served.settings().url("grpc_port"))
+    try:
+        parts = [triton.infer("rank", client.build_inputs(grpcclient, documents[i : i + 4], {interface.QUERY: query})) for i in (0, 4)]
+    finally:
+        triton.close()
+    direct = np.concatenate([p.as_numpy(interface.SCORE).reshape(-1) for p in parts])
+    counts = np.concatenate([p.as_numpy(interface.PROMPT_TOKENS).reshape(-1) for p in parts])
+    tokens = int(counts.sum())
+    reference = cross_encoder_scores(str(reranker), query, documents)
+    assert compare_scores({interface.SCORE: direct, interface.PROMPT_TOKENS: counts}, reference)["ok"]
+    # the gateway: every document, best first, each score exactly Triton's (float32 through JSON), its text, the tokens
+    status, answer = _rerank(served, {"model": "rank", "query": query, "documents": documents})
+    assert status == 200, answer
+    assert set(answer) == {"id", "model", "results", "usage"} and answer["model"] == "rank" and answer["id"].startswith("rerank-")
+    results = answer["results"]
+    assert [r["index"] for r in results] == sorted(range(len(documents)), key=lambda i: -float(direct[i]))
+    assert all(np.float32(r["relevance_score"]) == direct[r["index"]] for r in results)
+    assert all(r["document"] == {"text": documents[r["index"]]} for r in results)
+    assert answer["usage"] == {"total_tokens": tokens}
+    status, top = _rerank(served, {"model": "rank", "query": query, "documents": documents, "top_n": 2, "return_documents": False})
+    assert status == 200 and top["results"] == [{k: r[k] for k in ("index", "relevance_score")} for r in results[:2]], top
+    status, refused = _rerank(served, {"model": "rank", "documents": documents})
+    assert status == 400 and refused["error"]["param"] == "query", refused
+    # the CLI: --json the scores in the documents' order, else best first; a reranker without --query is refused
+    printed = _infer(served, "--query", query, "--json", *documents[:3])
+    assert printed.returncode == 0, printed.stderr
+    # (3 documents in one request, not 4: padded otherwise, so equal within float32 rounding, not bit for bit)
+    assert np.abs(np.float32(json.loads(printed.stdout)["relevance_scores"]) - direct[:3]).max() < 1e-6
+    readable = _infer(served, "--query", query, *documents[:3])
+    assert readable.returncode == 0 and readable.stdout.split()[1::3] == ["text"] * 3, readable.stdout
+    refused = _infer(served, documents[0])
+    assert refused.returncode != 0 and "--query" in refused.stdout + refused.stderr

@@ -1,5 +1,6 @@
 """What `serve` checks once the gateway is up (results/validation/gateway.{json,md}): chat through the gateway
-(one answer and streamed) equals Triton's own streamed answer; embeddings through it equal Triton's."""
+(one answer and streamed) equals Triton's own streamed answer; embeddings through it equal Triton's; a reranker's
+/v1/rerank scores equal Triton's."""
 
 from __future__ import annotations
 
@@ -41,6 +42,22 @@ def _streamed_chat(base: str, model: str, key: str | None) -> str:
     return "".join(c["delta"].get("content") or "" for event in events for c in event.get("choices", []))
 
 
+def rerank_check(base: str, http_url: str, name: str, key: str | None) -> dict[str, Any]:
+    """POST /v1/rerank of TEXTS against QUESTION's text: per document the relevance score of Triton's own answer
+    (exactly: float32 through JSON), best first."""
+    import tritonclient.http as httpclient
+
+    query = QUESTION[0]["content"]
+    inputs = client.build_inputs(httpclient, TEXTS, {interface.QUERY: query})
+    direct = client.http_client(http_url).infer(name, inputs).as_numpy(interface.SCORE).reshape(-1)
+    results = _answer(f"{base}/rerank", {"model": name, "query": query, "documents": TEXTS}, key)["results"]
+    served = {r["index"]: r["relevance_score"] for r in results}
+    same = sorted(served) == list(range(len(TEXTS))) and all(np.float32(served[i]) == direct[i] for i in served)
+    ordered = [r["relevance_score"] for r in results] == sorted(served.values(), reverse=True)
+    detail = f"{len(results)} documents, scores {[round(float(s), 6) for s in direct]} (Triton), best first: {ordered}"
+    return check(f"{name}: rerank equals Triton", same and ordered, detail)
+
+
 def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dict[str, Any]], key: str | None) -> dict[str, Any]:
     """`models`: name -> {"task", "streaming"}; `base`: http://host:port/v1."""
     import tritonclient.http as httpclient
@@ -64,6 +81,8 @@ def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dic
                 served = np.asarray(answer["data"][0]["embedding"], dtype=np.float32)
                 cosine = float(served @ direct / (np.linalg.norm(served) * np.linalg.norm(direct)))
                 checks.append(check(f"{name}: embeddings equal Triton", cosine >= 0.99999, f"cosine {cosine:.6f} ({served.size} dims)"))
+            elif facts["task"] == interface.TEXT_RANKING:
+                checks.append(rerank_check(base, http_url, name, key))
         except Exception as err:  # noqa: BLE001 - a failed check, reported
             checks.append(check(f"{name}: gateway", False, f"{type(err).__name__}: {err}"))
     return {"ok": all(c["ok"] for c in checks), "base_url": base, "checks": checks, "checked_at": time.time()}
