@@ -155,6 +155,12 @@ def _stat_fields(pid: int) -> list[str] | None:
         return None
 
 
+def process_state(pid: int) -> str | None:
+    """The one-letter state of `pid` (R, S, D, T stopped, t traced, Z ...), None if it is gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
 def parent_pid(pid: int) -> int | None:
     """The parent of `pid` (None if it is gone)."""
     fields = _stat_fields(pid)

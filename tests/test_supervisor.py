@@ -19,7 +19,7 @@ from hf2triton.serving import interface
 from hf2triton.triton import client
 from hf2triton.triton.cleanup import find_ours
 from hf2triton.triton.state import read_state
-from hf2triton.triton.supervisor import process_state, stub_model, supervisor_status
+from hf2triton.triton.supervisor import stub_model, supervisor_status
 from tests.helpers import long_context_copy, make_workflow, tiny_model_entries
 
 pytestmark = pytest.mark.integration
@@ -101,12 +101,12 @@ def test_a_stopped_stub_ends_the_running_stream_with_an_error_and_both_models_co
     try:
         assert done.wait(45), "the stream got neither an end nor an error after its stub was stopped"
     finally:
-        if process_state(stub) is not None:
+        if host.process_state(stub) is not None:
             os.kill(stub, signal.SIGCONT)
     errors = [event for event in events if "error" in event or "read_failed" in event]
     assert errors and "read_failed" not in errors[-1], events[-3:]
     took = serving_again(supervised, stopped)
-    assert process_state(stub) is None, "the stopped stub was killed, not resumed"
+    assert host.process_state(stub) is None, "the stopped stub was killed, not resumed"
     restarts = supervisor_status(settings)
     assert restarts["restarts"] >= 1 and "stopped" in restarts["last"][0]["what"], restarts
     print(f"stopped stub: stream ended with {errors[-1]}; serving again {took:.1f} s after SIGSTOP; supervisor: {restarts['last']}")

@@ -103,14 +103,6 @@ def supervisor_status(settings: Settings) -> dict[str, Any]:
 # ---------------------------------------------------------------- the loop
 
 
-def process_state(pid: int) -> str | None:
-    """The one-letter state of /proc/<pid>/stat (R, S, D, T, t, Z ...), None when gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
 def stub_model(settings: Settings, pid: int) -> str:
     cmd = host.process_cmdline(pid) or ["", ""]
     return cmd[1].removeprefix(f"{settings.repository}/").split("/")[0] if len(cmd) > 1 else "?"
@@ -160,7 +152,7 @@ class Supervisor:
     def stalled_stubs(self) -> list[str]:
         now, found, seen = time.monotonic(), [], set()
         for pid in find_ours(self.settings).stubs:
-            if process_state(pid) not in STOPPED_STATES:
+            if host.process_state(pid) not in STOPPED_STATES:
                 continue
             seen.add(pid)
             since = self.stopped_since.setdefault(pid, now)
