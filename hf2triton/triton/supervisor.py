@@ -167,18 +167,33 @@ class Supervisor:
         """What `make serve` does, under its lock; recorded in the state file and the log. A stub that died or was
         killed takes its requests with it, but Triton keeps their streams open without a word (a reload of the model
         leaves them hanging for good): only ending the server's connections ends them, with an error. So a stub
-        problem restarts the whole server (SIGKILL: a graceful stop would wait for those requests)."""
-        with serving_lock(self.settings):
-            state = read_state(self.settings)
-            if state is None:  # `make stop` ran meanwhile
-                raise SystemExit(0)
-            if any("stub process" in problem for problem in problems):
-                kill_group(int(state["pid"]))
-            server = ensure_server(self.settings)
-            gateway = ensure_gateway(self.settings, self.openai)["action"] if self.openai.enabled else "kept"
-        if server["action"] == "keep" and gateway == "kept":  # `make serve` repaired it meanwhile
-            return
-        line = f"{'; '.join(problems)} -> server {server['action']} ({server['reason']}); gateway {gateway}"
+        problem restarts the whole server (SIGKILL: a graceful stop would wait for those requests).
+        Every part done is recorded, also when a later part fails (a server restarted, then a gateway that did not
+        come up): the next step may find nothing wrong, and the restart must not go unrecorded."""
+        done: list[str] = []
+        try:
+            with serving_lock(self.settings):
+                state = read_state(self.settings)
+                if state is None:  # `make stop` ran meanwhile
+                    raise SystemExit(0)
+                if any("stub process" in problem for problem in problems):
+                    kill_group(int(state["pid"]))
+                    done.append(f"killed tritonserver (pid {state['pid']})")
+                server = ensure_server(self.settings)
+                if server["action"] != "keep":
+                    done.append(f"server {server['action']} ({server['reason']})")
+                if self.openai.enabled:
+                    gateway = ensure_gateway(self.settings, self.openai)["action"]
+                    if gateway != "kept":
+                        done.append(f"gateway {gateway}")
+        except UserError as err:
+            done.append(f"repair failed: {err.message}")
+            raise
+        finally:
+            if done:  # nothing done: `make serve` repaired it meanwhile
+                self.record(f"{'; '.join(problems)} -> {'; '.join(done)}")
+
+    def record(self, line: str) -> None:
         log.warning("%s", line)
         state = _read_json(state_file(self.settings)) or {}
         state["restarts"] = [*state.get("restarts", [])[-49:], {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "what": line}]
@@ -198,7 +213,7 @@ class Supervisor:
         try:
             self.repair(problems)
         except UserError as err:  # the restart failed (e.g. a port taken meanwhile): try again later, longer apart
-            log.error("%s -> repair failed: %s (next try in %.0f s)", "; ".join(problems), err.message, self.backoff_s)
+            log.error("repair failed: %s (next try in %.0f s)", err.message, self.backoff_s)
             time.sleep(self.backoff_s)
             self.backoff_s = min(MAX_BACKOFF_S, self.backoff_s * 2)
 
