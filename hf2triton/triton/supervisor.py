@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from hf2triton import host
-from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.gateway.process import ensure_gateway, gateway_alive
 from hf2triton.specs import OpenAISpec, ServerSpec, from_param
@@ -186,8 +185,8 @@ class Supervisor:
                     gateway = ensure_gateway(self.settings, self.openai)["action"]
                     if gateway != "kept":
                         done.append(f"gateway {gateway}")
-        except UserError as err:
-            done.append(f"repair failed: {err.message}")
+        except Exception as err:
+            done.append(f"repair failed: {getattr(err, 'message', repr(err))}")
             raise
         finally:
             if done:  # nothing done: `make serve` repaired it meanwhile
@@ -212,8 +211,9 @@ class Supervisor:
         self.last_problem_at = now
         try:
             self.repair(problems)
-        except UserError as err:  # the restart failed (e.g. a port taken meanwhile): try again later, longer apart
-            log.error("repair failed: %s (next try in %.0f s)", err.message, self.backoff_s)
+        except Exception as err:  # noqa: BLE001 - the restart failed (a port taken meanwhile, a timeout): the
+            # supervisor must outlive it and try again later, longer apart
+            log.error("repair failed: %s (next try in %.0f s)", getattr(err, "message", repr(err)), self.backoff_s)
             time.sleep(self.backoff_s)
             self.backoff_s = min(MAX_BACKOFF_S, self.backoff_s * 2)
 
