@@ -195,3 +195,23 @@ def test_offline_without_a_record_asks_for_task(tmp_path, monkeypatch):
         load_config(_config(tmp_path, {"name": "m", "source": "testorg/never-asked"}))
     assert "config.models[0].task: missing" in refused.value.message and "HF_HUB_OFFLINE" in refused.value.message
     assert refused.value.fix.startswith("write task: for it")
+
+
+def test_private_hub_repo_uses_the_token_and_keeps_none(models, tmp_path, monkeypatch):
+    token = "hf_inferTaskSecret0123456789"  # noqa: S105 - a test token
+    hub = MiniHub("acme/private-ner", models["tagger"], token=token).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        monkeypatch.setenv("HF2TRITON_FETCH_RETRIES", "1")
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        config = _config(tmp_path, {"name": "priv", "source": "acme/private-ner"})
+        with pytest.raises(UserError) as refused:
+            load_config(config)
+        assert "acme/private-ner" in refused.value.message and "export HF_TOKEN=" in refused.value.fix
+        monkeypatch.setenv("HF_TOKEN", token)
+        assert load_config(config)["models"][0]["task"] == "token-classification"
+        assert f"Bearer {token}" in hub.authorizations
+    finally:
+        hub.stop()
+    kept = "".join(path.read_text(errors="replace") for path in (tmp_path / "work" / "hub" / "tasks").rglob("*") if path.is_file())
+    assert kept and token not in kept
