@@ -17,6 +17,7 @@ import yaml
 from hf2triton.errors import UserError
 from hf2triton.serving.interface import TEMPERATURES_ALLOWED, temperature_problem
 from hf2triton.specs import ProjectSpec, parse_source, project_spec
+from hf2triton.task_inference import infer_entry_task
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 MAX_CONFIG_BYTES = 1_000_000
@@ -390,9 +391,23 @@ def validate_config(raw: Any) -> dict:
     errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         raise _schema_error_line(errors[0])
+    _infer_missing_tasks(cfg)
     _check_semantics(cfg, explicit_generation, explicit_onnx, explicit_vllm)
     _check_tune(cfg)
     return cfg
+
+
+def _infer_missing_tasks(cfg: dict) -> None:
+    """Fill in every task config.yaml leaves out (hf2triton.task_inference) before anything checks it; where it was
+    inferred from goes with it (task_inferred_from: preflight and the run say so). A hub source's answer is kept under
+    <paths.work>/hub/tasks/, so a rerun infers the same without asking the hub."""
+    cache_dir = Path(cfg["paths"]["work"]) / "hub"
+    for index, model in enumerate(cfg["models"]):
+        if "task" in model:
+            continue
+        where = f"config.models[{index}]"
+        source = parse_source(model["source"], where=f"{where}.source")
+        model["task"], model["task_inferred_from"] = infer_entry_task(model, source, cache_dir, where)
 
 
 def load_config(path: Path | str, overrides: dict | None = None) -> dict:

@@ -122,6 +122,7 @@ class ModelSpec:
     source: str
     task: str
     revision: str = "main"
+    task_inferred_from: str | None = None  # None: config.yaml names the task
     gguf_file: str | None = None
     backend: str = "python"
     onnx: OnnxSpec = OnnxSpec()
@@ -151,7 +152,8 @@ class ModelSpec:
         streaming = self.generation if self.generation and self.generation.streaming else None
         sequences, prefill = (streaming.max_sequences, streaming.max_prefill_tokens) if streaming else (0, 0)
         model = (self.name, self.source, self.task, self.device, self.dtype, self.instances, self.backend, self.max_batch_size)
-        return Footprint(*model, sequences, prefill, self.vllm.gpu_memory_utilization if self.vllm else 0.0)
+        vllm_share = self.vllm.gpu_memory_utilization if self.vllm else 0.0
+        return Footprint(*model, sequences, prefill, vllm_share, self.task_inferred_from)
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,7 @@ class Footprint:
     max_sequences: int = 0  # streaming generation: sequences decoded together (its KV cache)
     max_prefill_tokens: int = 0  # streaming generation: prompt tokens prefilled at once (0: a whole batch's)
     gpu_memory_utilization: float = 0.0  # backend vllm: the fraction of the GPU its engine takes
+    task_inferred_from: str | None = None  # shown by preflight (None: config.yaml names the task)
 
 
 @dataclass(frozen=True)
