@@ -102,7 +102,7 @@ def infer(
     if facts["task"] == interface.TEXT_RANKING and not options.get(interface.QUERY):
         raise UserError(f"{model} is a reranker: it scores the TEXTs (documents) against a query", "add --query 'QUERY'")
     try:
-        if facts["task"] == interface.GENERATION and facts["streaming"]:
+        if facts["task"] in interface.GENERATIVE_TASKS and facts["streaming"]:
             if len(texts) != 1:
                 raise UserError(f"{model} streams: one prompt per request (got {len(texts)})", "send one TEXT")
             printer = (lambda piece: (out.write(piece), out.flush())) if stream else None
