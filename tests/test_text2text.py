@@ -5,10 +5,15 @@ reproduce, stop strings cut, cancellation frees the place; the engine's request 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
 
+from hf2triton import host
 from hf2triton.config import validate_config
 from hf2triton.errors import UserError
 from hf2triton.serving import interface
@@ -17,7 +22,8 @@ from hf2triton.serving.batching.sequences import Sampling, Sequence
 from hf2triton.serving.inputs import RequestError
 from hf2triton.serving.interface import DEFAULTS
 from hf2triton.serving.tasks.text2text import Text2TextEngine
-from tests.helpers import tiny_bart, tiny_t5
+from hf2triton.triton import client
+from tests.helpers import ROOT, make_workflow, passed_checks, tiny_bart, tiny_t5
 from tests.test_continuous_batching import Collector
 
 PROMPTS = [
@@ -155,3 +161,59 @@ def test_config_refuses_other_backends_with_the_fix(backend):
     with pytest.raises(UserError, match="backend") as caught:
         config_with("summarization", backend=backend, device="gpu")
     assert "backend: python" in str(caught.value)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A tiny T5 served streaming and a tiny BART served static (summarization: the alias), with the gateway."""
+    models = tmp_path_factory.mktemp("t2t-models")
+    entries = [
+        {"name": "t5", "source": str(tiny_t5(models / "t5")), "task": "text2text-generation"},
+        {"name": "bart", "source": str(tiny_bart(models / "bart")), "task": "summarization", "generation": {"streaming": False}},
+    ]
+    workflow = make_workflow(tmp_path_factory.mktemp("t2t-workflow"), entries)
+    workflow.config["openai"] = {"enabled": True, "port": host.free_ports(1)[0]}
+    workflow.run("serve")
+    yield workflow
+    workflow.stop()
+
+
+def _cli(workflow, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "hf2triton", "infer", "--grpc", workflow.settings().url("grpc_port"), *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF2TRITON_CONFIG": ""}
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, check=False)  # noqa: S603
+
+
+@pytest.mark.integration
+def test_served_text2text_validates_streams_and_the_gateway_and_cli_answer_as_triton(served):
+    checks = passed_checks(served, "t5", {"grpc stream", "stream equals generate", "served equals in-process"})
+    assert checks["grpc stream"]["detail"].count("responses") == 1
+    passed_checks(served, "bart", {"http equals grpc", "served equals in-process"})
+    gateway = json.loads((served.directory / "results" / "validation" / "gateway.json").read_text())
+    assert gateway["ok"] and {"t5: chat equals Triton", "t5: streamed chat equals Triton"} <= {c["name"] for c in gateway["checks"]}
+    prompt = PROMPTS[1]
+    greedy = {interface.MAX_NEW_TOKENS: 12, interface.TEMPERATURE: 0.0}
+    direct = client.stream_generate(served.settings().url("grpc_port"), "t5", prompt, greedy)
+    assert len(direct["pieces"]) > 1 and direct["finish_reason"] in ("stop", "length")
+    base = f"http://127.0.0.1:{served.config['openai']['port']}/v1"
+    body = {"model": "t5", "max_tokens": 12, "temperature": 0}
+    status, text = client.http_post(f"{base}/completions", body={**body, "prompt": prompt}, timeout=60)
+    assert status == 200 and json.loads(text)["choices"][0]["text"] == direct["text"], text
+    events = client.http_post_events(f"{base}/completions", {}, {**body, "prompt": prompt, "stream": True})
+    assert "".join(c.get("text") or "" for e in events for c in e.get("choices", [])) == direct["text"]
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": prompt}]  # the last user message is the input
+    status, text = client.http_post(f"{base}/chat/completions", body={**body, "messages": chat}, timeout=60)
+    answer = json.loads(text)
+    assert status == 200 and answer["choices"][0]["message"]["content"] == direct["text"], text
+    assert answer["usage"]["completion_tokens"] == direct["completion_tokens"]
+    events = client.http_post_events(f"{base}/chat/completions", {}, {**body, "messages": chat, "stream": True})
+    assert "".join(c["delta"].get("content") or "" for e in events for c in e.get("choices", [])) == direct["text"]
+    status, text = client.http_post(f"{base}/completions", body={"model": "bart", "prompt": prompt}, timeout=60)
+    assert status == 400 and "streaming" in text, text  # the static one is Triton's own, not the gateway's
+    # the CLI: the whole answer, and streamed piece by piece
+    for flags in ((), ("--stream",)):
+        printed = _cli(served, *flags, "--max-tokens", "12", "t5", prompt)
+        assert printed.returncode == 0 and printed.stdout.strip() == direct["text"].strip(), printed.stdout + printed.stderr
+    printed = _cli(served, "--max-tokens", "12", "bart", prompt)
+    reference = Text2TextEngine(served.config["models"][1]["source"]).run([prompt], max_new_tokens=12)[interface.TEXT_OUTPUT][0]
+    assert printed.returncode == 0 and printed.stdout.strip() == reference.decode(), printed.stdout + printed.stderr

@@ -194,7 +194,7 @@ def generation_flags(args: Any) -> dict[str, Any]:
 def chat(grpc_url: str, model: str, options: dict[str, Any], read=input, out=sys.stdout, system: str | None = None) -> int:
     """A conversation with history (starting with `system`, if given); Ctrl-D or Ctrl-C leaves cleanly."""
     facts = model_facts(grpc_url, model)
-    if facts["task"] != interface.GENERATION or not facts["streaming"]:
+    if facts["task"] not in interface.GENERATIVE_TASKS or not facts["streaming"]:
         raise UserError(f"{model} is not a streaming text-generation model", "chat with a text-generation model served with streaming")
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     out.write(f"chatting with {model} (Ctrl-D or Ctrl-C to leave)\n")
