@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hf2triton.errors import UserError
-from hf2triton.serving.interface import DEFAULTS, GENERATION
+from hf2triton.serving.interface import DEFAULTS, GENERATION, GENERATIVE_TASKS
 
 # ---------------------------------------------------------------- what a model's `source:` string means
 # a hub repository, a local directory or .gguf file, or a file shipped inside an installed Python package
@@ -141,7 +141,7 @@ class ModelSpec:
 
     @property
     def is_generation(self) -> bool:
-        return self.task == GENERATION
+        return self.task in GENERATIVE_TASKS
 
     @property
     def needs_onnx(self) -> bool:
@@ -283,7 +283,7 @@ def _tuples(values: dict[str, Any]) -> dict[str, Any]:
 
 def model_spec(entry: dict[str, Any]) -> ModelSpec:
     values = {k: v for k, v in entry.items() if k not in ("onnx", "generation", "dynamic_batching", "queue", "vllm")}
-    generation = GenerationSpec(**entry["generation"]) if entry["task"] == GENERATION else None
+    generation = GenerationSpec(**entry["generation"]) if entry["task"] in GENERATIVE_TASKS else None
     return ModelSpec(
         **values,
         onnx=OnnxSpec(**entry["onnx"]),

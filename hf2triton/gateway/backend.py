@@ -169,7 +169,8 @@ class Gateway:
     def check_key(self, authorization: str | None) -> None:
         check_key(self.api_key, authorization)
 
-    async def model(self, body: dict[str, Any], task: str) -> ServedModel:
+    async def model(self, body: dict[str, Any], task: str | tuple[str, ...]) -> ServedModel:
+        """The served model `body` names, one of `task` (a task, or the tasks an endpoint serves)."""
         name = body.get("model")
         if not isinstance(name, str) or not name:
             raise ApiError(400, "'model' is required", param="model")
@@ -183,9 +184,10 @@ class Gateway:
             raise not_loaded(name)
         if served is None:
             raise not_served(name)
-        if served.task != task:
-            raise ApiError(400, f"model {name!r} is a {served.task} model, not {task}", param="model")
-        if task == interface.GENERATION and not served.streaming:
+        tasks = (task,) if isinstance(task, str) else task
+        if served.task not in tasks:
+            raise ApiError(400, f"model {name!r} is a {served.task} model, not {' or '.join(tasks)}", param="model")
+        if served.task in interface.GENERATIVE_TASKS and not served.streaming:
             message = f"model {name!r} is served static (generation.streaming: false); the gateway needs a streaming model"
             raise ApiError(400, message, param="model")
         return served

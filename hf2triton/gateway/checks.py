@@ -65,7 +65,7 @@ def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dic
     checks = []
     for name, facts in models.items():
         try:
-            if facts["task"] == interface.GENERATION and facts["streaming"]:
+            if facts["task"] in interface.GENERATIVE_TASKS and facts["streaming"]:
                 greedy = {interface.MAX_NEW_TOKENS: OPTIONS["max_tokens"], interface.TEMPERATURE: 0.0}
                 direct = client.stream_generate(grpc_url, name, QUESTION, greedy)["text"]
                 whole = _answer(f"{base}/chat/completions", {"model": name, "messages": QUESTION, **OPTIONS}, key)

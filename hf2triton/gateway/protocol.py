@@ -272,7 +272,7 @@ def rerank_answer(answer_id: str, model: str, ranking: Ranking, scores: np.ndarr
 
 def model_card(model: ServedModel, created: int) -> dict[str, Any]:
     card = {"id": model.name, "object": "model", "created": created, "owned_by": "hf2triton", "task": model.task}
-    if model.task == interface.GENERATION:
+    if model.task in interface.GENERATIVE_TASKS:
         card["max_tokens"] = model.max_new_tokens  # the range max_tokens is checked against (the playground's field)
     return card
 

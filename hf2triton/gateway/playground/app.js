@@ -101,8 +101,8 @@ function show(view) {
 for (const tab of document.querySelectorAll("#tabs button[data-view]")) tab.addEventListener("click", () => show(tab.dataset.view));
 
 function fillModelLists() {
-  const byTask = (task) => state.models.filter((m) => m.task === task).map((m) => m.id);
-  for (const [selector, names] of [[".generation-models", byTask("text-generation")], [".embedding-models", byTask("feature-extraction")]]) {
+  const byTask = (...tasks) => state.models.filter((m) => tasks.includes(m.task)).map((m) => m.id);
+  for (const [selector, names] of [[".generation-models", byTask("text-generation", "text2text-generation")], [".embedding-models", byTask("feature-extraction")]]) {
     for (const select of document.querySelectorAll(selector)) {
       select.replaceChildren(...names.map((name) => el("option", { value: name, text: name })));
       if (!names.length) select.append(el("option", { value: "", text: "(none served)" }));
