@@ -63,7 +63,8 @@ def test_the_playground_scripts_write_no_markup():
 @pytest.mark.integration
 def test_score_equals_rerank_and_triton_one_to_many_and_pairwise(served):
     gateway = json.loads((served.directory / "results" / "validation" / "gateway.json").read_text())
-    assert gateway["ok"], gateway
+    names = {c["name"] for c in gateway["checks"]}
+    assert gateway["ok"] and names == {"tag: predict equals Triton", "rank: rerank equals Triton", "rank: score equals Triton"}, gateway
     direct = triton_rows(served, "rank", DOCUMENTS, {interface.QUERY: QUERY}, interface.SCORE)
     status, scored = post(served, "/v1/score", {"model": "rank", "text_1": QUERY, "text_2": DOCUMENTS})
     assert status == 200, scored
