@@ -132,6 +132,16 @@ class Gateway:
         except Exception as err:  # noqa: BLE001 - Triton's answer becomes an OpenAI error
             raise triton_error(err, name) from None
 
+    async def infer_texts(self, served: ServedModel, texts: list[str], options: dict[str, Any] | None, param: str) -> list[Any]:
+        """`texts` in the model's batches, one Triton request each, all at once, with `options` on every row; their
+        results in order."""
+        import tritonclient.grpc as grpcclient
+
+        bound_texts(served, len(texts), param)
+        chunk = served.max_batch_size or len(texts)
+        batches = [client.build_inputs(grpcclient, texts[i : i + chunk], options) for i in range(0, len(texts), chunk)]
+        return await self.infer(served.name, batches)
+
     async def refresh(self) -> None:
         """The served models' tasks and limits, from their configs on the server; 503 while Triton is down
         (the cached list is kept: a model that was served before is tried, with a reconnect, when it is back)."""
@@ -191,6 +201,14 @@ class Gateway:
             message = f"model {name!r} is served static (generation.streaming: false); the gateway needs a streaming model"
             raise ApiError(400, message, param="model")
         return served
+
+
+def bound_texts(served: ServedModel, count: int, param: str) -> None:
+    """413 for more texts than the model takes per request: the gateway splits a request into the model's batches,
+    which would bypass the model's own bound, so it is checked here, before anything reaches Triton."""
+    if count > served.max_texts:
+        message = f"'{param}' has {count} texts; at most {served.max_texts} per request: split the request"
+        raise ApiError(413, message, param=param, code="too_large")
 
 
 def gateway_of(request: Request) -> Gateway:
