@@ -32,10 +32,11 @@ def minilm_dir() -> Path:
 NER_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 
 
-def tiny_tagger(directory: Path, architecture: str = "bert", seed: int = 0) -> Path:
+def tiny_tagger(directory: Path, architecture: str = "bert", seed: int = 0, context: int | None = None) -> Path:
     """A random 2-layer NER tagger (`bert`: BertForTokenClassification, `distilbert`: DistilBertForTokenClassification)
     with MiniLM's real WordPiece tokenizer and CoNLL's labels; its classifier weights scaled up, so its labels are
-    decisive and varied (a tiny random head gives near-uniform scores, where any rounding could flip a label)."""
+    decisive and varied (a tiny random head gives near-uniform scores, where any rounding could flip a label).
+    `context`: the tokenizer's model_max_length (a short one: short texts already need stride windows)."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForTokenClassification, DistilBertConfig, DistilBertForTokenClassification
 
@@ -54,6 +55,7 @@ def tiny_tagger(directory: Path, architecture: str = "bert", seed: int = 0) -> P
         model.classifier.weight.normal_(0.0, 1.0)
     model.save_pretrained(directory)
     names = {} if architecture == "bert" else {"model_input_names": ["input_ids", "attention_mask"]}  # as DistilBERT's own tokenizer
+    names |= {"model_max_length": context} if context else {}
     AutoTokenizer.from_pretrained(minilm_dir(), **names).save_pretrained(directory)
     return directory
 

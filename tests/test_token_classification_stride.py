@@ -1,0 +1,96 @@
+"""token-classification of texts longer than the context: with a stride, the engine's windows (all texts' in the same
+batches) merged equal transformers' `pipeline("token-classification", stride=N)` for every strategy it allows with a
+stride; the request option and the stride's checks (request and model default). A tagger with a 32-token context, so
+texts of a few sentences already span several windows. No server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hf2triton.pipeline.pipeline_answers import compare_entities, entity_lists, pipeline_entities
+from hf2triton.serving import inputs, interface
+from hf2triton.serving.inputs import RequestError
+from tests.helpers import tiny_tagger
+
+CONTEXT = 32
+SENTENCES = [
+    "John Smith met Maria Garcia in Paris on Monday.",
+    "ACME Corp. opened an office in São Paulo, said Mr. O'Neil-Smith.",
+    "The United Nations convened in Geneva; Angela Merkel and Emmanuel Macron attended.",
+    "unaffable antidisestablishmentarianism supercalifragilistic Zürich Berlin Tokyo",
+]
+LONG_TEXTS = [" ".join(SENTENCES * 3), " ".join(reversed(SENTENCES * 2)), SENTENCES[0], "x"]
+WINDOWED_STRATEGIES = [s for s in interface.AGGREGATION_STRATEGIES if s != "none"]  # the pipeline refuses none with a stride
+
+
+@pytest.fixture(scope="module")
+def tagger(tmp_path_factory):
+    return tiny_tagger(tmp_path_factory.mktemp("short-context") / "bert", context=CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def engine(tagger):
+    from hf2triton.serving.tasks.token_classification import TokenClassificationEngine
+
+    engine = TokenClassificationEngine(str(tagger))
+    engine.min_bucket = 2  # windows of several texts, in more than one length bucket
+    return engine
+
+
+def test_long_texts_span_several_windows(engine):
+    assert engine.max_length == CONTEXT and engine.window == CONTEXT - 2
+    windows = [1 + len(e.overflowing) for e in engine.tokenize(LONG_TEXTS, stride=8)]
+    assert windows[0] >= 6 and windows[1] >= 4 and windows[3] == 1, windows
+
+
+@pytest.mark.parametrize("stride", [0, 8, 29])
+@pytest.mark.parametrize("strategy", WINDOWED_STRATEGIES)
+def test_windowed_entities_equal_the_pipeline_with_stride(engine, tagger, strategy, stride):
+    served = entity_lists(engine.run(LONG_TEXTS, aggregation_strategy=strategy, stride=stride)[interface.ENTITIES])
+    reference = entity_lists(pipeline_entities(str(tagger), LONG_TEXTS, strategy=strategy, stride=stride))
+    result = compare_entities(served, reference)
+    assert result["ok"] and result["max_score_diff"] <= 1e-4, (result, served, reference)
+    assert len(served[0]) > 10, "entities all along the long text (a test of nothing otherwise)"
+    assert max(e["end"] for e in served[0]) > len(LONG_TEXTS[0]) * 0.8, "entities beyond the first window"
+    # windows of one text alone give the answer they give in a batch
+    alone = entity_lists(engine.run(LONG_TEXTS[:1], aggregation_strategy=strategy, stride=stride)[interface.ENTITIES])
+    assert compare_entities(alone, served[:1])["ok"]
+
+
+def test_without_stride_long_texts_are_truncated_as_the_pipeline(engine, tagger):
+    served = entity_lists(engine.run(LONG_TEXTS)[interface.ENTITIES])
+    assert compare_entities(served, entity_lists(pipeline_entities(str(tagger), LONG_TEXTS)))["ok"]
+    assert max(e["end"] for e in served[0]) < len(LONG_TEXTS[0]) / 3
+
+
+def test_model_default_stride_and_its_checks(tagger):
+    from hf2triton.serving.tasks.token_classification import TokenClassificationEngine
+
+    engine = TokenClassificationEngine(str(tagger), stride=8)
+    windowed = engine.run(LONG_TEXTS[:1])[interface.ENTITIES]  # the default applies
+    assert compare_entities(entity_lists(windowed), entity_lists(pipeline_entities(str(tagger), LONG_TEXTS[:1], stride=8)))["ok"]
+    truncated = engine.run(LONG_TEXTS[:1], aggregation_strategy="none", stride=interface.NO_STRIDE)  # a request turns it off
+    assert compare_entities(
+        entity_lists(truncated[interface.ENTITIES]), entity_lists(pipeline_entities(str(tagger), LONG_TEXTS[:1], strategy="none"))
+    )["ok"]
+    with pytest.raises(RequestError, match="stride=8 needs an aggregation_strategy other than none"):
+        engine.check_options("none", 8)
+    with pytest.raises(RequestError, match=r"stride=30 must be less than the window of 30 tokens .*use 0 to 29"):
+        engine.check_options("simple", 30)
+    with pytest.raises(ValueError, match=r"token_classification.stride: stride=40 must be less than the window of 30 tokens"):
+        TokenClassificationEngine(str(tagger), stride=40)
+
+
+def test_stride_request_option():
+    assert inputs.token_classification_options(None) == {interface.AGGREGATION_STRATEGY: "simple", interface.STRIDE: interface.NO_STRIDE}
+    assert inputs.token_classification_options(None, None, 16)[interface.STRIDE] == 16  # the model's default
+    raw = np.array([[4], [4]], dtype=np.int32)
+    assert inputs.token_classification_options(np.array([[b"max"]], dtype=np.object_), raw, 16) == {
+        "aggregation_strategy": "max",
+        "stride": 4,
+    }
+    with pytest.raises(RequestError, match=r"stride=-3 is negative: send the tokens consecutive windows share \(0 or more\), or -1"):
+        inputs.token_classification_options(None, np.array([[-3]], dtype=np.int32))
+    with pytest.raises(RequestError, match="stride must hold one value per request"):
+        inputs.token_classification_options(None, np.array([[1], [2]], dtype=np.int32))
