@@ -120,8 +120,8 @@ def assert_python_only_task(tmp_path: Path, task: str) -> None:
     assert task in str(refused.value) and "backend: python" in refused.value.fix
 
 
-def assert_rendered_task(tmp_path: Path, model_dir: Path, task: str, module: str, option: str, output: str) -> None:
-    """`task` renders with its module copied, inputs text + the optional `option`, the one `output`."""
+def assert_rendered_task(tmp_path: Path, model_dir: Path, task: str, module: str, option: str | tuple[str, ...], output: str) -> None:
+    """`task` renders with its module copied, inputs text + the optional `option`(s), the one `output`."""
     from hf2triton.pipeline.render import render_model, serving_files
     from hf2triton.specs import ModelSpec, serving_values
     from hf2triton.triton.modelconfig import read_model_config
@@ -129,7 +129,8 @@ def assert_rendered_task(tmp_path: Path, model_dir: Path, task: str, module: str
     serving = serving_values(ModelSpec(name="m", source=str(model_dir), task=task), gpu_available=False, cpus=2)
     assert f"tasks/{module}.py" in {str(p).split("serving/")[-1] for p in serving_files(serving)}
     config = read_model_config(render_model(str(tmp_path / "m"), serving, str(model_dir)) / "config.pbtxt")
-    assert [(t.name, t.optional, list(t.dims)) for t in config.input] == [("text", False, [1]), (option, True, [1])]
+    options = (option,) if isinstance(option, str) else option
+    assert [(t.name, t.optional, list(t.dims)) for t in config.input] == [("text", False, [1]), *((name, True, [1]) for name in options)]
     assert [(t.name, list(t.dims)) for t in config.output] == [(output, [1])]
     assert config.parameters["task"].string_value == task
 
