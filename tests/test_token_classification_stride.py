@@ -94,3 +94,33 @@ def test_stride_request_option():
         inputs.token_classification_options(None, np.array([[-3]], dtype=np.int32))
     with pytest.raises(RequestError, match="stride must hold one value per request"):
         inputs.token_classification_options(None, np.array([[1], [2]], dtype=np.int32))
+
+
+def test_render_writes_the_stride_and_refuses_one_the_windows_cannot_hold(tagger, tmp_path):
+    from hf2triton.errors import UserError
+    from hf2triton.pipeline.render import render_model
+    from hf2triton.specs import ModelSpec, serving_values
+    from hf2triton.triton.modelconfig import read_model_config
+
+    def render(stride: int):
+        spec = ModelSpec(name="ner", source=str(tagger), task=interface.TOKEN_CLASSIFICATION, stride=stride)
+        return render_model(str(tmp_path / f"ner{stride}"), serving_values(spec, gpu_available=False, cpus=2), str(tagger))
+
+    assert read_model_config(render(8) / "config.pbtxt").parameters["stride"].string_value == "8"
+    with pytest.raises(UserError) as refused:
+        render(30)
+    assert "model ner: token_classification.stride = 30 does not fit its windows of 30 text tokens" in refused.value.render()
+    assert "set token_classification.stride for ner to 0-29" in refused.value.render()
+
+
+def test_config_stride_only_for_a_tagger(tmp_path):
+    import yaml
+
+    from hf2triton.config import load_config
+    from hf2triton.errors import UserError
+
+    entry = {"name": "m", "source": "./m", "task": "text-classification", "token_classification": {"stride": 16}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"models": [entry]}))
+    with pytest.raises(UserError, match=r"config.models\[0\].token_classification.stride: only for task token-classification"):
+        load_config(path)
