@@ -5,6 +5,8 @@ texts of a few sentences already span several windows. No server."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -124,3 +126,39 @@ def test_config_stride_only_for_a_tagger(tmp_path):
     path.write_text(yaml.safe_dump({"models": [entry]}))
     with pytest.raises(UserError, match=r"config.models\[0\].token_classification.stride: only for task token-classification"):
         load_config(path)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tagger):
+    from tests.helpers import serving_workflow
+
+    entry = {
+        "name": "ner",
+        "source": str(tagger),
+        "task": "token-classification",
+        "max_batch_size": 4,
+        "token_classification": {"stride": 8},
+    }
+    yield from serving_workflow(tmp_path_factory.mktemp("ner-stride-workflow"), entry)
+
+
+@pytest.mark.integration
+def test_served_tagger_with_a_stride_validates_and_infer_windows_long_texts(served, tagger):
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, passed_checks
+
+    checks = passed_checks(served, "ner", {"served equals in-process", "aggregation strategies equal the pipeline"})
+    assert "stride 8" in checks["aggregation strategies equal the pipeline"]["detail"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF2TRITON_CONFIG": ""}
+    infer = [sys.executable, "-m", "hf2triton", "infer", "--grpc", served.settings().url("grpc_port"), "ner", LONG_TEXTS[0], "--json"]
+    result = subprocess.run(
+        [*infer, "--stride", "4", "--aggregation-strategy", "max"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    reference = entity_lists(pipeline_entities(str(tagger), LONG_TEXTS[:1], strategy="max", stride=4))
+    assert compare_entities([json.loads(result.stdout)], reference)["ok"], result.stdout
+    refused = subprocess.run([*infer, "--stride", "30"], capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode != 0 and "stride=30 must be less than the window of 30 tokens" in refused.stderr + refused.stdout
