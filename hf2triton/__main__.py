@@ -3,7 +3,7 @@
     python -m hf2triton lint MODEL_REPOSITORY          check any Triton repository for load-time pitfalls (no server)
     python -m hf2triton models                         what the running server serves (task, streaming)
     python -m hf2triton infer MODEL TEXT [--stream]    one request, any task (--json for the raw answer; a tagger,
-                                                       fill-mask: the pipeline's JSON, --aggregation-strategy, --top-k;
+                                                       fill-mask: the pipeline's JSON, --aggregation-strategy, --stride, --top-k;
                                                        a reranker: --query, the TEXTs are its documents)
     python -m hf2triton chat MODEL                     a conversation with a streaming generation model
     python -m hf2triton embed MODEL TEXT...            embeddings as JSON
@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("--stream", action="store_true", help="print generated text as it arrives")
             joined = "token-classification: how tokens join into entities (default simple)"
             command.add_argument("--aggregation-strategy", choices=AGGREGATION_STRATEGIES, help=joined)
+            windows = (
+                "token-classification: tokens shared by the windows of a text longer than the context (-1: truncate; default the model's)"
+            )
+            command.add_argument("--stride", type=int, help=windows)
             command.add_argument("--top-k", type=positive_int, help="fill-mask: candidates per text (1-50, default 5)")
             command.add_argument("--query", help="text-ranking: the query the TEXTs (documents) are scored against")
     replica = sub.add_parser("replica", help="fetch a published repository (make publish) and serve it with a tritonserver of its own")

@@ -213,6 +213,11 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].backend = {model['backend']!r}: {model['task']} is served by torch only (no ONNX export yet)",
                 "use backend: python for it",
             )
+        if model.get("token_classification", {}).get("stride") is not None and model["task"] != "token-classification":
+            raise UserError(
+                f"config.models[{index}].token_classification.stride: only for task token-classification (task is {model['task']})",
+                "remove the token_classification block",
+            )
         if model["backend"] == "tensorrt" and model["task"] == "text-generation":
             raise UserError(
                 f"config.models[{index}].backend = 'tensorrt': not supported for text-generation",

@@ -138,6 +138,7 @@ class ModelSpec:
     queue: QueueSpec = QueueSpec()
     generation: GenerationSpec | None = None  # text-generation models only
     vllm: VllmSpec | None = None  # backend vllm only
+    stride: int = DEFAULTS.stride  # token-classification: window overlap of long texts (token_classification.stride)
 
     @property
     def is_generation(self) -> bool:
@@ -282,10 +283,13 @@ def _tuples(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def model_spec(entry: dict[str, Any]) -> ModelSpec:
-    values = {k: v for k, v in entry.items() if k not in ("onnx", "generation", "dynamic_batching", "queue", "vllm")}
+    blocks = ("onnx", "generation", "dynamic_batching", "queue", "vllm", "token_classification")  # built below
+    values = {k: v for k, v in entry.items() if k not in blocks}
     generation = GenerationSpec(**entry["generation"]) if entry["task"] in GENERATIVE_TASKS else None
+    stride = entry.get("token_classification", {}).get("stride")
     return ModelSpec(
         **values,
+        stride=DEFAULTS.stride if stride is None else stride,
         onnx=OnnxSpec(**entry["onnx"]),
         queue=QueueSpec(**entry["queue"]),
         max_queue_delay_us=entry["dynamic_batching"]["max_queue_delay_us"],
@@ -332,6 +336,7 @@ class ServingValues:
     queue: QueueSpec
     generation: GenerationSpec | None
     vllm: VllmSpec | None = None
+    stride: int = DEFAULTS.stride
     execution_env: str = ""  # backend vllm: the absolute path of the venv Triton runs its stub in (EXECUTION_ENV_PATH)
 
 

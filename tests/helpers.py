@@ -32,10 +32,11 @@ def minilm_dir() -> Path:
 NER_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 
 
-def tiny_tagger(directory: Path, architecture: str = "bert", seed: int = 0) -> Path:
+def tiny_tagger(directory: Path, architecture: str = "bert", seed: int = 0, context: int | None = None) -> Path:
     """A random 2-layer NER tagger (`bert`: BertForTokenClassification, `distilbert`: DistilBertForTokenClassification)
     with MiniLM's real WordPiece tokenizer and CoNLL's labels; its classifier weights scaled up, so its labels are
-    decisive and varied (a tiny random head gives near-uniform scores, where any rounding could flip a label)."""
+    decisive and varied (a tiny random head gives near-uniform scores, where any rounding could flip a label).
+    `context`: the tokenizer's model_max_length (a short one: short texts already need stride windows)."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForTokenClassification, DistilBertConfig, DistilBertForTokenClassification
 
@@ -54,6 +55,7 @@ def tiny_tagger(directory: Path, architecture: str = "bert", seed: int = 0) -> P
         model.classifier.weight.normal_(0.0, 1.0)
     model.save_pretrained(directory)
     names = {} if architecture == "bert" else {"model_input_names": ["input_ids", "attention_mask"]}  # as DistilBERT's own tokenizer
+    names |= {"model_max_length": context} if context else {}
     AutoTokenizer.from_pretrained(minilm_dir(), **names).save_pretrained(directory)
     return directory
 
@@ -118,8 +120,8 @@ def assert_python_only_task(tmp_path: Path, task: str) -> None:
     assert task in str(refused.value) and "backend: python" in refused.value.fix
 
 
-def assert_rendered_task(tmp_path: Path, model_dir: Path, task: str, module: str, option: str, output: str) -> None:
-    """`task` renders with its module copied, inputs text + the optional `option`, the one `output`."""
+def assert_rendered_task(tmp_path: Path, model_dir: Path, task: str, module: str, option: str | tuple[str, ...], output: str) -> None:
+    """`task` renders with its module copied, inputs text + the optional `option`(s), the one `output`."""
     from hf2triton.pipeline.render import render_model, serving_files
     from hf2triton.specs import ModelSpec, serving_values
     from hf2triton.triton.modelconfig import read_model_config
@@ -127,7 +129,8 @@ def assert_rendered_task(tmp_path: Path, model_dir: Path, task: str, module: str
     serving = serving_values(ModelSpec(name="m", source=str(model_dir), task=task), gpu_available=False, cpus=2)
     assert f"tasks/{module}.py" in {str(p).split("serving/")[-1] for p in serving_files(serving)}
     config = read_model_config(render_model(str(tmp_path / "m"), serving, str(model_dir)) / "config.pbtxt")
-    assert [(t.name, t.optional, list(t.dims)) for t in config.input] == [("text", False, [1]), (option, True, [1])]
+    options = (option,) if isinstance(option, str) else option
+    assert [(t.name, t.optional, list(t.dims)) for t in config.input] == [("text", False, [1]), *((name, True, [1]) for name in options)]
     assert [(t.name, list(t.dims)) for t in config.output] == [(output, [1])]
     assert config.parameters["task"].string_value == task
 

@@ -57,9 +57,9 @@ def test_engine_entities_equal_the_pipeline_for_every_strategy(taggers, architec
 
 
 def test_aggregation_strategy_option():
-    assert inputs.token_classification_options(None) == {interface.AGGREGATION_STRATEGY: "simple"}
+    assert inputs.token_classification_options(None)[interface.AGGREGATION_STRATEGY] == "simple"
     raw = np.array([[b"FIRST"], [b"first"]], dtype=np.object_)
-    assert inputs.token_classification_options(raw) == {interface.AGGREGATION_STRATEGY: "first"}
+    assert inputs.token_classification_options(raw)[interface.AGGREGATION_STRATEGY] == "first"
     with pytest.raises(inputs.RequestError, match="one of none, simple, first, average, max"):
         inputs.token_classification_options(np.array([[b"longest"]], dtype=np.object_))
     with pytest.raises(inputs.RequestError, match="one value per request"):
@@ -72,7 +72,7 @@ def test_config_accepts_a_tagger_on_python_and_refuses_onnx(tmp_path):
 
 def test_rendered_interface(taggers, tmp_path):
     task = interface.TOKEN_CLASSIFICATION
-    assert_rendered_task(tmp_path, taggers["bert"], task, "token_classification", "aggregation_strategy", "entities")
+    assert_rendered_task(tmp_path, taggers["bert"], task, "token_classification", ("aggregation_strategy", "stride"), "entities")
 
 
 @pytest.fixture(scope="module")

@@ -60,11 +60,17 @@ def _as_served(answers: list[list[dict[str, Any]]]) -> np.ndarray:
 
 
 def pipeline_entities(
-    model_dir: str, texts: list[str], device: str = "cpu", strategy: str = interface.DEFAULT_AGGREGATION_STRATEGY, dtype: str = "auto"
+    model_dir: str,
+    texts: list[str],
+    device: str = "cpu",
+    strategy: str = interface.DEFAULT_AGGREGATION_STRATEGY,
+    dtype: str = "auto",
+    stride: int = interface.NO_STRIDE,
 ) -> np.ndarray:
     """`transformers.pipeline("token-classification")` over `texts` in-process (the served model's device and dtype),
-    one JSON list per text (BYTES, as served)."""
-    return _as_served(_pipeline(interface.TOKEN_CLASSIFICATION, model_dir, device, dtype)(texts, aggregation_strategy=strategy))
+    one JSON list per text (BYTES, as served); with a stride, long texts in overlapping windows."""
+    windows = {} if stride == interface.NO_STRIDE else {"stride": stride}
+    return _as_served(_pipeline(interface.TOKEN_CLASSIFICATION, model_dir, device, dtype)(texts, aggregation_strategy=strategy, **windows))
 
 
 def pipeline_candidates(
@@ -76,10 +82,13 @@ def pipeline_candidates(
     return _as_served([answers] if len(texts) == 1 else answers)  # one text: the pipeline answers its list alone
 
 
-def pipeline_answers(task: str, model_dir: str, texts: list[str], device: str, dtype: str) -> dict[str, np.ndarray]:
-    """The pipeline's default answer for a JSON-answer task, as the served output tensor."""
-    reference = pipeline_entities if task == interface.TOKEN_CLASSIFICATION else pipeline_candidates
-    return {JSON_ANSWERS[task][0]: reference(model_dir, texts, device, dtype=dtype)}
+def pipeline_answers(
+    task: str, model_dir: str, texts: list[str], device: str, dtype: str, stride: int = interface.NO_STRIDE
+) -> dict[str, np.ndarray]:
+    """The pipeline's default answer for a JSON-answer task, as the served output tensor (a tagger: with its stride)."""
+    if task == interface.TOKEN_CLASSIFICATION:
+        return {JSON_ANSWERS[task][0]: pipeline_entities(model_dir, texts, device, dtype=dtype, stride=stride)}
+    return {JSON_ANSWERS[task][0]: pipeline_candidates(model_dir, texts, device, dtype=dtype)}
 
 
 def probe_texts(task: str, model_dir: str, probes: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory, free_bytes, human_bytes, tree_size
 from hf2triton.integrity import write_manifest
-from hf2triton.serving.interface import AUTO_CLASSES
+from hf2triton.serving.interface import AUTO_CLASSES, CLASSIFICATION, FILL_MASK, TEXT_RANKING, TOKEN_CLASSIFICATION
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,43 @@ def auto_model_class(task: str):
     return getattr(transformers, AUTO_CLASSES[task])
 
 
+# The head each task's answers come from, and what a checkpoint without it is for instead.
+HEADS = {
+    TOKEN_CLASSIFICATION: "a token-classification head (a tagger: architectures *ForTokenClassification)",
+    FILL_MASK: "a masked-language-model head (architectures *ForMaskedLM)",
+    CLASSIFICATION: "a sequence-classification head (architectures *ForSequenceClassification)",
+    TEXT_RANKING: "a cross-encoder's one-label head (architectures *ForSequenceClassification, one label)",
+}
+
+
+def check_head(model, task: str, model_name: str) -> None:
+    """Refuse a checkpoint without the task's head, before it is saved and served: transformers would give it a
+    randomly initialised one (its answers noise, only a log warning says so), or a reranker's head with several labels
+    (it would fail only when Triton loads it)."""
+    if task not in HEADS:
+        return
+    architectures = ", ".join(getattr(model.config, "architectures", None) or ["none named"])
+    missing = model.loading_info["missing_keys"]
+    if missing:
+        raise UserError(
+            f"model {model_name}: task {task} needs {HEADS[task]}, and the checkpoint ({architectures}) has no weights for "
+            f"{', '.join(sorted(missing)[:4])}{' ...' if len(missing) > 4 else ''}: transformers would add random ones",
+            f"use a checkpoint fine-tuned for {task}, or write the task its architectures are for "
+            "(a base *Model: feature-extraction; *ForMaskedLM: fill-mask; *ForTokenClassification: token-classification)",
+        )
+    if task == TEXT_RANKING and model.config.num_labels != 1:
+        labels = model.config.num_labels
+        raise UserError(
+            f"model {model_name}: task text-ranking, but the checkpoint ({architectures}) has {labels} labels "
+            f"({', '.join(map(str, model.config.id2label.values()))}), a cross-encoder reranker has one",
+            f"a model with {labels} labels is a text-classification model: write task: text-classification; "
+            "for reranking use a cross-encoder (one label)",
+        )
+
+
 def load_source_model(path: Path, gguf_file: str | None, task: str):
-    """Load model and tokenizer with transformers (GGUF through gguf_file=)."""
+    """Load model and tokenizer with transformers (GGUF through gguf_file=); `model.loading_info` says which weights
+    the checkpoint lacked (check_head)."""
     from transformers import AutoTokenizer
 
     kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
@@ -39,7 +74,9 @@ def load_source_model(path: Path, gguf_file: str | None, task: str):
         log.info("loading GGUF %s (dequantising to float32: ~45 s for 135M parameters on 2 cores)", gguf_file)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        model = auto_model_class(task).from_pretrained(path, dtype="auto", **kwargs)
+        checked = task in HEADS  # which weights the checkpoint lacked: asked only where a head is checked
+        loaded = auto_model_class(task).from_pretrained(path, dtype="auto", output_loading_info=checked, **kwargs)
+        model, loading_info = loaded if checked else (loaded, {"missing_keys": []})
     except (OSError, ValueError, KeyError) as err:
         raise UserError(
             f"transformers cannot load {path}{'/' + gguf_file if gguf_file else ''} as {task}: {str(err).splitlines()[0][:300]}",
@@ -52,6 +89,7 @@ def load_source_model(path: Path, gguf_file: str | None, task: str):
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.is_quantized = False
+    model.loading_info = loading_info
     return model, tokenizer
 
 
@@ -59,12 +97,14 @@ def estimate_saved_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def pretrained_step(record: str, task: str, output: str) -> dict[str, Any]:
-    """Load the source described by the fetch `record` and save it to `output` atomically."""
+def pretrained_step(record: str, task: str, output: str, name: str = "") -> dict[str, Any]:
+    """Load the source described by the fetch `record` and save it to `output` atomically (`name`: the model's, for
+    the errors)."""
     fetched = json.loads(Path(record).read_text())
     source_dir = Path(fetched["path"])
     started = time.monotonic()
     model, tokenizer = load_source_model(source_dir, fetched.get("gguf_file"), task)
+    check_head(model, task, name or fetched["source"])
     log.info(
         "loaded %s (%s, %.1fM parameters) in %.1f s",
         fetched["source"],

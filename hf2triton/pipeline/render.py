@@ -19,7 +19,7 @@ from hf2triton.envs import check_vllm_env
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory
 from hf2triton.integrity import write_manifest
-from hf2triton.serving.interface import FEATURE_EXTRACTION, ModelParameters
+from hf2triton.serving.interface import FEATURE_EXTRACTION, NO_STRIDE, ModelParameters
 from hf2triton.serving.runtimes import runtime_module
 from hf2triton.serving.tasks import ENGINES, batcher_module
 from hf2triton.specs import VLLM_MAX_MODEL_LEN, ServingValues, VllmSpec, from_param
@@ -161,10 +161,31 @@ def check_generation_fits(serving: ServingValues, pretrained: str) -> None:
         )
 
 
+def check_stride_fits(serving: ServingValues, pretrained: str) -> None:
+    """Refuse a token_classification.stride the model's windows cannot hold (or a slow tokenizer, which cannot
+    window), before the server is touched: the model would fail to load."""
+    if serving.stride == NO_STRIDE:
+        return
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(pretrained)
+    where = f"model {serving.name}: token_classification.stride = {serving.stride}"
+    if not tokenizer.is_fast:
+        raise UserError(f"{where}: windows need a fast (Rust) tokenizer, the model has {type(tokenizer).__name__}", "remove the stride")
+    limits = (context_length(Path(pretrained)), tokenizer.model_max_length)
+    window = min(int(x) for x in limits if x and 0 < x < 1e9) - tokenizer.num_special_tokens_to_add(pair=False)
+    if serving.stride >= window:
+        raise UserError(
+            f"{where} does not fit its windows of {window} text tokens (the context less the special tokens)",
+            f"set token_classification.stride for {serving.name} to 0-{window - 1} (a quarter of the window, {window // 4}, is common)",
+        )
+
+
 def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir: str = "", trt_engine: str = "") -> Path:
     """Write the model's repository directory `output` (config.pbtxt + 1/model.py and the serving modules beside it)
     atomically."""
     check_generation_fits(serving, pretrained)
+    check_stride_fits(serving, pretrained)
     if serving.execution_env:
         check_vllm_env(serving.execution_env)
     parameters = model_parameters_for(serving, pretrained, onnx_dir, trt_engine)

@@ -244,7 +244,7 @@ def reference_outputs(
         params = dataclasses.replace(params, dtype="float32")
     device = "cpu" if float32_cpu else reference_device(config)
     if params.task in JSON_ANSWERS:  # the reference is transformers' pipeline itself
-        return pipeline_answers(params.task, params.model_dir, texts, device, params.dtype)
+        return pipeline_answers(params.task, params.model_dir, texts, device, params.dtype, params.stride)
     if params.task == interface.TEXT_RANKING:  # the model in-process on the tokenizer's pair encoding
         return cross_encoder_scores(params.model_dir, RANKING_QUERY, texts, device, params.dtype)
     engine = engine_from_parameters(params, device)
@@ -253,26 +253,46 @@ def reference_outputs(
 
 def strategies_check(rendered: mc.ModelConfig, name: str, http_client, texts: list[str]) -> dict[str, Any]:
     """A tagger: every aggregation strategy served equals the pipeline's with that strategy (the default one is checked
-    by "served equals in-process")."""
+    by "served equals in-process"); with a configured stride, also a text several windows long, windowed with it, for
+    every strategy the pipeline allows with a stride (none: sent with stride -1, truncated)."""
+    params = model_parameters(rendered)
+    windowed = params.stride != interface.NO_STRIDE
+    cases = [(strategy, texts) for strategy in interface.AGGREGATION_STRATEGIES if strategy != interface.DEFAULT_AGGREGATION_STRATEGY]
+    if windowed:
+        cases += [(strategy, [long_probe(texts)]) for strategy in interface.AGGREGATION_STRATEGIES if strategy != "none"]
+    details, ok = [], True
+    for strategy, probes in cases:
+        stride = interface.NO_STRIDE if strategy == "none" else params.stride
+        result = served_entities_check(rendered, name, http_client, probes, strategy, stride)
+        if "error" in result:
+            return check("aggregation strategies equal the pipeline", False, f"{strategy}: {result['error']}")
+        ok = ok and result["ok"]
+        window = f" (a {len(probes[0])}-character text, stride {stride})" if len(probes) == 1 and windowed else ""
+        details.append(
+            f"{strategy}{window}: {result['entities']} entities, max score diff {result['max_score_diff']:.2e}"
+            + ("" if result["ok"] else " FAIL")
+        )
+    return check("aggregation strategies equal the pipeline", ok, "; ".join(details))
+
+
+def long_probe(texts: list[str], characters: int = 4000) -> str:
+    """The probes joined and repeated to `characters`: several windows of any tagger's context."""
+    joined = " ".join(texts)
+    return " ".join([joined] * (characters // len(joined) + 1))
+
+
+def served_entities_check(rendered: mc.ModelConfig, name: str, http_client, texts: list[str], strategy: str, stride: int) -> dict[str, Any]:
+    """The served entities with this strategy and stride vs the pipeline's with the same (or {"error": ...})."""
     import tritonclient.http as httpclient
 
     params = model_parameters(rendered)
-    details, ok = [], True
-    for strategy in interface.AGGREGATION_STRATEGIES:
-        if strategy == interface.DEFAULT_AGGREGATION_STRATEGY:
-            continue
-        inputs = client.build_inputs(httpclient, texts, {interface.AGGREGATION_STRATEGY: strategy})
-        try:
-            served = entity_lists(http_client.infer(name, inputs).as_numpy(interface.ENTITIES))
-        except Exception as err:  # noqa: BLE001 - reported as a failed check
-            return check("aggregation strategies equal the pipeline", False, f"{strategy}: {type(err).__name__}: {err}")
-        reference = entity_lists(pipeline_entities(params.model_dir, texts, reference_device(rendered), strategy, params.dtype))
-        result = compare_entities(served, reference)
-        ok = ok and result["ok"]
-        details.append(
-            f"{strategy}: {result['entities']} entities, max score diff {result['max_score_diff']:.2e}" + ("" if result["ok"] else " FAIL")
-        )
-    return check("aggregation strategies equal the pipeline", ok, "; ".join(details))
+    inputs = client.build_inputs(httpclient, texts, {interface.AGGREGATION_STRATEGY: strategy, interface.STRIDE: stride})
+    try:
+        served = entity_lists(http_client.infer(name, inputs).as_numpy(interface.ENTITIES))
+    except Exception as err:  # noqa: BLE001 - reported as a failed check
+        return {"error": f"{type(err).__name__}: {err}"}
+    reference = pipeline_entities(params.model_dir, texts, reference_device(rendered), strategy, params.dtype, stride)
+    return compare_entities(served, entity_lists(reference))
 
 
 def top_k_check(rendered: mc.ModelConfig, name: str, http_client, texts: list[str]) -> dict[str, Any]:

@@ -102,18 +102,29 @@ def generation_options(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[st
     return options
 
 
-def token_classification_options(raw: Any) -> dict[str, Any]:
-    """A token-classification request's `aggregation_strategy` (one of the pipeline's, any case; default simple)."""
-    if raw is None:
-        return {interface.AGGREGATION_STRATEGY: interface.DEFAULT_AGGREGATION_STRATEGY}
+def _stride_problem(value: int) -> str | None:
+    if value >= interface.NO_STRIDE:
+        return None
+    name, none = interface.STRIDE, interface.NO_STRIDE
+    return f"{name}={value} is negative: send the tokens consecutive windows share (0 or more), or {none} for none (truncate)"
+
+
+def token_classification_options(raw: Any, raw_stride: Any = None, default_stride: int = interface.NO_STRIDE) -> dict[str, Any]:
+    """A token-classification request's `aggregation_strategy` (one of the pipeline's, any case; default simple) and
+    `stride` (default: the model's; the engine checks it against its window)."""
     name = interface.AGGREGATION_STRATEGY
+    stride = default_stride
+    if raw_stride is not None:
+        stride = _one_value(raw_stride, interface.STRIDE, int, (interface.NO_STRIDE, 2**31 - 1), _stride_problem)
+    if raw is None:
+        return {name: interface.DEFAULT_AGGREGATION_STRATEGY, interface.STRIDE: stride}
     values = {_utf8(v, name, name, 64, "64 bytes").strip().lower() for v in np.asarray(raw).reshape(-1)}
     if len(values) != 1:
         raise RequestError(f"{name} must hold one value per request")
     value = values.pop()
     if value not in interface.AGGREGATION_STRATEGIES:
         raise RequestError(f"{name}={value!r} is not allowed: use one of {', '.join(interface.AGGREGATION_STRATEGIES)}")
-    return {name: value}
+    return {name: value, interface.STRIDE: stride}
 
 
 def fill_mask_options(raw: Any) -> dict[str, Any]:

@@ -36,6 +36,9 @@ ENTITIES = "entities"
 AGGREGATION_STRATEGY = "aggregation_strategy"
 AGGREGATION_STRATEGIES = ("none", "simple", "first", "average", "max")  # the pipeline's AggregationStrategy values
 DEFAULT_AGGREGATION_STRATEGY = "simple"
+# tokens shared by consecutive windows of a text longer than the context (the pipeline's `stride`); NO_STRIDE: truncate
+STRIDE = "stride"
+NO_STRIDE = -1
 # fill-mask: per text, the candidates as the JSON `transformers.pipeline("fill-mask")` returns; option top_k (INT32)
 CANDIDATES = "candidates"
 FILL_MASK_TOP_K_RANGE = (1, 50)
@@ -107,7 +110,10 @@ class Tensor:
 
 TEXT_TENSOR = Tensor(TEXT, "BYTES")
 GENERATION_OPTIONS = (Tensor(MAX_NEW_TOKENS, "INT32", optional=True), Tensor(TEMPERATURE, "FP32", optional=True))
-TOKEN_CLASSIFICATION_OPTIONS = (Tensor(AGGREGATION_STRATEGY, "BYTES", optional=True),)  # one of AGGREGATION_STRATEGIES
+TOKEN_CLASSIFICATION_OPTIONS = (  # one of AGGREGATION_STRATEGIES; a stride (else the model's token_classification.stride)
+    Tensor(AGGREGATION_STRATEGY, "BYTES", optional=True),
+    Tensor(STRIDE, "INT32", optional=True),
+)
 FILL_MASK_OPTIONS = (Tensor(TOP_K, "INT32", optional=True),)  # candidates per text, FILL_MASK_TOP_K_RANGE
 # the query the texts (documents) are ranked against: needed, but declared optional as every option, so a request
 # without it gets model.py's error naming it (inputs.text_ranking_options), not Triton's generic one
@@ -208,6 +214,7 @@ class ModelParameters:
     enforce_eager: bool = False  # no torch.compile / CUDA graphs
     quantization: str = ""  # vLLM's quantization method; "": the checkpoint's own
     load_format: str = "auto"  # dummy: random weights (benchmarks)
+    stride: int = NO_STRIDE  # token-classification: the default window overlap of long texts (NO_STRIDE: truncate)
 
     def relevant(self) -> tuple[str, ...]:
         keys = ["task", "backend", "model_dir", "dtype", "num_threads", "max_input_bytes", "max_texts_per_request", "max_request_bytes"]
@@ -219,6 +226,8 @@ class ModelParameters:
         graphed = self.task not in GENERATIVE_TASKS or (self.task == GENERATION and self.streaming and self.backend == "python")
         if graphed and self.backend in ("python", "onnx"):
             keys.append("cuda_graphs")
+        if self.task == TOKEN_CLASSIFICATION:
+            keys.append("stride")
         if self.task in GENERATIVE_TASKS:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
             if self.streaming:

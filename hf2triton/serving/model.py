@@ -138,7 +138,9 @@ class TritonPythonModel:
             options = inputs.generation_options(raw, self.defaults)
             self.engine.check_lengths(texts, options[interface.MAX_NEW_TOKENS])
         elif self.task == interface.TOKEN_CLASSIFICATION:  # requests with the same strategy share one pass
-            options = inputs.token_classification_options(self._optional(request, interface.AGGREGATION_STRATEGY))
+            raw_strategy, raw_stride = self._optional(request, interface.AGGREGATION_STRATEGY), self._optional(request, interface.STRIDE)
+            options = inputs.token_classification_options(raw_strategy, raw_stride, self.params.stride)
+            self.engine.check_options(**options)
         elif self.task == interface.FILL_MASK:  # exactly one mask token per text, else this request's own error
             options = inputs.fill_mask_options(self._optional(request, interface.TOP_K))
             self.engine.check_masks(texts)

@@ -185,6 +185,7 @@ def generation_flags(args: Any) -> dict[str, Any]:
         interface.SEED: getattr(args, "seed", None),
         interface.STOP: getattr(args, "stop", None),
         interface.AGGREGATION_STRATEGY: getattr(args, "aggregation_strategy", None),  # token-classification
+        interface.STRIDE: getattr(args, "stride", None),  # token-classification: windows of long texts
         interface.TOP_K: getattr(args, "top_k", None),  # fill-mask: candidates per text
         interface.QUERY: getattr(args, "query", None),  # text-ranking: the texts are the documents
     }

@@ -53,4 +53,5 @@ def engine_from_parameters(params: interface.ModelParameters, device: str = "cpu
         trt_engine=params.trt_engine,
         chat_template=params.chat_template,
         cuda_graphs=params.cuda_graphs,
+        stride=params.stride,
     )
