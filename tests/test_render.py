@@ -27,7 +27,7 @@ def parse(text: str) -> mc.ModelConfig:
         ("feature-extraction", ["text"], ["embedding", "prompt_tokens"]),
         ("text-classification", ["text"], ["label", "score"]),
         ("text-generation", ["text", "max_new_tokens", "temperature"], ["text_output"]),
-        ("token-classification", ["text", "aggregation_strategy"], ["entities"]),
+        ("token-classification", ["text", "aggregation_strategy", "stride"], ["entities"]),
         ("fill-mask", ["text", "top_k"], ["candidates"]),
         ("text-ranking", ["text", "query"], ["score", "prompt_tokens"]),
         ("text2text-generation", ["text", "max_new_tokens", "temperature"], ["text_output"]),
