@@ -261,3 +261,42 @@ def test_responder_sends_pieces_that_queue_during_a_send_as_one_and_notices_gone
     assert sequence.gone and batcher.idle
     responder.stop()
     assert sends[-1].endswith("|cancelled")
+
+
+def reference_logprobs(llm, ids: list[int]):
+    """log_softmax of the model's own logits over `ids` in one plain forward ([tokens, vocabulary])."""
+    import torch
+
+    with torch.inference_mode():
+        return llm[0](torch.tensor([ids])).logits[0].float().log_softmax(-1)
+
+
+def test_logprobs_of_chosen_and_prompt_tokens_are_the_models_own_in_a_mixed_batch(llm, new_batcher):
+    """Issue 44 #1/#2: rows that ask get the raw distribution's log-softmax (generated tokens with their top
+    alternatives; an echo the prompt's, the first null; a long prompt through chunks too); rows that do not ask get
+    none and the same text; max_new_tokens 0 generates nothing."""
+    batcher = new_batcher(llm, max_prefill_tokens=64)  # LONG_PROMPT (110 tokens) is prefilled in chunks
+    tokenizer = llm[1]
+    plain = submit(batcher, llm, PROMPTS[0], max_new_tokens=6)
+    asked = Sequence(tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"], Sampling(max_new_tokens=6, logprobs=3), Collector())
+    long_ids = tokenizer(LONG_PROMPT, add_special_tokens=False)["input_ids"]
+    echo = Sequence(long_ids, Sampling(max_new_tokens=0, logprobs=1, prompt_logprobs=True), Collector())
+    short_echo = Sequence(asked.prompt_ids, Sampling(max_new_tokens=2, prompt_logprobs=True), Collector())
+    for sequence in (asked, echo, short_echo):
+        batcher.submit(sequence)
+    drain(batcher)
+    assert plain.text == asked.emit.text and plain.finish.completion_tokens == 6, "asking changes nothing else"
+    reference = reference_logprobs(llm, asked.prompt_ids + asked.generated)
+    assert len(asked.logprobs) == 6 and asked.prompt_logprobs is None
+    for step, item in enumerate(asked.logprobs):
+        row = reference[len(asked.prompt_ids) - 1 + step]
+        assert item.id == asked.generated[step] and abs(item.logprob - float(row[item.id])) < 1e-4
+        assert [i for i, _ in item.top] == row.topk(3).indices.tolist() and item.top[0][0] == item.id  # greedy: its own token first
+    assert echo.generated == [] and echo.emit.finish.reason == "length" and echo.emit.finish.completion_tokens == 0
+    assert len(echo.prompt_logprobs) == len(long_ids) and echo.prompt_logprobs[0].logprob is None
+    reference = reference_logprobs(llm, long_ids)
+    for position, item in enumerate(echo.prompt_logprobs[1:], start=1):
+        assert item.id == long_ids[position] and abs(item.logprob - float(reference[position - 1, item.id])) < 1e-4
+        assert [i for i, _ in item.top] == [int(reference[position - 1].argmax())]
+    assert [item.id for item in short_echo.prompt_logprobs] == asked.prompt_ids and short_echo.logprobs == []
+    assert all(item.top == () for item in short_echo.prompt_logprobs), "no alternatives asked"

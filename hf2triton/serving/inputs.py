@@ -87,12 +87,14 @@ def _one_value(raw: Any, name: str, kind: type, bounds: tuple, problem=None) -> 
     return value
 
 
-def generation_options(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """Per-request max_new_tokens / temperature, checked; missing values take the configured defaults."""
+def generation_options(raw: dict[str, Any], defaults: dict[str, Any], nothing_generated: bool = False) -> dict[str, Any]:
+    """Per-request max_new_tokens / temperature, checked; missing values take the configured defaults.
+    `nothing_generated`: max_new_tokens may be 0 (a request for its prompt's log-probabilities only)."""
     options = dict(defaults)
     if raw.get(interface.MAX_NEW_TOKENS) is not None:
+        low, high = interface.MAX_NEW_TOKENS_RANGE
         options[interface.MAX_NEW_TOKENS] = _one_value(
-            raw[interface.MAX_NEW_TOKENS], interface.MAX_NEW_TOKENS, int, interface.MAX_NEW_TOKENS_RANGE
+            raw[interface.MAX_NEW_TOKENS], interface.MAX_NEW_TOKENS, int, (0 if nothing_generated else low, high)
         )
     if raw.get(interface.TEMPERATURE) is not None:
         # 0 (greedy) or MIN_TEMPERATURE..100: sampling divides by it, so a denormal like 1e-45 would give NaN
@@ -194,14 +196,44 @@ def sampling_values(raw: dict[str, Any], options: dict[str, Any], params: Any) -
         values["seed"] = _one_value(raw[interface.SEED], interface.SEED, int, interface.SEED_RANGE)
     if raw.get(interface.STOP) is not None:
         values["stop"] = stop_strings(raw[interface.STOP])
+    if raw.get(interface.LOGPROBS) is not None:
+        logprobs = _one_value(raw[interface.LOGPROBS], interface.LOGPROBS, int, (interface.NO_LOGPROBS, interface.MAX_LOGPROBS))
+        values["logprobs"] = logprobs
+    if raw.get(interface.PROMPT_LOGPROBS) is not None:
+        values["prompt_logprobs"] = bool(_one_value(raw[interface.PROMPT_LOGPROBS], interface.PROMPT_LOGPROBS, int, (0, 1)))
     return values
 
 
-def prompt_ids(engine: Any, text: np.ndarray | None, messages: np.ndarray | None, max_bytes: int, max_new_tokens: int) -> list[int]:
-    """A streaming request's prompt as token ids, from `text` (the engine's chat template applied as configured) or
-    `messages` (the engine's `chat_prompt`); the engine checks that it and max_new_tokens fit its context."""
-    if (text is None) == (messages is None):
-        raise RequestError(f"send either '{interface.TEXT}' or '{interface.MESSAGES}' (a JSON list of {{role, content}})")
+def asks_prompt_logprobs(raw: Any) -> bool:
+    """Whether a request's PROMPT_LOGPROBS input is set (before its other options are checked)."""
+    return raw is not None and bool(np.asarray(raw).reshape(-1).any())
+
+
+def token_id_prompt(raw: np.ndarray, vocabulary: int) -> list[int]:
+    """A prompt sent as token ids (PROMPT_IDS): taken as they are, each a token of the model's vocabulary."""
+    ids = [int(v) for v in np.asarray(raw).reshape(-1)]
+    if not ids:
+        raise RequestError(f"'{interface.PROMPT_IDS}' is empty")
+    wrong = next((i for i in ids if not 0 <= i < vocabulary), None)
+    if wrong is not None:
+        raise RequestError(f"'{interface.PROMPT_IDS}' holds {wrong}, not a token of this model (0..{vocabulary - 1})")
+    return ids
+
+
+def prompt_ids(
+    engine: Any, text: np.ndarray | None, messages: np.ndarray | None, max_bytes: int, max_new_tokens: int, ids: np.ndarray | None = None
+) -> list[int]:
+    """A streaming request's prompt as token ids, from `text` (the engine's chat template applied as configured),
+    `messages` (the engine's `chat_prompt`) or `ids` (as they are); the engine checks that it and max_new_tokens fit
+    its context."""
+    if (text is not None) + (messages is not None) + (ids is not None) != 1:
+        raise RequestError(
+            f"send one of '{interface.TEXT}', '{interface.MESSAGES}' (a JSON list of {{role, content}}) or '{interface.PROMPT_IDS}'"
+        )
+    if ids is not None:
+        tokens = token_id_prompt(ids, len(engine.tokenizer))
+        engine.check_length(len(tokens), max_new_tokens)
+        return tokens
     if text is not None:
         texts = decode_texts(text, max_bytes)
         if len(texts) != 1:

@@ -31,6 +31,19 @@ CHAT_ROLES = ("system", "user", "assistant")
 FINISH_REASON = "finish_reason"
 PROMPT_TOKENS = "prompt_tokens"
 COMPLETION_TOKENS = "completion_tokens"
+# Log-probabilities (streaming generation, torch batchers): LOGPROBS (INT32) the alternatives per token to report, 0..
+# MAX_LOGPROBS (absent or NO_LOGPROBS: none, nothing computed); PROMPT_LOGPROBS (BOOL) the prompt's tokens' too (an
+# echo), max_new_tokens then may be 0; PROMPT_IDS (INT64 [-1]) the prompt as token ids, taken as they are (no template).
+# Each response then carries TOKEN_LOGPROBS: JSON {"tokens": [entry, ...]} for the tokens chosen since the previous
+# one, the first also {"prompt": [entry, ...], "prompt_text"}; entry = {"id", "token", "logprob", "top": [{"id",
+# "token", "logprob"}, ...]}, the log-softmax of the model's raw logits (before temperature / top_p); the prompt's
+# first token has logprob null (nothing precedes it).
+LOGPROBS = "logprobs"
+NO_LOGPROBS = -1
+MAX_LOGPROBS = 20
+PROMPT_LOGPROBS = "prompt_logprobs"
+PROMPT_IDS = "prompt_ids"
+TOKEN_LOGPROBS = "token_logprobs"  # noqa: S105 - a tensor name
 # token-classification: per text, the entities as the JSON `transformers.pipeline("token-classification")` returns
 ENTITIES = "entities"
 AGGREGATION_STRATEGY = "aggregation_strategy"
@@ -127,12 +140,16 @@ STREAMING_OPTIONS = (
     Tensor(SEED, "INT64", optional=True),
     Tensor(STOP, "BYTES", (-1,), optional=True),
     Tensor(STREAM, "BOOL", optional=True),
+    Tensor(LOGPROBS, "INT32", optional=True),
+    Tensor(PROMPT_LOGPROBS, "BOOL", optional=True),
+    Tensor(PROMPT_IDS, "INT64", (-1,), optional=True),
 )
 STREAMING_OUTPUTS = (
     Tensor(TEXT_OUTPUT, "BYTES"),
     Tensor(FINISH_REASON, "BYTES"),
     Tensor(PROMPT_TOKENS, "INT32"),
     Tensor(COMPLETION_TOKENS, "INT32"),
+    Tensor(TOKEN_LOGPROBS, "BYTES"),  # only in the responses of a request that asked for log-probabilities
 )
 
 

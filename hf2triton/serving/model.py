@@ -189,22 +189,31 @@ class TritonPythonModel:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
             raw = {name: self._optional(request, name) for name in (interface.MAX_NEW_TOKENS, interface.TEMPERATURE)}
-            options = inputs.generation_options(raw, self.defaults)
-            extra = {name: self._optional(request, name) for name in (interface.TOP_P, interface.TOP_K, interface.SEED, interface.STOP)}
-            sampling = sequences.Sampling(**inputs.sampling_values(extra, options, self.params))
-            text, messages = self._optional(request, interface.TEXT), self._optional(request, interface.MESSAGES)
-            prompt_ids = inputs.prompt_ids(self.engine, text, messages, self.max_bytes, options[interface.MAX_NEW_TOKENS])
+            echo = inputs.asks_prompt_logprobs(self._optional(request, interface.PROMPT_LOGPROBS))
+            options = inputs.generation_options(raw, self.defaults, nothing_generated=echo)
+            names = (interface.TOP_P, interface.TOP_K, interface.SEED, interface.STOP, interface.LOGPROBS, interface.PROMPT_LOGPROBS)
+            raw = {name: self._optional(request, name) for name in names}
+            sampling = sequences.Sampling(**inputs.sampling_values(raw, options, self.params))
+            self._check_logprobs(sampling)
+            text, messages, ids = (self._optional(request, name) for name in (interface.TEXT, interface.MESSAGES, interface.PROMPT_IDS))
+            prompt_ids = inputs.prompt_ids(self.engine, text, messages, self.max_bytes, options[interface.MAX_NEW_TOKENS], ids)
             stream_flag = self._optional(request, interface.STREAM)
             stream = bool(stream_flag.reshape(-1)[0]) if stream_flag is not None else True
         except inputs.RequestError as err:
             sender.send(error_response(str(err)), flags=final)
             return
         pieces: list[str] = []
+        decode = self.engine.tokenizer.decode
+
+        def logprobs_tensors() -> list:
+            if not sampling.wants_logprobs:
+                return []
+            return [_bytes(interface.TOKEN_LOGPROBS, sequence.take_logprobs(decode))]
 
         def emit(text: str, finish) -> None:
             if finish is None:
                 if stream:
-                    sender.send(pb_utils.InferenceResponse(output_tensors=[_bytes(interface.TEXT_OUTPUT, text)]))
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[_bytes(interface.TEXT_OUTPUT, text), *logprobs_tensors()]))
                 else:
                     pieces.append(text)
                 return
@@ -217,16 +226,25 @@ class TritonPythonModel:
                 _bytes(interface.FINISH_REASON, finish.reason),
                 pb_utils.Tensor(interface.PROMPT_TOKENS, np.array([finish.prompt_tokens], dtype=np.int32)),
                 pb_utils.Tensor(interface.COMPLETION_TOKENS, np.array([finish.completion_tokens], dtype=np.int32)),
+                *logprobs_tensors(),
             ]
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
 
         try:
             gone = getattr(sender, "is_cancelled", None) or (lambda: is_cancelled(request))  # a closed stream / connection
-            self.batcher.submit(sequences.Sequence(prompt_ids, sampling, emit, cancelled=gone))
+            sequence = sequences.Sequence(prompt_ids, sampling, emit, cancelled=gone)
+            self.batcher.submit(sequence)
         except sequences.Busy as err:
             code = getattr(pb_utils.TritonError, "UNAVAILABLE", None)
             error = pb_utils.TritonError(str(err), code) if code is not None else pb_utils.TritonError(str(err))
             sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=final)
+
+    def _check_logprobs(self, sampling) -> None:
+        """Log-probabilities come from the torch batchers; a prompt's only from a decoder-only model's."""
+        if self.params.backend == "vllm" and sampling.wants_logprobs:
+            raise inputs.RequestError(f"'{interface.LOGPROBS}' / '{interface.PROMPT_LOGPROBS}' are not served by backend vllm here")
+        if self.task == interface.TEXT2TEXT and sampling.prompt_logprobs:
+            raise inputs.RequestError(f"'{interface.PROMPT_LOGPROBS}': an encoder-decoder model's input has no log-probabilities")
 
     def execute(self, requests: list) -> list | None:
         if self.batcher is not None:

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .responder import Responder
-from .sequences import Busy, Finish, Sequence
-from .text import append_token, eos_token_ids, sample_tokens
+from .sequences import Busy, Finish, Sequence, TokenLogprob
+from .text import append_token, eos_token_ids, sample_tokens, token_logprobs
 
 
 def _malloc_trim() -> Callable[[], Any] | None:
@@ -209,16 +209,17 @@ class ContinuousBatcher:
 
     # ------------------------------------------------------------------ model passes
 
-    def _forward(self, input_ids, mask, positions, cache: list | None):
-        """The last position's logits and the grown cache. `cache` is consumed (emptied): its tensors move into
+    def _forward(self, input_ids, mask, positions, cache: list | None, every_position: bool = False):
+        """The last position's logits (`every_position`: every position's, for a prompt's log-probabilities) and the
+        grown cache. `cache` is consumed (emptied): its tensors move into
         the model's cache as they are, so a layer's old keys and values are freed as soon as the step has appended
         to them. DynamicCache.from_legacy_cache copies every layer, and a cache still held here would stay until
         the step ends: each a second KV cache at every step's peak (transformers 4.57's layer API)."""
         past = dynamic_cache(cache)
-        out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True, **self.last_logits
-        )
-        return out.logits[:, -1, :].float(), [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        keep = {} if every_position else self.last_logits
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True, **keep)
+        logits = out.logits.float() if every_position else out.logits[:, -1, :].float()
+        return logits, [(layer.keys, layer.values) for layer in out.past_key_values.layers]
 
     def _prefill(self, joining: list[Sequence]) -> None:
         """Prefill the joining prompts together (left-padded), merge them into the running batch and take their
@@ -231,7 +232,13 @@ class ContinuousBatcher:
             ids[row, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
             mask[row, width - len(s.prompt_ids) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self._forward(ids.to(self.device), mask.to(self.device), positions.to(self.device), None)
+        echo = any(s.sampling.prompt_logprobs for s in joining)  # only then every position's logits (tokens x vocabulary)
+        logits, cache = self._forward(ids.to(self.device), mask.to(self.device), positions.to(self.device), None, every_position=echo)
+        if echo:
+            for row, s in enumerate(joining):
+                if s.sampling.prompt_logprobs:
+                    self._record_prompt_logprobs(s, logits[row, width - len(s.prompt_ids) :], 0)
+            logits = logits[:, -1]
         new_positions = mask.sum(-1).to(self.device)
         self._merge(joining, cache, mask.to(self.device), new_positions)
         self._advance(joining, logits, offset=len(self.running) - len(joining))
@@ -245,7 +252,11 @@ class ContinuousBatcher:
         ids = torch.tensor([sequence.prompt_ids[start:end]], dtype=torch.long, device=self.device)
         mask = torch.ones((1, end), dtype=torch.long, device=self.device)
         positions = torch.arange(start, end, device=self.device)[None]
-        logits, sequence.past = self._forward(ids, mask, positions, sequence.past)
+        echo = sequence.sampling.prompt_logprobs
+        logits, sequence.past = self._forward(ids, mask, positions, sequence.past, every_position=echo)
+        if echo:
+            self._record_prompt_logprobs(sequence, logits[0], start)
+            logits = logits[:, -1]
         sequence.prefilled = end
         if end < len(sequence.prompt_ids):
             return
@@ -285,12 +296,33 @@ class ContinuousBatcher:
         self.last = torch.cat([self.last, torch.zeros(len(joining), dtype=torch.long, device=self.device)])
         self.running += joining
 
+    def _record_prompt_logprobs(self, sequence: Sequence, logits, start: int) -> None:
+        """The log-probabilities of the prompt's tokens that `logits` (those of prompt positions start.., each
+        predicting the next token) predict; the first token has none."""
+        ids = sequence.prompt_ids
+        targets = ids[start + 1 : start + 1 + logits.shape[0]]
+        known = [TokenLogprob(ids[0], None)] if start == 0 else []
+        tops = [max(sequence.sampling.logprobs, 0)] * len(targets)
+        found = token_logprobs(self.torch, logits[: len(targets)], targets, tops) if targets else []
+        sequence.prompt_logprobs = (sequence.prompt_logprobs or []) + known + found
+
     def _advance(self, rows: list[Sequence], logits, offset: int) -> None:
-        """Pick each row's next token, emit new text, and retire the rows that are done."""
+        """Pick each row's next token (and its log-probabilities, for rows that asked), emit new text, and retire
+        the rows that are done."""
         tokens = sample_tokens(self.torch, rows, logits)
         self._set_last(offset, tokens)
+        asked = [index for index, sequence in enumerate(rows) if sequence.sampling.logprobs >= 0]
+        if asked:  # the other rows cost nothing: no log-softmax over their vocabulary
+            chosen = [tokens[index] for index in asked]
+            found = token_logprobs(self.torch, logits[asked], chosen, [rows[index].sampling.logprobs for index in asked])
+            for index, item in zip(asked, found):
+                if rows[index].sampling.max_new_tokens:
+                    rows[index].logprobs.append(item)
         done: dict[int, str] = {}
         for index, (sequence, token) in enumerate(zip(rows, tokens)):
+            if not sequence.sampling.max_new_tokens:  # the prompt's log-probabilities only (an echo): nothing generated
+                done[offset + index] = "length"
+                continue
             reason = append_token(sequence, token, self.eos_ids, self.context, self.tokenizer.decode, self._emit)
             if reason:
                 done[offset + index] = reason

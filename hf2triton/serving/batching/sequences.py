@@ -5,6 +5,7 @@ only: copied next to model.py into every rendered model.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,22 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     time_limit_s: float = 0.0  # 0 = none
+    logprobs: int = -1  # alternatives reported per chosen token (interface.LOGPROBS); -1: no log-probabilities
+    prompt_logprobs: bool = False  # the prompt's tokens' log-probabilities too (max_new_tokens may then be 0)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs >= 0 or self.prompt_logprobs
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token and its log-probability under the model's raw distribution (None: a prompt's first token), with the
+    `top` alternatives (id, log-probability), most likely first."""
+
+    id: int
+    logprob: float | None
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,27 @@ class Sequence:
     queued: bool = False  # in the Responder's queue
     prefix_offset: int = 0  # incremental detokenisation: `generated[prefix_offset:read_offset]` decodes to what
     read_offset: int = 0  # `text` already ends with (a few tokens of context, so joining spaces come out right)
+    prompt_logprobs: list[TokenLogprob] | None = None  # set by the prefill when asked, until it is sent
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the chosen tokens' (EOS included), when asked
+    logprobs_sent: int = 0  # of `logprobs`, those already in a response
+
+    def take_logprobs(self, decode: Callable[..., str]) -> str:
+        """The next response's interface.TOKEN_LOGPROBS (JSON): the prompt's log-probabilities (once) and those of the
+        tokens chosen since the previous response (the batcher may be a token ahead of the text, whose end can be held
+        back); each token as the tokenizer's `decode` writes it alone, special ones too."""
+        prompt, self.prompt_logprobs = self.prompt_logprobs, None
+        end = len(self.logprobs)
+        chosen, self.logprobs_sent = self.logprobs[self.logprobs_sent : end], end
+
+        def entry(item: TokenLogprob) -> dict[str, Any]:
+            top = [{"id": i, "token": decode([i]), "logprob": logprob} for i, logprob in item.top]
+            return {"id": item.id, "token": decode([item.id]), "logprob": item.logprob, "top": top}
+
+        payload: dict[str, Any] = {"tokens": [entry(item) for item in chosen]}
+        if prompt is not None:
+            payload["prompt"] = [entry(item) for item in prompt]
+            payload["prompt_text"] = decode(self.prompt_ids)
+        return json.dumps(payload, ensure_ascii=False)
 
 
 def add_pending(item: Any, text: str, finish: Finish | None) -> bool:

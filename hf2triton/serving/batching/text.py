@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from .sequences import PARTIAL_CHARACTER, Sequence
+from .sequences import PARTIAL_CHARACTER, Sequence, TokenLogprob
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -76,3 +76,15 @@ def new_text(decode, sequence: Sequence) -> str:
         return ""
     sequence.prefix_offset, sequence.read_offset = sequence.read_offset, len(generated)
     return text[len(known) :]
+
+
+def token_logprobs(torch, logits, tokens: list[int], tops: list[int]) -> list[TokenLogprob]:
+    """Per row of raw `logits` ([rows, vocabulary], before any temperature or top_p, as vLLM reports them): the
+    log-softmax of `tokens[row]` and the `tops[row]` most likely alternatives."""
+    logprobs = logits.float().log_softmax(-1)
+    chosen = logprobs.gather(-1, torch.tensor(tokens, device=logprobs.device)[:, None])[:, 0].tolist()
+    most = max(tops, default=0)
+    values, ids = logprobs.topk(most, -1) if most else (None, None)
+    values, ids = (values.tolist(), ids.tolist()) if most else ([[]] * len(tokens), [[]] * len(tokens))
+    rows = enumerate(zip(tokens, chosen, tops))
+    return [TokenLogprob(token, logprob, tuple(zip(ids[row][:top], values[row][:top]))) for row, (token, logprob, top) in rows]
