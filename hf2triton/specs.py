@@ -91,6 +91,7 @@ class GenerationSpec:
     max_queue: int = DEFAULTS.max_queue
     max_new_tokens_limit: int = DEFAULTS.max_new_tokens_limit
     time_limit_s: float = DEFAULTS.time_limit_s
+    max_n: int = DEFAULTS.max_n
 
 
 # vllm.max_model_len's schema maximum: a model whose config claims more context is served with this much

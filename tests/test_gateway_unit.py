@@ -16,15 +16,19 @@ from hf2triton.gateway.backend import Gateway
 from hf2triton.gateway.boundary import host_name, served_names
 from hf2triton.gateway.errors import ApiError, triton_error, unreachable
 from hf2triton.gateway.protocol import (
+    ChoiceLogprobs,
     Ranking,
     ServedModel,
     chat_messages,
-    completion_prompt,
+    completion_answer,
+    completion_chunk,
+    completion_prompts,
     embedding_inputs,
     generation_options,
     predict_request,
     rerank_answer,
     rerank_request,
+    sample_count,
     score_answer,
     score_pairs,
 )
@@ -40,7 +44,6 @@ def test_sampling_parameters_map_to_model_inputs():
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"n": 3}, None),
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 2.5}, "max_tokens"),
@@ -210,16 +213,117 @@ def test_several_grpc_addresses_become_one_round_robin_channel_and_bad_ones_are_
     [
         ({"prompt": "x", "best_of": 3}, "best_of"),
         ({"prompt": "x", "suffix": "end"}, "suffix"),
-        ({"prompt": "x", "echo": True}, "echo"),
-        ({"prompt": "x", "echo": "yes"}, "echo"),
+        ({"prompt": ["x", ""]}, "prompt"),
+        ({"prompt": [[1, -2]]}, "prompt"),
+        ({"prompt": []}, "prompt"),
     ],
 )
 def test_completion_parameters_not_done_here_are_refused_not_ignored(body, param):
-    """Issue 42 #6: best_of, suffix and echo were accepted and ignored."""
+    """Issue 42 #6: best_of and suffix were accepted and ignored (echo is done since issue 44)."""
     with pytest.raises(ApiError) as info:
-        completion_prompt(body)
+        completion_prompts(body)
     assert info.value.status == 400 and info.value.param == param
-    assert completion_prompt({"prompt": "x", "best_of": 1, "suffix": "", "echo": False}) == "x", "their no-op values pass"
+    assert completion_prompts({"prompt": "x", "best_of": 1, "suffix": "", "echo": False}) == ["x"], "their no-op values pass"
+
+
+def test_completion_prompts_are_texts_or_token_ids_one_choice_each():
+    """Issue 44 #2: lm-eval's local-completions sends lists of token ids; OpenAI takes a string or a list of either."""
+    assert completion_prompts({"prompt": [1, 2]}) == [[1, 2]]
+    assert completion_prompts({"prompt": [[1, 2], [3]]}) == [[1, 2], [3]]
+    assert completion_prompts({"prompt": ["a", [3]]}) == ["a", [3]]
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "options"),
+    [
+        ({"logprobs": True}, True, {"logprobs": 0}),
+        ({"logprobs": True, "top_logprobs": 5}, True, {"logprobs": 5}),
+        ({"logprobs": False}, True, {}),
+        ({"logprobs": 1, "echo": True, "max_tokens": 0}, False, {"logprobs": 1, "prompt_logprobs": True, "max_new_tokens": 0}),
+        ({"logprobs": 0}, False, {"logprobs": 0}),
+        ({"echo": True}, False, {"prompt_logprobs": True}),
+    ],
+)
+def test_logprobs_and_echo_map_to_the_models_inputs(body, chat, options):
+    """Issue 44 #1/#2: chat's logprobs + top_logprobs, completions' logprobs (alternatives) + echo (max_tokens 0 allowed)."""
+    assert generation_options(body, chat=chat) == options
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "param"),
+    [
+        ({"top_logprobs": 2}, True, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, True, "top_logprobs"),
+        ({"logprobs": 1}, True, "logprobs"),
+        ({"logprobs": 21}, False, "logprobs"),
+        ({"logprobs": True}, False, "logprobs"),
+        ({"max_tokens": 0, "logprobs": 1}, False, "max_tokens"),
+        ({"echo": "yes"}, False, "echo"),
+    ],
+)
+def test_bad_logprobs_requests_are_400_naming_the_parameter(body, chat, param):
+    with pytest.raises(ApiError) as info:
+        generation_options(body, chat=chat)
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_n_is_bounded_by_the_models_max_n():
+    served = ServedModel("g", "text-generation", True, 0, max_n=4)
+    assert sample_count({}, served) == 1 and sample_count({"n": 4}, served) == 4
+    for bad in (5, 0, 1.5, True):
+        with pytest.raises(ApiError) as info:
+            sample_count({"n": bad}, served)
+        assert info.value.status == 400 and info.value.param == "n"
+
+
+def _entry(token: str, logprob: float | None, *top: tuple[str, float]) -> dict:
+    return {"id": 0, "token": token, "logprob": logprob, "top": [{"id": 1, "token": t, "logprob": lp} for t, lp in top]}
+
+
+def test_completion_logprobs_shape_with_echo_as_lm_eval_reads_it():
+    """Issue 44 #2: tokens, token_logprobs (the prompt's first null), top_logprobs (alternatives + the token itself),
+    text_offset continuing over a stream's pieces; the echo's text starts with the prompt's."""
+    shape = ChoiceLogprobs(chat=False, reported=True)
+    first = {"prompt": [_entry("Hi", None), _entry(" there", -1.5, (" you", -0.5))], "prompt_text": "Hi there", "tokens": []}
+    text, found = shape.piece("", first)
+    assert text == "Hi there"
+    assert found == {
+        "tokens": ["Hi", " there"],
+        "token_logprobs": [None, -1.5],
+        "top_logprobs": [None, {" you": -0.5, " there": -1.5}],
+        "text_offset": [0, 2],
+    }
+    text, more = shape.piece("!", {"tokens": [_entry("!", -0.1, ("!", -0.1))]})
+    assert text == "!" and more["text_offset"] == [8] and more["top_logprobs"] == [{"!": -0.1}]
+    merged = shape.merged([found, None, more])
+    assert merged["tokens"] == ["Hi", " there", "!"] and merged["token_logprobs"] == [None, -1.5, -0.1]
+    final = {"finish_reason": "length", "prompt_tokens": 2, "completion_tokens": 1}
+    answer = completion_answer({"id": "x"}, False, [("Hi there!", final, merged)])
+    assert answer["choices"][0]["logprobs"] is merged and answer["usage"] == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+    assert ChoiceLogprobs(chat=False, reported=False).piece("", first) == ("Hi there", None), "echo without logprobs: the text only"
+
+
+def test_chat_logprobs_shape_and_chunks_per_choice():
+    """Issue 44 #1/#3: chat's logprobs.content entries (token, logprob, bytes, top_logprobs) in a streamed chunk of its
+    choice; a whole answer of n choices counts its prompt once."""
+    shape = ChoiceLogprobs(chat=True, reported=True)
+    text, found = shape.piece("é", {"tokens": [_entry("é", -0.25, ("é", -0.25), ("e", -2.0))]})
+    assert found == {
+        "content": [
+            {
+                "token": "é",
+                "logprob": -0.25,
+                "bytes": [195, 169],
+                "top_logprobs": [{"token": "é", "logprob": -0.25, "bytes": [195, 169]}, {"token": "e", "logprob": -2.0, "bytes": [101]}],
+            }
+        ]
+    }
+    chunk = completion_chunk({"id": "c", "object": "chat.completion"}, True, text, None, role=True, index=2, logprobs=found)
+    assert chunk["object"] == "chat.completion.chunk" and chunk["choices"][0]["index"] == 2 and chunk["choices"][0]["logprobs"] is found
+    final = {"finish_reason": "stop", "prompt_tokens": 5, "completion_tokens": 2}
+    answer = completion_answer({"id": "c"}, True, [("a", final, None), ("b", final, None)], samples=2)
+    assert [c["index"] for c in answer["choices"]] == [0, 1] and answer["usage"]["prompt_tokens"] == 5
+    assert answer["usage"]["completion_tokens"] == 4
 
 
 def test_max_tokens_is_checked_against_the_models_own_limit_and_stream_must_be_a_boolean():

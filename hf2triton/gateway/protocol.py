@@ -17,7 +17,7 @@ from fastapi import Request
 from hf2triton.gateway.errors import ApiError
 from hf2triton.serving import interface
 
-UNSUPPORTED_CHAT = ("tools", "functions", "tool_choice", "function_call", "logprobs", "top_logprobs", "logit_bias", "audio", "modalities")
+UNSUPPORTED_CHAT = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "audio", "modalities")
 FINISH_REASONS = {"stop": "stop", "length": "length", "time": "length", "cancelled": "stop"}  # the model's -> OpenAI's
 
 
@@ -35,6 +35,7 @@ class ServedModel:
     instances: int = 0
     max_new_tokens: int = interface.MAX_NEW_TOKENS_RANGE[1]  # generation: the model's per-request cap (max_new_tokens_limit)
     max_sequences: int = 0  # streaming generation: sequences decoded together (its Triton max_batch_size is 0)
+    max_n: int = interface.DEFAULTS.max_n  # generation: samples one request may ask for (`n`)
 
 
 # ------------------------------------------------------------------ requests
@@ -83,12 +84,12 @@ def flag(body: dict[str, Any], key: str) -> bool:
     return bool(value)
 
 
-def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX_NEW_TOKENS_RANGE[1]) -> dict[str, Any]:
+def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX_NEW_TOKENS_RANGE[1], chat: bool = True) -> dict[str, Any]:
     """OpenAI sampling parameters -> the model's request inputs (checked here: a bad value never reaches Triton);
-    `max_new_tokens`: the model's cap, the range max_tokens is checked against."""
+    `max_new_tokens`: the model's cap, the range max_tokens is checked against. Log-probabilities: chat's `logprobs`
+    (true/false) with `top_logprobs` (0..20), completions' `logprobs` (0..20 alternatives) and `echo` (the prompt's
+    tokens too; max_tokens may then be 0)."""
     flag(body, "stream")
-    if body.get("n", 1) != 1:
-        raise ApiError(400, "only n = 1 is supported", param="n")
     for key in UNSUPPORTED_CHAT:
         if body.get(key) not in (None, False, [], {}):
             raise ApiError(400, f"'{key}' is not supported by this server", param=key)
@@ -98,9 +99,10 @@ def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX
     for key in ("frequency_penalty", "presence_penalty"):
         if body.get(key) not in (None, 0, 0.0) or isinstance(body.get(key), bool):
             raise ApiError(400, f"'{key}' is not supported by this server (only 0)", param=key)
-    options: dict[str, Any] = {}
-    tokens = _number(body, "max_completion_tokens", int, 1, max_new_tokens)
-    tokens = tokens if tokens is not None else _number(body, "max_tokens", int, 1, max_new_tokens)
+    options = _logprobs_options(body, chat)
+    least = 0 if options.get(interface.PROMPT_LOGPROBS) else 1  # an echo may generate nothing (lm-eval's loglikelihood)
+    tokens = _number(body, "max_completion_tokens", int, least, max_new_tokens)
+    tokens = tokens if tokens is not None else _number(body, "max_tokens", int, least, max_new_tokens)
     if tokens is not None:
         options[interface.MAX_NEW_TOKENS] = tokens
     temperature = _number(body, "temperature", float, 0.0, 2.0)
@@ -120,6 +122,29 @@ def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX
         if stops:
             options[interface.STOP] = [_text(s, "stop") for s in stops]
     return options
+
+
+def _logprobs_options(body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """The model's LOGPROBS (alternatives per token) and PROMPT_LOGPROBS inputs, from chat's `logprobs` +
+    `top_logprobs` or completions' `logprobs` + `echo`."""
+    top = _number(body, "top_logprobs" if chat else "logprobs", int, 0, interface.MAX_LOGPROBS)
+    options: dict[str, Any] = {}
+    if chat:
+        if top is not None and not flag(body, "logprobs"):
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        if flag(body, "logprobs"):
+            options[interface.LOGPROBS] = top or 0
+    else:
+        if top is not None:
+            options[interface.LOGPROBS] = top
+        if flag(body, "echo"):
+            options[interface.PROMPT_LOGPROBS] = True
+    return options
+
+
+def sample_count(body: dict[str, Any], served: ServedModel) -> int:
+    """`n`: distinct samples of each prompt, 1..the model's generation.max_n."""
+    return _number(body, "n", int, 1, served.max_n) or 1
 
 
 def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
@@ -229,19 +254,24 @@ def predict_request(body: dict[str, Any], task: str) -> tuple[list[str], dict[st
     return texts, options
 
 
-def completion_prompt(body: dict[str, Any]) -> str:
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+
+def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
+    """/v1/completions' `prompt`: a string, token ids (taken as they are, no chat template), or a list of either --
+    one choice per prompt, in order (lm-eval's local-completions sends lists of token ids)."""
     # accepted by OpenAI's /v1/completions, not done here: refused, never silently ignored
     if body.get("best_of") not in (None, 1):
         raise ApiError(400, "'best_of' is not supported by this server (only 1)", param="best_of")
     if body.get("suffix") not in (None, ""):
         raise ApiError(400, "'suffix' is not supported by this server", param="suffix")
-    if flag(body, "echo"):
-        raise ApiError(400, "'echo' is not supported by this server", param="echo")
     raw = body.get("prompt")
-    raw = raw[0] if isinstance(raw, list) and len(raw) == 1 else raw
-    if not isinstance(raw, str) or not raw.strip():
-        raise ApiError(400, "'prompt' must be a non-empty string (one prompt per request)", param="prompt")
-    return _text(raw, "prompt")
+    prompts = [raw] if isinstance(raw, str) or _token_ids(raw) else raw
+    shape = "a non-empty string, a list of token ids, or a list of either"
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p.strip() or _token_ids(p) for p in prompts):
+        raise ApiError(400, f"'prompt' must be {shape}", param="prompt")
+    return [_text(p, "prompt") if isinstance(p, str) else p for p in prompts]
 
 
 def include_usage(body: dict[str, Any]) -> bool:
@@ -275,24 +305,85 @@ def usage(final: dict[str, Any]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def completion_answer(head: dict[str, Any], chat: bool, answer: str, final: dict[str, Any]) -> dict[str, Any]:
-    ending = {"finish_reason": final.get("finish_reason"), "logprobs": None}
-    choice = {"index": 0, "message": {"role": "assistant", "content": answer}, **ending} if chat else {"index": 0, "text": answer, **ending}
-    return {**head, "choices": [choice], "usage": usage(final)}
+def total_usage(finals: list[dict[str, Any]], samples: int) -> dict[str, int]:
+    """A request's usage over its choices (`samples` per prompt, in order): each prompt counted once, as vLLM does."""
+    prompt = sum(final.get("prompt_tokens", 0) for final in finals[::samples])
+    return usage({"prompt_tokens": prompt, "completion_tokens": sum(final.get("completion_tokens", 0) for final in finals)})
 
 
-def completion_chunk(head: dict[str, Any], chat: bool, piece: str, info: dict | None, role: bool = False) -> dict[str, Any]:
-    """One streamed event: a piece of text, the finish reason on the last one."""
+def completion_answer(head: dict[str, Any], chat: bool, choices: list[tuple[str, dict, dict | None]], samples: int = 1) -> dict[str, Any]:
+    """The whole answer: `choices` = (text, final info, logprobs object or None) in index order."""
+    out = []
+    for index, (answer, final, logprobs) in enumerate(choices):
+        ending = {"finish_reason": final.get("finish_reason"), "logprobs": logprobs}
+        content = {"message": {"role": "assistant", "content": answer}} if chat else {"text": answer}
+        out.append({"index": index, **content, **ending})
+    return {**head, "choices": out, "usage": total_usage([final for _, final, _ in choices], samples)}
+
+
+def completion_chunk(
+    head: dict[str, Any], chat: bool, piece: str, info: dict | None, role: bool = False, index: int = 0, logprobs: dict | None = None
+) -> dict[str, Any]:
+    """One streamed event of choice `index`: a piece of text (with its tokens' log-probabilities when asked), the
+    finish reason on the last one."""
     if chat:
         delta = {"role": "assistant", "content": piece} if role else ({"content": piece} if piece else {})
-        choice = {"index": 0, "delta": delta, "finish_reason": info and info["finish_reason"], "logprobs": None}
+        choice = {"index": index, "delta": delta, "finish_reason": info and info["finish_reason"], "logprobs": logprobs}
     else:
-        choice = {"index": 0, "text": piece, "finish_reason": info and info["finish_reason"], "logprobs": None}
+        choice = {"index": index, "text": piece, "finish_reason": info and info["finish_reason"], "logprobs": logprobs}
     return {**head, "object": f"{head['object']}.chunk" if chat else head["object"], "choices": [choice]}
 
 
-def usage_chunk(head: dict[str, Any], chat: bool, final: dict[str, Any]) -> dict[str, Any]:
-    return {**completion_chunk(head, chat, "", None), "choices": [], "usage": usage(final)}
+def usage_chunk(head: dict[str, Any], chat: bool, finals: list[dict[str, Any]], samples: int = 1) -> dict[str, Any]:
+    return {**completion_chunk(head, chat, "", None), "choices": [], "usage": total_usage(finals, samples)}
+
+
+class ChoiceLogprobs:
+    """One choice's text and log-probabilities in OpenAI's shapes, piece by piece, from the model's TOKEN_LOGPROBS
+    (interface.py): chat's `{"content": [{token, logprob, bytes, top_logprobs}]}` (`top` alternatives each);
+    completions' `{tokens, token_logprobs, top_logprobs, text_offset}` where an echo starts with the prompt's tokens
+    (the first's logprob and alternatives null) and each token's `top_logprobs` maps the alternatives and the token
+    itself to their log-probabilities (vLLM's shape; lm-eval's local-completions reads it)."""
+
+    def __init__(self, chat: bool, reported: bool):
+        self.chat, self.reported = chat, reported
+        self.offset = 0  # completions: characters before the next token (its text_offset)
+
+    def piece(self, text: str, logprobs: dict | None) -> tuple[str, dict | None]:
+        """A piece's text (an echo's first: after the prompt's text) and its tokens' log-probabilities object."""
+        if logprobs is None:
+            return text, None
+        text = logprobs.get("prompt_text", "") + text
+        entries = [*logprobs.get("prompt", ()), *logprobs["tokens"]]
+        if not self.reported:
+            return text, None
+        if self.chat:
+            return text, {"content": [self._chat_entry(entry, True) for entry in entries]}
+        offsets = []
+        for entry in entries:
+            offsets.append(self.offset)
+            self.offset += len(entry["token"])
+        tops = [None if entry["logprob"] is None else self._completion_top(entry) for entry in entries]
+        found = {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries], "top_logprobs": tops}
+        return text, {**found, "text_offset": offsets}
+
+    @staticmethod
+    def _completion_top(entry: dict) -> dict[str, float]:
+        top = {alternative["token"]: alternative["logprob"] for alternative in entry["top"]}
+        top.setdefault(entry["token"], entry["logprob"])
+        return top
+
+    @classmethod
+    def _chat_entry(cls, entry: dict, with_top: bool) -> dict[str, Any]:
+        token = {"token": entry["token"], "logprob": entry["logprob"], "bytes": list(entry["token"].encode("utf-8"))}
+        return {**token, "top_logprobs": [cls._chat_entry(t, False) for t in entry["top"]]} if with_top else token
+
+    def merged(self, objects: list[dict | None]) -> dict | None:
+        """The log-probabilities objects of a choice's pieces as one (a whole answer)."""
+        found = [item for item in objects if item is not None]
+        if not found:
+            return None
+        return {key: [value for item in found for value in item[key]] for key in found[0]}
 
 
 def embedding_answer(model: str, vectors: np.ndarray, tokens: int, encoding: str) -> dict[str, Any]:

@@ -223,6 +223,7 @@ class ModelParameters:
     max_queue: int = 64  # requests waiting for a place; beyond it "busy" at once
     max_new_tokens_limit: int = 1024  # per-request cap
     time_limit_s: float = 300.0  # per-request generation time limit
+    max_n: int = 8  # samples of one prompt an OpenAI request may ask for (`n`; each a sequence of its own)
     # backend vllm (runtimes/vllm.py): vLLM's engine settings as render resolved them (the config's vllm block)
     gpu_memory_utilization: float = 0.5  # fraction of the whole GPU the engine takes
     max_model_len: int = 0  # prompt + answer tokens per sequence (rendered: the served context)
@@ -248,7 +249,7 @@ class ModelParameters:
         if self.task in GENERATIVE_TASKS:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
             if self.streaming:
-                keys += ["max_queue", "max_new_tokens_limit", "time_limit_s"]
+                keys += ["max_queue", "max_new_tokens_limit", "time_limit_s", "max_n"]
                 keys += VLLM_KEYS if self.backend == "vllm" else ["max_sequences", "max_prefill_tokens"]  # whose batcher
         return tuple(keys)
 

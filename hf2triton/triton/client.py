@@ -248,6 +248,9 @@ def input_arrays(
         if name == interface.STOP:
             arrays.append((name, tensor.datatype, np.array([s.encode("utf-8") for s in value], dtype=np.object_)))
             continue
+        if name == interface.PROMPT_IDS:  # a prompt as token ids: one list
+            arrays.append((name, tensor.datatype, np.array(value, dtype=NUMPY_TYPES[tensor.datatype])))
+            continue
         if tensor.datatype == "BYTES" and isinstance(value, str):  # e.g. aggregation_strategy, a text-ranking query
             value = value.encode("utf-8")
         arrays.append((name, tensor.datatype, np.full(shape, value, dtype=NUMPY_TYPES[tensor.datatype])))

@@ -1,18 +1,21 @@
-"""POST /v1/chat/completions and /v1/completions: streaming generation models (decoupled in Triton), one prompt
-(or the chat's messages, the model's `messages` input) per request, the answer whole or as server-sent events.
-A client that leaves (streamed or not, before its first piece as well) cancels the Triton request: the generation
-slot is freed within one decoding step."""
+"""POST /v1/chat/completions and /v1/completions: streaming generation models (decoupled in Triton), the answer whole
+or as server-sent events. A choice is one Triton request: one per prompt (completions take a list) and sample (`n`),
+run together (the batcher decodes them in one batch). A client that leaves (streamed or not, before its first piece
+as well) cancels the Triton requests: the generation slots are freed within one decoding step."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from hf2triton.gateway import protocol
-from hf2triton.gateway.backend import Gateway, gateway_of
+from hf2triton.gateway.backend import Gateway, bound_texts, gateway_of
 from hf2triton.gateway.boundary import KEY, peer
 from hf2triton.gateway.errors import ApiError, triton_error
 from hf2triton.gateway.protocol import FINISH_REASONS, ServedModel
@@ -24,12 +27,26 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-async def generate(gateway: Gateway, served: ServedModel, prompt: str | list[dict[str, str]], options: dict[str, Any]):
-    """Async iterator of (text piece, final info or None) from a Triton stream; cancelling the iteration
-    (a client gone) cancels the Triton request."""
+class Piece(NamedTuple):
+    """One Triton response: new text, the final info (finish reason, token counts) on the last, and the
+    log-probabilities (interface.TOKEN_LOGPROBS, parsed) when the request asked for them."""
+
+    text: str
+    final: dict[str, Any] | None
+    logprobs: dict[str, Any] | None
+
+
+async def generate(
+    gateway: Gateway, served: ServedModel, prompt: str | list[int] | list[dict[str, str]], options: dict[str, Any]
+) -> AsyncIterator[Piece]:
+    """Async iterator of the Pieces of a Triton stream; cancelling the iteration (a client gone) cancels the Triton
+    request. `prompt`: a text, token ids (interface.PROMPT_IDS) or chat messages."""
     import tritonclient.grpc as grpcclient
 
-    texts, inputs = ([prompt], options) if isinstance(prompt, str) else ([], {**options, interface.MESSAGES: prompt})
+    if isinstance(prompt, str):
+        texts, inputs = [prompt], options
+    else:
+        texts, inputs = [], {**options, (interface.PROMPT_IDS if prompt and isinstance(prompt[0], int) else interface.MESSAGES): prompt}
     request = {"model_name": served.name, "inputs": client.build_inputs(grpcclient, texts, inputs, one_prompt=True)}
 
     async def requests():
@@ -43,30 +60,36 @@ async def generate(gateway: Gateway, served: ServedModel, prompt: str | list[dic
             stream.cancel()
             raise
 
-    def read(response: tuple[Any, Any]) -> tuple[str, dict[str, Any] | None]:
+    def read(response: tuple[Any, Any]) -> Piece:
         result, error = response
         if error is not None:
             raise triton_error(error, served.name)
         piece = result.as_numpy(interface.TEXT_OUTPUT)
         text = piece.reshape(-1)[0].decode("utf-8") if piece is not None else ""
+        found = result.as_numpy(interface.TOKEN_LOGPROBS)
+        logprobs = json.loads(found.reshape(-1)[0]) if found is not None else None
         reason = result.as_numpy(interface.FINISH_REASON)
         if reason is None:
-            return text, None
-        return text, {
-            "finish_reason": FINISH_REASONS.get(reason.reshape(-1)[0].decode(), "stop"),
-            "prompt_tokens": int(result.as_numpy(interface.PROMPT_TOKENS).reshape(-1)[0]),
-            "completion_tokens": int(result.as_numpy(interface.COMPLETION_TOKENS).reshape(-1)[0]),
-        }
+            return Piece(text, None, logprobs)
+        return Piece(
+            text,
+            {
+                "finish_reason": FINISH_REASONS.get(reason.reshape(-1)[0].decode(), "stop"),
+                "prompt_tokens": int(result.as_numpy(interface.PROMPT_TOKENS).reshape(-1)[0]),
+                "completion_tokens": int(result.as_numpy(interface.COMPLETION_TOKENS).reshape(-1)[0]),
+            },
+            logprobs,
+        )
 
     stream, finished = None, False
     try:
         stream, first = await gateway.call(opened)
-        text, info = read(first)
-        while info is None:
-            yield text, None
-            text, info = read(await stream.__anext__())
+        piece = read(first)
+        while piece.final is None:
+            yield piece
+            piece = read(await stream.__anext__())
         finished = True
-        yield text, info
+        yield piece
     except ApiError:
         raise
     except StopAsyncIteration:
@@ -78,29 +101,86 @@ async def generate(gateway: Gateway, served: ServedModel, prompt: str | list[dic
             stream.cancel()
 
 
+async def merged(streams: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece]]:
+    """The pieces of several streams as they come, with their stream's index; the first error ends them all, and so
+    does closing this iterator (each stream's own `finally` cancels its Triton request)."""
+    if len(streams) == 1:  # one choice: no tasks
+        async for piece in streams[0]:
+            yield 0, piece
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[Piece]) -> None:
+        try:
+            async for piece in stream:
+                queue.put_nowait((index, piece))
+            queue.put_nowait((index, None))
+        except Exception as err:  # noqa: BLE001 - handed to the reader, which raises it
+            queue.put_nowait((index, err))
+
+    tasks = [asyncio.create_task(pump(index, stream)) for index, stream in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            index, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if item is None:
+                left -= 1
+                continue
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _choices(body: dict[str, Any], served: ServedModel, chat: bool) -> tuple[list, list[dict[str, Any]], int]:
+    """The request's choices in index order -- each prompt `n` times -- as (prompts, options per choice, n). Samples
+    of one prompt differ: with a `seed`, sample i takes seed + i."""
+    options = protocol.generation_options(body, served.max_new_tokens, chat=chat)
+    prompts = [protocol.chat_messages(body)] if chat else protocol.completion_prompts(body)
+    if served.task == interface.TEXT2TEXT and options.get(interface.PROMPT_LOGPROBS):
+        message = "'echo' is not supported for text2text-generation models: an encoder's input has no log-probabilities"
+        raise ApiError(400, message, param="echo")
+    if served.backend == "vllm" and (interface.LOGPROBS in options or interface.PROMPT_LOGPROBS in options):
+        param = "logprobs" if interface.LOGPROBS in options else "echo"
+        message = f"'{param}' is not supported for backend vllm models here (the torch engine reports log-probabilities)"
+        raise ApiError(400, message, param=param)
+    samples = protocol.sample_count(body, served)
+    bound_texts(served, len(prompts) * samples, "n" if samples > 1 else "prompt")
+    seed = options.get(interface.SEED)
+    per_sample = [options if seed is None else {**options, interface.SEED: (seed + i) % interface.SEED_RANGE[1]} for i in range(samples)]
+    return [p for p in prompts for _ in range(samples)], [per_sample[i % samples] for i in range(len(prompts) * samples)], samples
+
+
 async def completion(request: Request, chat: bool):
     gateway = gateway_of(request)
     body = await protocol.read_body(request)
     served = await gateway.model(body, interface.GENERATIVE_TASKS)
-    options = protocol.generation_options(body, served.max_new_tokens)
-    prompt = protocol.chat_messages(body) if chat else protocol.completion_prompt(body)
+    prompts, options, samples = _choices(body, served, chat)
+    reported = bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
+    shapes = [protocol.ChoiceLogprobs(chat, reported) for _ in prompts]
     head = protocol.completion_head(chat, served.name)
-    pieces = generate(gateway, served, prompt, options)
+    pieces = merged([generate(gateway, served, prompt, choice) for prompt, choice in zip(prompts, options)])
     if not protocol.flag(body, "stream"):
 
-        async def collect() -> tuple[str, dict[str, Any]]:
-            text, final = [], {}
-            async for piece, info in pieces:
-                text.append(piece)
-                final = info or final
-            return "".join(text), final
+        async def collect() -> list[tuple[str, dict, dict | None]]:
+            texts: list[list[str]] = [[] for _ in prompts]
+            logprobs: list[list[dict | None]] = [[] for _ in prompts]
+            finals: list[dict] = [{} for _ in prompts]
+            async for index, piece in pieces:
+                text, found = shapes[index].piece(piece.text, piece.logprobs)
+                texts[index].append(text)
+                logprobs[index].append(found)
+                finals[index] = piece.final or finals[index]
+            return [("".join(texts[i]), finals[i], shapes[i].merged(logprobs[i])) for i in range(len(prompts))]
 
         collected = await unless_client_leaves(request, collect())
         if collected is None:  # nobody reads this answer
             log.info("client %s left before its answer: the generation was cancelled", peer(request.scope))
             return JSONResponse(ApiError(400, "the client left").body(), status_code=400)
-        answer, final = collected
-        return protocol.completion_answer(head, chat, answer, final)
+        return protocol.completion_answer(head, chat, collected, samples)
     include_usage = protocol.include_usage(body)
     # The first piece is awaited before the response starts, so an early error (busy, bad prompt) is a status code;
     # a client that leaves meanwhile (waiting for a place, a long prefill) cancels it then, not at its first piece.
@@ -109,24 +189,34 @@ async def completion(request: Request, chat: bool):
         await pieces.aclose()
         log.info("client %s left before its first piece: the generation was cancelled", peer(request.scope))
         return JSONResponse(ApiError(400, "the client left").body(), status_code=400)
-    middle = TextEvents(lambda text: protocol.completion_chunk(head, chat, text, None))
+    middles = {}  # per choice: its plain middle pieces rendered around a marker (responses.TextEvents)
+    started: set[int] = set()
 
-    def piece_event(piece: str, info: dict | None, role: bool = False) -> bytes:
-        if role or info is not None or not piece:
-            return sse(protocol.completion_chunk(head, chat, piece, info, role))
-        return middle(piece)
+    def piece_event(index: int, piece: Piece) -> bytes:
+        text, logprobs = shapes[index].piece(piece.text, piece.logprobs)
+        role = index not in started
+        started.add(index)
+        if role or piece.final is not None or not text or piece.logprobs is not None:
+            return sse(protocol.completion_chunk(head, chat, text, piece.final, role, index, logprobs))
+        if index not in middles:
+            middles[index] = TextEvents(lambda text: protocol.completion_chunk(head, chat, text, None, index=index))
+        return middles[index](text)
 
     async def events():
+        finals: list[dict] = [{} for _ in prompts]
         try:
-            piece, info = first
-            yield piece_event(piece, info, role=True)
-            while info is None:
-                piece, info = await pieces.__anext__()
-                yield piece_event(piece, info)
+            index, piece = first
+            while True:
+                yield piece_event(index, piece)
+                finals[index] = piece.final or finals[index]
+                try:
+                    index, piece = await pieces.__anext__()
+                except StopAsyncIteration:
+                    break
             if include_usage:
-                yield sse(protocol.usage_chunk(head, chat, info))
+                yield sse(protocol.usage_chunk(head, chat, finals, samples))
         finally:
-            await pieces.aclose()  # a client gone: the Triton request is cancelled
+            await pieces.aclose()  # a client gone: the Triton requests are cancelled
 
     return event_stream(events())
 
