@@ -170,7 +170,7 @@ def test_text_classification_predict_equals_tritons_labels_and_scores(gateway):
     ("path", "body", "status", "words"),
     [
         ("/chat/completions", {"model": "nope", "messages": ASK}, 404, "not served here"),
-        ("/chat/completions", {"model": "generate", "messages": ASK, "n": 2}, 400, "n = 1"),
+        ("/chat/completions", {"model": "generate", "messages": ASK, "n": 9}, 400, "'n' = 9 is out of range (1..8)"),
         (
             "/chat/completions",
             {"model": "generate", "messages": ASK, "tools": [{"type": "function"}]},
@@ -237,7 +237,7 @@ def test_fuzzed_requests_never_get_a_5xx_and_the_server_stays_ready(gateway):
     known = st.sampled_from(["generate", "embed", [{"role": "user", "content": "hi"}], "hi", 4, 0.5, True, "base64"])
     keys = st.sampled_from(
         ["model", "messages", "prompt", "input", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
-         "stream", "stream_options", "n", "encoding_format", "tools", "logprobs", "dimensions", "user"]
+         "stream", "stream_options", "n", "encoding_format", "tools", "logprobs", "top_logprobs", "echo", "dimensions", "user"]
     )  # fmt: skip
     bodies = st.dictionaries(keys, values | known, max_size=6)
     paths = st.sampled_from(["/chat/completions", "/completions", "/embeddings", "/models", "/nothing"])

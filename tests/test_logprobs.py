@@ -104,6 +104,8 @@ def test_echo_of_token_prompts_with_nothing_generated_is_the_models_log_softmax(
             assert len(found["top_logprobs"][position]) in (2, 3), "2 alternatives and the token itself"
     status, answer = post(served, {"model": "generate", "prompt": "x", "max_tokens": 0})
     assert status == 400 and answer["error"]["param"] == "max_tokens"
+    status, answer = post(served, {"model": "generate", "prompt": [[1, 10**9]], "echo": True, "max_tokens": 0})
+    assert status == 400 and "not a token of this model" in answer["error"]["message"], answer
 
 
 def test_completion_logprobs_streamed_and_not_agree(served, llm):

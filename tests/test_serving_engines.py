@@ -261,3 +261,17 @@ def test_bucket_graphs_capture_once_per_bucket_replay_after_and_turn_off_on_a_fa
     wide = {"input_ids": torch.ones(1, 40, dtype=torch.int64), "attention_mask": torch.ones(1, 40, dtype=torch.int64)}
     assert graphs(wide) is None and "not capturable" in graphs.failed
     assert graphs(batch) is None, "a model that failed a capture runs eagerly from then on"
+
+
+def test_token_id_prompts_and_an_echos_zero_new_tokens_are_checked():
+    """Issue 44: prompt_ids are tokens of the model's vocabulary; max_new_tokens 0 only for a prompt's log-probabilities."""
+    from hf2triton.serving.inputs import token_id_prompt
+
+    assert token_id_prompt(np.array([3, 0, 9]), 10) == [3, 0, 9]
+    for bad, words in ((np.array([], dtype=np.int64), "empty"), (np.array([3, 10]), "holds 10, not a token"), (np.array([-1]), "holds -1")):
+        with pytest.raises(RequestError, match=words):
+            token_id_prompt(bad, 10)
+    defaults = {"max_new_tokens": 8, "temperature": 0.0}
+    assert generation_options({"max_new_tokens": np.array([0])}, defaults, nothing_generated=True)["max_new_tokens"] == 0
+    with pytest.raises(RequestError, match="max_new_tokens=0"):
+        generation_options({"max_new_tokens": np.array([0])}, defaults)

@@ -193,7 +193,7 @@ def test_chat_messages_use_the_template_in_the_server(streaming):
     for bad, expected in (([{"role": "robot", "content": "x"}], r"messages\[0\] must be"), ([], "non-empty JSON list")):
         with pytest.raises(Exception, match=expected):
             client.stream_generate(grpc, "generate", bad, {"max_new_tokens": 4})
-    with pytest.raises(Exception, match="send either 'text' or 'messages'"):
+    with pytest.raises(Exception, match="send one of 'text', 'messages'"):
         client.stream_generate(grpc, "generate", PROMPTS[0], {"max_new_tokens": 4, "messages": conversation})
 
 

@@ -255,7 +255,7 @@ def predict_request(body: dict[str, Any], task: str) -> tuple[list[str], dict[st
 
 
 def _token_ids(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in value)
 
 
 def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
