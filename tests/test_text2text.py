@@ -208,6 +208,11 @@ def test_served_text2text_validates_streams_and_the_gateway_and_cli_answer_as_tr
     assert answer["usage"]["completion_tokens"] == direct["completion_tokens"]
     events = client.http_post_events(f"{base}/chat/completions", {}, {**body, "messages": chat, "stream": True})
     assert "".join(c["delta"].get("content") or "" for e in events for c in e.get("choices", [])) == direct["text"]
+    status, text = client.http_post(f"{base}/chat/completions", body={**body, "messages": chat, "logprobs": True}, timeout=60)
+    content = json.loads(text)["choices"][0]["logprobs"]["content"]
+    assert status == 200 and "".join(e["token"] for e in content).replace("\u2581", " ").strip().startswith(direct["text"][:3]), text
+    status, text = client.http_post(f"{base}/completions", body={**body, "prompt": prompt, "echo": True}, timeout=60)
+    assert status == 400 and json.loads(text)["error"]["param"] == "echo", "an encoder's input has no log-probabilities"
     status, text = client.http_post(f"{base}/completions", body={"model": "bart", "prompt": prompt}, timeout=60)
     assert status == 400 and "streaming" in text, text  # the static one is Triton's own, not the gateway's
     # the CLI: the whole answer, and streamed piece by piece
@@ -217,3 +222,23 @@ def test_served_text2text_validates_streams_and_the_gateway_and_cli_answer_as_tr
     printed = _cli(served, "--max-tokens", "12", "bart", prompt)
     reference = Text2TextEngine(served.config["models"][1]["source"]).run([prompt], max_new_tokens=12)[interface.TEXT_OUTPUT][0]
     assert printed.returncode == 0 and printed.stdout.strip() == reference.decode(), printed.stdout + printed.stderr
+
+
+def test_chosen_tokens_log_probabilities_are_the_decoders_own(engine):
+    """Issue 44 #1: a text2text row that asks gets its chosen tokens' log-softmax (raw logits) with alternatives,
+    the same as one forward of the model over its answer; a row that does not ask gets none."""
+    import torch
+
+    batcher = new_batcher(engine)
+    plain = submit(batcher, engine, PROMPTS[0], max_new_tokens=5)
+    asked = Sequence(engine.token_ids(PROMPTS[0]), Sampling(max_new_tokens=5, logprobs=2), Collector())
+    batcher.submit(asked)
+    drain(batcher)
+    assert asked.emit.text == plain.text and asked.logprobs and len(asked.logprobs) >= len(asked.generated)
+    start = engine.model.config.decoder_start_token_id
+    decoder = [start, *(item.id for item in asked.logprobs)][:-1]
+    with torch.inference_mode():
+        logits = engine.model(input_ids=torch.tensor([asked.prompt_ids]), decoder_input_ids=torch.tensor([decoder])).logits[0]
+    expected = logits.float().log_softmax(-1)
+    for step, item in enumerate(asked.logprobs):
+        assert abs(item.logprob - float(expected[step, item.id])) < 1e-4 and len(item.top) == 2 and item.top[0][0] == item.id
