@@ -30,6 +30,7 @@ from hf2triton.gateway.process import exposure, require_api_key
 from hf2triton.perf import gateway_cost, loadgen
 from hf2triton.perf.corpus import bench_texts
 from hf2triton.perf.gateway_cost import GatewayTarget
+from hf2triton.perf.pipelines import PIPELINE_BATCHES, PIPELINE_TASKS, pipeline_ratios, pipeline_throughput, task_load
 from hf2triton.perf.scratch import scratch_server
 from hf2triton.pipeline.serve import settings_from_params
 from hf2triton.serving import interface
@@ -88,13 +89,15 @@ def raw_throughput(engine, texts: list[str], batch: int, seconds: float, options
     return {"batch": batch, "calls": calls, "items_per_s": round(items / elapsed, 2), "latency_ms": loadgen.percentiles(latencies)}
 
 
-def measure_raw(config, texts: list[str], sizes: list[int], seconds: float, backends: list[str], max_new_tokens: int) -> dict:
+def measure_raw(
+    config, texts: list[str], sizes: list[int], seconds: float, backends: list[str], max_new_tokens: int, task_options: dict | None = None
+) -> dict:
     from hf2triton.pipeline.validate import reference_device
     from hf2triton.serving.tasks import engine_from_parameters
 
     params = model_parameters(config)
     device = reference_device(config)
-    options = {interface.MAX_NEW_TOKENS: max_new_tokens} if params.task == GENERATION else {}
+    options = {interface.MAX_NEW_TOKENS: max_new_tokens} if params.task == GENERATION else dict(task_options or {})
     raw: dict[str, Any] = {"device": device}
     for backend in backends:
         started = time.perf_counter()
@@ -124,10 +127,17 @@ def choose_tool(requested: str, task: str) -> tuple[str, str | None, str]:
 
 
 def measure_served(
-    urls: dict[str, str], name: str, task: str, texts: list[bytes], sizes: list[int], bench: BenchSpec, counter
+    urls: dict[str, str],
+    name: str,
+    task: str,
+    texts: list[bytes],
+    sizes: list[int],
+    bench: BenchSpec,
+    counter,
+    task_options: dict | None = None,
 ) -> tuple[list, str]:
     tool, binary, why = choose_tool(bench.tool, task)
-    extra = {interface.MAX_NEW_TOKENS: bench.max_new_tokens} if task == GENERATION else None
+    extra = {interface.MAX_NEW_TOKENS: bench.max_new_tokens} if task == GENERATION else (task_options or None)
     cells = []
     for protocol in bench.protocols:
         for size in sizes:
@@ -179,7 +189,8 @@ def ratios(result: dict) -> dict[str, Any]:
     ]
     python = raw.get("python", {}).get(str(big), {}).get("items_per_s")
     if python:
-        out["inprocess_speedup_vs_python"] = {b: round(raw[b][str(big)]["items_per_s"] / python, 3) for b in raw if b not in ("device",)}
+        engines = [b for b in raw if b not in ("device", "pipeline")]  # the pipeline has ratios of its own
+        out["inprocess_speedup_vs_python"] = {b: round(raw[b][str(big)]["items_per_s"] / python, 3) for b in engines}
     return out
 
 
@@ -378,21 +389,28 @@ def bench_served_model(
         return result
     task, big = params.task, max(config.max_batch_size, 1)
     sizes = sorted({1, big})
-    texts = bench_texts(512 if task != GENERATION else 64, max_words=90 if task != GENERATION else 40)
-    raw = measure_raw(config, texts, sizes, bench.seconds, available_backends(params, bench.inprocess_backends), bench.max_new_tokens)
+    load = task_load(task, bench_texts(512 if task != GENERATION else 64, max_words=90 if task != GENERATION else 40), params.model_dir)
+    texts = load.texts
+    backends = available_backends(params, bench.inprocess_backends)
+    raw = measure_raw(config, texts, sizes, bench.seconds, backends, bench.max_new_tokens, load.options)
+    if task in PIPELINE_TASKS:
+        from hf2triton.pipeline.validate import reference_device
+
+        batches = sorted({*PIPELINE_BATCHES, big})
+        raw["pipeline"] = pipeline_throughput(task, params.model_dir, reference_device(config), load, batches, bench.seconds)
     counter = None
     if task == GENERATION:
         from transformers import AutoTokenizer
 
         counter = token_counter(AutoTokenizer.from_pretrained(params.model_dir))
     metrics_before = client.model_metrics(urls["metrics"], name)
-    served, tool = measure_served(urls, name, task, [t.encode() for t in texts], sizes, bench, counter)
+    served, tool = measure_served(urls, name, task, [t.encode() for t in texts], sizes, bench, counter, load.options)
     metrics_after = client.model_metrics(urls["metrics"], name)
     result = {
         "model": name,
         "task": task,
         "backend": params.backend,
-        "items": "generated tokens" if task == GENERATION else "texts",
+        "items": "generated tokens" if task == GENERATION else load.items,
         "max_batch_size": big,
         "instances": sum(g.count for g in config.instance_group),
         "instance_kind": [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group],
@@ -410,6 +428,8 @@ def bench_served_model(
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     result["ratios"] = ratios(result)
+    if "pipeline" in raw:
+        result["ratios"]["pipeline"] = pipeline_ratios(result)
     if with_gateway:
         with gateway() as target:
             add_openai_cost(result, openai_cost(name, urls, params, bench, target, big))
