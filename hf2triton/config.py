@@ -15,8 +15,9 @@ import jsonschema
 import yaml
 
 from hf2triton.errors import UserError
-from hf2triton.serving.interface import TEMPERATURES_ALLOWED, temperature_problem
+from hf2triton.serving.interface import GENERATIVE_TASKS, TASK_ALIASES, TEMPERATURES_ALLOWED, TEXT2TEXT, temperature_problem
 from hf2triton.specs import ProjectSpec, parse_source, project_spec
+from hf2triton.task_inference import infer_entry_task
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 MAX_CONFIG_BYTES = 1_000_000
@@ -159,6 +160,9 @@ def _schema_error_line(error: jsonschema.ValidationError) -> UserError:
     return UserError(f"{_key_path(path)} = {value}: not allowed", f"use {_allowed(error)}")
 
 
+TORCH_ONLY_TASKS = ("token-classification", "fill-mask", "text-ranking", TEXT2TEXT)  # no ONNX export yet
+
+
 def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: set[int], explicit_vllm: frozenset = frozenset()) -> None:
     """Checks a JSON schema cannot express."""
     seen: dict[str, int] = {}
@@ -174,9 +178,9 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
             )
         seen[folded] = index
         parse_source(model["source"], where=f"config.models[{index}].source")
-        if model["task"] != "text-generation" and index in explicit_generation:
+        if model["task"] not in GENERATIVE_TASKS and index in explicit_generation:
             raise UserError(
-                f"config.models[{index}].generation: only for task text-generation (task is {model['task']})",
+                f"config.models[{index}].generation: only for tasks {' and '.join(GENERATIVE_TASKS)} (task is {model['task']})",
                 "remove the generation block",
             )
         if model["backend"] in ("python", "vllm") and index in explicit_onnx:
@@ -192,7 +196,7 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
         if model["backend"] == "vllm" and model["task"] != "text-generation":
             raise UserError(
                 f"config.models[{index}].backend = 'vllm': only for task text-generation (task is {model['task']})",
-                "use backend: python, onnx or tensorrt for it",
+                "use backend: python for it" if model["task"] in TORCH_ONLY_TASKS else "use backend: python, onnx or tensorrt for it",
             )
         if model["backend"] == "vllm" and model["instances"] != 1:
             raise UserError(
@@ -204,7 +208,7 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].device = 'cpu': backend vllm runs on a CUDA GPU",
                 "set device: auto or gpu, or use backend: python on the CPU",
             )
-        if model["backend"] in ("onnx", "tensorrt") and model["task"] in ("token-classification", "fill-mask", "text-ranking"):
+        if model["backend"] in ("onnx", "tensorrt") and model["task"] in TORCH_ONLY_TASKS:
             raise UserError(
                 f"config.models[{index}].backend = {model['backend']!r}: {model['task']} is served by torch only (no ONNX export yet)",
                 "use backend: python for it",
@@ -214,7 +218,7 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].backend = 'tensorrt': not supported for text-generation",
                 "use backend: onnx (KV-cache decoder) for it",
             )
-        generation = model.get("generation") if model["task"] == "text-generation" else None
+        generation = model.get("generation") if model["task"] in GENERATIVE_TASKS else None
         if generation is not None and "streaming" not in generation:
             # streaming (continuous batching) runs on the torch engine and vLLM's; the ONNX decoder answers per request
             generation["streaming"] = model["backend"] in ("python", "vllm")
@@ -341,7 +345,7 @@ def _check_tune(cfg: dict) -> None:
     for name in tune["models"]:
         if name not in names:
             raise UserError(f"config.tune.models: no model named {name!r}", "use one of " + ", ".join(names))
-        if names[name]["task"] == "text-generation" and names[name]["generation"].get("streaming"):
+        if names[name]["task"] in GENERATIVE_TASKS and names[name]["generation"].get("streaming"):
             raise UserError(
                 f"config.tune.models: {name!r} streams (continuous batching), and tune sweeps the dynamic batching of static models",
                 f"remove {name!r} from tune.models (its running batch is generation.max_sequences; `make bench` measures it), "
@@ -390,9 +394,25 @@ def validate_config(raw: Any) -> dict:
     errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         raise _schema_error_line(errors[0])
+    _infer_missing_tasks(cfg)
+    for model in cfg["models"]:  # one task inside: summarization and translation are what text2text models do
+        model["task"] = TASK_ALIASES.get(model["task"], model["task"])
     _check_semantics(cfg, explicit_generation, explicit_onnx, explicit_vllm)
     _check_tune(cfg)
     return cfg
+
+
+def _infer_missing_tasks(cfg: dict) -> None:
+    """Fill in every task config.yaml leaves out (hf2triton.task_inference) before anything checks it; where it was
+    inferred from goes with it (task_inferred_from: preflight and the run say so). A hub source's answer is kept under
+    <paths.work>/hub/tasks/, so a rerun infers the same without asking the hub."""
+    cache_dir = Path(cfg["paths"]["work"]) / "hub"
+    for index, model in enumerate(cfg["models"]):
+        if "task" in model:
+            continue
+        where = f"config.models[{index}]"
+        source = parse_source(model["source"], where=f"{where}.source")
+        model["task"], model["task_inferred_from"] = infer_entry_task(model, source, cache_dir, where)
 
 
 def load_config(path: Path | str, overrides: dict | None = None) -> dict:

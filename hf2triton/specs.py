@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hf2triton.errors import UserError
-from hf2triton.serving.interface import DEFAULTS, GENERATION
+from hf2triton.serving.interface import DEFAULTS, GENERATION, GENERATIVE_TASKS
 
 # ---------------------------------------------------------------- what a model's `source:` string means
 # a hub repository, a local directory or .gguf file, or a file shipped inside an installed Python package
@@ -122,6 +122,7 @@ class ModelSpec:
     source: str
     task: str
     revision: str = "main"
+    task_inferred_from: str | None = None  # None: config.yaml names the task
     gguf_file: str | None = None
     backend: str = "python"
     onnx: OnnxSpec = OnnxSpec()
@@ -140,7 +141,7 @@ class ModelSpec:
 
     @property
     def is_generation(self) -> bool:
-        return self.task == GENERATION
+        return self.task in GENERATIVE_TASKS
 
     @property
     def needs_onnx(self) -> bool:
@@ -151,7 +152,8 @@ class ModelSpec:
         streaming = self.generation if self.generation and self.generation.streaming else None
         sequences, prefill = (streaming.max_sequences, streaming.max_prefill_tokens) if streaming else (0, 0)
         model = (self.name, self.source, self.task, self.device, self.dtype, self.instances, self.backend, self.max_batch_size)
-        return Footprint(*model, sequences, prefill, self.vllm.gpu_memory_utilization if self.vllm else 0.0)
+        vllm_share = self.vllm.gpu_memory_utilization if self.vllm else 0.0
+        return Footprint(*model, sequences, prefill, vllm_share, self.task_inferred_from)
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,7 @@ class Footprint:
     max_sequences: int = 0  # streaming generation: sequences decoded together (its KV cache)
     max_prefill_tokens: int = 0  # streaming generation: prompt tokens prefilled at once (0: a whole batch's)
     gpu_memory_utilization: float = 0.0  # backend vllm: the fraction of the GPU its engine takes
+    task_inferred_from: str | None = None  # shown by preflight (None: config.yaml names the task)
 
 
 @dataclass(frozen=True)
@@ -280,7 +283,7 @@ def _tuples(values: dict[str, Any]) -> dict[str, Any]:
 
 def model_spec(entry: dict[str, Any]) -> ModelSpec:
     values = {k: v for k, v in entry.items() if k not in ("onnx", "generation", "dynamic_batching", "queue", "vllm")}
-    generation = GenerationSpec(**entry["generation"]) if entry["task"] == GENERATION else None
+    generation = GenerationSpec(**entry["generation"]) if entry["task"] in GENERATIVE_TASKS else None
     return ModelSpec(
         **values,
         onnx=OnnxSpec(**entry["onnx"]),

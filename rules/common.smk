@@ -35,6 +35,9 @@ try:
 except UserError as err:
     sys.exit(f"hf2triton: error: {err.render()}")
 
+for inferred in (model for model in PROJECT.models if model.task_inferred_from):
+    print(f"hf2triton: {inferred.name}: task: {inferred.task} (inferred from {inferred.task_inferred_from})", file=sys.stderr)
+
 if clear_stale_locks(Path.cwd()):
     print("hf2triton: removed the locks of an earlier run that was killed; resuming", file=sys.stderr)
 

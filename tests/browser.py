@@ -56,3 +56,17 @@ def screenshot(driver: Any, name: str, fallback: Path) -> Path:
     path = directory / f"{name}.png"
     driver.save_screenshot(str(path))
     return path
+
+
+def wait_for(browser: Any, condition: Any, timeout: float = 60) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, timeout, poll_frequency=0.05).until(lambda _: condition())
+
+
+def text_of(browser: Any, selector: str) -> str | None:
+    return browser.execute_script("const n = document.querySelector(arguments[0]); return n ? n.textContent : null;", selector)
+
+
+def fill(browser: Any, element_id: str, value: str) -> None:
+    browser.execute_script("const n = document.getElementById(arguments[0]); n.value = arguments[1];", element_id, value)

@@ -347,3 +347,66 @@ def ask_each_model(repository: Path, work: Path, names: list[str]) -> dict[str, 
     finally:
         stop_server(settings)
     return answers
+
+
+T2T_CORPUS = [
+    "translate English to German: the house is wonderful.",
+    "summarize: the dragon met the knight in the old castle and they talked until the sun went down.",
+    "What is the capital of France? Paris is the capital of France.",
+    "studies have shown that owning a dog is good for you, and cats are fine too.",
+    '1, 2, 3, 4, 5, 6, 7, 8, 9, 10 - numbers and punctuation; quotes "like this" (and brackets).',
+]
+
+
+def t5_tokenizer(directory: Path):
+    """A real Unigram tokenizer as T5's (Metaspace pieces, </s> appended to every input; no sentencepiece model is
+    shipped here), trained with the tokenizers library on a small corpus, saved as T5TokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import T5TokenizerFast
+
+    specials = ["<pad>", "</s>", "<unk>"]
+    backend = Tokenizer(models.Unigram())
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
+    backend.train_from_iterator(T2T_CORPUS * 20, trainer)
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer = T5TokenizerFast(tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>", extra_ids=0)
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def tiny_t5(directory: Path, seed: int = 0) -> Path:
+    """A random 2-layer T5ForConditionalGeneration (relative position bias) with a real Unigram tokenizer."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    tokenizer = t5_tokenizer(directory)
+    torch.manual_seed(seed)
+    config = T5Config(
+        vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+        tie_word_embeddings=False,  # tied, a random model answers its own start token (pad) forever
+    )  # fmt: skip
+    T5ForConditionalGeneration(config).eval().save_pretrained(directory)
+    return directory
+
+
+def tiny_bart(directory: Path, seed: int = 0) -> Path:
+    """A random 2-layer BartForConditionalGeneration (learned absolute positions) with SmolLM2's real byte-level
+    BPE tokenizer (its eos as BART's </s>: decoding starts from it, as BART's does)."""
+    import torch
+    from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf().parent, gguf_file=smollm2_gguf().name)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(seed)
+    eos = tokenizer.eos_token_id
+    config = BartConfig(
+        vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=eos, eos_token_id=eos, decoder_start_token_id=eos, forced_eos_token_id=None,
+    )  # fmt: skip
+    BartForConditionalGeneration(config).eval().save_pretrained(directory)
+    return directory

@@ -2,7 +2,7 @@
 and a download that stalls mid-file (so a killed fetch can be resumed with an HTTP Range request).
 
 It implements just the endpoints huggingface_hub's model_info / snapshot_download use:
-  GET  /api/models/<org>/<name>/revision/<rev>      -> {"id", "sha", "siblings": [...]}
+  GET  /api/models/<org>/<name>/revision/<rev>      -> {"id", "sha", "siblings": [...], "pipeline_tag" when given}
   HEAD/GET /<org>/<name>/resolve/<rev>/<path>       -> the file, with ETag, X-Repo-Commit, Range support
 """
 
@@ -20,8 +20,12 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 class MiniHub:
-    def __init__(self, repo_id: str, files_from: Path, token: str | None = None, stall_file: str | None = None):
+    def __init__(
+        self, repo_id: str, files_from: Path, token: str | None = None, stall_file: str | None = None, pipeline_tag: str | None = None
+    ):
         self.repo_id = repo_id
+        self.pipeline_tag = pipeline_tag  # the hub's own tag of the repository (model_info().pipeline_tag)
+        self.paths: list[str] = []  # every request's path, in order
         self.files = {str(p.relative_to(files_from)): p.read_bytes() for p in sorted(files_from.rglob("*")) if p.is_file()}
         self.token = token
         self.stall_file = stall_file  # first GET of this file sends half, then hangs until released
@@ -86,13 +90,13 @@ class MiniHub:
             )
             return
         path = unquote(handler.path.split("?")[0])
+        self.paths.append(path)
         info_prefix = f"/api/models/{self.repo_id}/revision/"
         file_prefix = f"/{self.repo_id}/resolve/"
         if path.startswith(info_prefix):
             siblings = [{"rfilename": name, "size": len(data), "blobId": self.etag(data)[:40]} for name, data in self.files.items()]
-            body = json.dumps(
-                {"id": self.repo_id, "modelId": self.repo_id, "sha": COMMIT, "siblings": siblings, "private": bool(self.token)}
-            ).encode()
+            info = {"id": self.repo_id, "modelId": self.repo_id, "sha": COMMIT, "siblings": siblings, "private": bool(self.token)}
+            body = json.dumps({**info, "pipeline_tag": self.pipeline_tag} if self.pipeline_tag else info).encode()
             self._send(handler, 200, body, {"Content-Type": "application/json"}, head)
             return
         if path.startswith(file_prefix):

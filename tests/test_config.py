@@ -74,7 +74,7 @@ BAD = [
     (with_model(name=".."), ["models[0].name"]),
     (with_model(name=""), ["models[0].name"]),
     (with_model(name="a b"), ["models[0].name"]),
-    (with_model(task="summarization"), ["models[0].task", "summarization", "text-generation"]),
+    (with_model(task="summarisation"), ["models[0].task", "summarisation", "text-generation", "summarization"]),
     (with_model(backend="tensorrt_llm"), ["models[0].backend", "python"]),
     (with_model(max_batch_size=-1), ["max_batch_size", "-1", "between 0"]),
     (with_model(max_batch_size="4"), ["max_batch_size", "'4'", "integer"]),
@@ -90,7 +90,7 @@ BAD = [
     (with_model(revision="../../main"), ["revision"]),
     (with_model(gguf_file="model.bin"), ["gguf_file", ".gguf"]),
     (with_model(generation={"max_new_tokens": 0}), ["max_new_tokens", "0"]),
-    (with_model(generation={"max_new_tokens": 8}), ["generation", "only for task text-generation"]),
+    (with_model(generation={"max_new_tokens": 8}), ["generation", "only for tasks text-generation and text2text-generation"]),
     (
         with_model(task="text-generation", generation={"temperature": 1e-45}),
         ["generation.temperature", "1e-45", "0 (greedy)", "0.01 and 100"],

@@ -45,7 +45,8 @@ def test_config_reference_renders_every_field_of_the_schema():
     assert len(listed) == len(table.splitlines()) - 2, "one row per field, no duplicates"
     rows = {path: (kind, default, bounds, text) for path, kind, default, bounds, text in docs_reference.rows()}
     assert rows["models[].max_batch_size"][:3] == ("integer", "<code>8</code>", "0–1024")
-    assert rows["models[].task"][1] == "**required**" and "text-generation" in rows["models[].task"][2]
+    assert rows["models[].source"][1] == "**required**"
+    assert rows["models[].task"][1] == "—" and "text-generation" in rows["models[].task"][2] and "inferred" in rows["models[].task"][3]
     assert rows["server.http_port"][1:3] == ("<code>8000</code>", "1–65535"), "$ref fields carry their own default"
     assert rows["bench.protocols"][0] == "array of string"
     assert all(text for path, (_, _, _, text) in rows.items() if path != "overrides.<name>"), "every field is described"

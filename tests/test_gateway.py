@@ -152,6 +152,20 @@ def test_async_client_and_embeddings_equal_tritons(gateway):
     assert packed.data[0].embedding is not None
 
 
+def test_text_classification_predict_equals_tritons_labels_and_scores(gateway):
+    """POST /v1/models/classify:predict (KServe's V1 protocol): per text the label and score Triton answers."""
+    import tritonclient.http as httpclient
+
+    texts = ["I loved this film.", "Terrible service, never again.", "<b>markup</b> stays text"]
+    result = client.http_client(gateway.settings().url()).infer("classify", client.build_inputs(httpclient, texts))
+    labels, scores = result.as_numpy("label").reshape(-1), result.as_numpy("score").reshape(-1)
+    status, answer = post(gateway, "/models/classify:predict", {"instances": texts})
+    direct = [{"label": label.decode(), "score": float(score)} for label, score in zip(labels, scores)]
+    assert status == 200 and answer == {"predictions": direct}, answer
+    status, refused = post(gateway, "/models/classify:predict", {"instances": texts, "top_k": 2})
+    assert status == 400 and refused["error"]["param"] == "top_k", refused
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "words"),
     [

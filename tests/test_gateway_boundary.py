@@ -24,6 +24,7 @@ from hf2triton import host
 from hf2triton.gateway.process import VALIDATION_REPORT, VALIDATION_REPORT_ENV
 from hf2triton.triton import client
 from hf2triton.triton.process import ensure_server
+from tests.browser import fill, text_of, wait_for
 from tests.helpers import ROOT, long_context_copy, make_workflow, tiny_model_entries
 
 pytestmark = pytest.mark.integration
@@ -469,20 +470,6 @@ def browser():
     driver = start_chromium()
     yield driver
     driver.quit()
-
-
-def wait_for(browser, condition, timeout: float = 60):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(browser, timeout, poll_frequency=0.05).until(lambda _: condition())
-
-
-def text_of(browser, selector: str) -> str:
-    return browser.execute_script("const n = document.querySelector(arguments[0]); return n ? n.textContent : null;", selector)
-
-
-def fill(browser, element_id: str, value: str) -> None:
-    browser.execute_script("const n = document.getElementById(arguments[0]); n.value = arguments[1];", element_id, value)
 
 
 def test_the_playground_in_headless_chromium_streams_stops_compares_and_embeds(served, gateway, browser, tmp_path):

@@ -7,6 +7,7 @@ import asyncio
 import json
 import socket
 
+import numpy as np
 import pytest
 
 from hf2triton.errors import UserError
@@ -16,12 +17,16 @@ from hf2triton.gateway.boundary import host_name, served_names
 from hf2triton.gateway.errors import ApiError, triton_error, unreachable
 from hf2triton.gateway.protocol import (
     Ranking,
+    ServedModel,
     chat_messages,
     completion_prompt,
     embedding_inputs,
     generation_options,
+    predict_request,
     rerank_answer,
     rerank_request,
+    score_answer,
+    score_pairs,
 )
 
 
@@ -285,3 +290,69 @@ def test_rerank_requests_and_answers():
     }  # fmt: skip
     top = rerank_answer("rerank-2", "m", Ranking("q", ["a", "b", "c"], 2, False), [0.2, 0.9, 0.5], 12)["results"]
     assert top == [{"index": 1, "relevance_score": 0.9}, {"index": 2, "relevance_score": 0.5}]
+
+
+def test_score_pairs_one_to_many_and_pairwise_and_its_answer():
+    assert score_pairs({"text_1": "q", "text_2": "d"}) == [("q", "d")]
+    assert score_pairs({"text_1": ["q"], "text_2": ["a", "b"]}) == [("q", "a"), ("q", "b")]
+    assert score_pairs({"text_1": ["q", "r"], "text_2": ["a", "b"]}) == [("q", "a"), ("r", "b")]
+    for body, param, words in (
+        ({"text_1": ["q", "r"], "text_2": ["a", "b", "c"]}, "text_1", "'text_1' has 2 texts and 'text_2' 3"),
+        ({"text_1": ["q", "r"], "text_2": "a"}, "text_1", "'text_1' has 2 texts and 'text_2' 1"),
+        ({"text_2": ["a"]}, "text_1", "'text_1' must be a string or a non-empty list of strings"),
+        ({"text_1": "q", "text_2": []}, "text_2", "non-empty list"),
+        ({"text_1": "q", "text_2": ["a", 3]}, "text_2", "list of strings"),
+        ({"text_1": " ", "text_2": ["a"]}, "text_1", "empty string (text_1[0])"),
+        ({"text_1": "q", "text_2": ["a", "\ud800"]}, "text_2", "surrogate"),
+    ):
+        with pytest.raises(ApiError) as refused:
+            score_pairs(body)
+        assert refused.value.status == 400 and refused.value.param == param and words in refused.value.message, (body, refused.value.body())
+    answer = score_answer("score-1", "m", np.array([0.25, 0.5], dtype=np.float32), 9)
+    assert answer.pop("created") > 0
+    assert answer == {
+        "id": "score-1", "object": "list", "model": "m", "usage": {"prompt_tokens": 9, "total_tokens": 9, "completion_tokens": 0},
+        "data": [{"index": 0, "object": "score", "score": 0.25}, {"index": 1, "object": "score", "score": 0.5}],
+    }  # fmt: skip
+
+
+def test_predict_requests_take_instances_and_the_tasks_own_option():
+    assert predict_request({"instances": ["a", "b"]}, "fill-mask") == (["a", "b"], {})
+    assert predict_request({"instances": ["a"], "top_k": 3}, "fill-mask") == (["a"], {"top_k": 3})
+    assert predict_request({"instances": ["a"], "aggregation_strategy": "FIRST"}, "token-classification") == (
+        ["a"], {"aggregation_strategy": "first"}
+    )  # fmt: skip
+    for body, task, param in (
+        ({}, "fill-mask", "instances"),
+        ({"instances": "a"}, "fill-mask", "instances"),
+        ({"instances": ["a", ""]}, "fill-mask", "instances"),
+        ({"instances": ["a"], "top_k": 0}, "fill-mask", "top_k"),
+        ({"instances": ["a"], "top_k": 51}, "fill-mask", "top_k"),
+        ({"instances": ["a"], "top_k": 3}, "token-classification", "top_k"),
+        ({"instances": ["a"], "aggregation_strategy": "most"}, "token-classification", "aggregation_strategy"),
+        ({"instances": ["a"], "aggregation_strategy": "simple"}, "text-classification", "aggregation_strategy"),
+    ):
+        with pytest.raises(ApiError) as refused:
+            predict_request(body, task)
+        assert refused.value.status == 400 and refused.value.param == param, (body, refused.value.body())
+
+
+def test_predict_and_score_refuse_other_tasks_and_too_many_texts_before_triton():
+    gateway = Gateway("127.0.0.1:1", None, ["tagger", "chat"])
+    gateway.refresh_failed, gateway.refreshed_at = False, float("inf")
+    gateway.models = {
+        "tagger": ServedModel("tagger", "token-classification", False, 4, max_texts=3),
+        "chat": ServedModel("chat", "text-generation", True, 0),
+    }
+    tasks = ("token-classification", "fill-mask", "text-classification")
+    assert asyncio.run(gateway.model({"model": "tagger"}, tasks)).name == "tagger"
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(gateway.model({"model": "chat"}, tasks))
+    assert refused.value.param == "model" and "not token-classification or fill-mask or text-classification" in refused.value.message
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(gateway.infer_texts(gateway.models["tagger"], ["a"] * 4, None, "instances"))
+    assert refused.value.status == 413 and refused.value.param == "instances" and "at most 3" in refused.value.message
+    status, _, answer = asgi("POST", "/v1/models/nothing:predict", JSON, [b'{"instances": ["a"]}'])
+    assert status == 404 and answer["error"]["code"] == "model_not_found" and "'nothing'" in answer["error"]["message"], answer
+    status, _, answer = asgi("POST", "/v1/nothing", JSON, [b"{}"])
+    assert status == 404 and "/v1/score" in answer["error"]["message"] and ":predict" in answer["error"]["message"]

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from hf2triton.config import load_config
 from hf2triton.errors import UserError
 from hf2triton.fsutil import sha256_file
 from hf2triton.pipeline.fetch import fetch_step
@@ -19,6 +20,7 @@ pytestmark = [
     pytest.mark.skipif(olah_binary() is None, reason="olah (hub-compatible test server) not installed: `make test` puts it in .venv-hub"),
 ]
 REPO = "testorg/tiny-embed"
+CARDED_REPO = "testorg/tiny-carded"
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +33,10 @@ def hub(tmp_path_factory, tiny_models):
     config["hf2triton_revision_marker"] = 2
     (changed / "config.json").write_text(json.dumps(config))
     server.second_commit = server.add_repo(REPO, changed)
+    carded = tmp_path_factory.mktemp("carded")  # a model card whose front matter tags the repository
+    shutil.copytree(tiny_models["feature-extraction"], carded, dirs_exist_ok=True)
+    (carded / "README.md").write_text("---\nlicense: mit\npipeline_tag: sentence-similarity\n---\n# tiny\n")
+    server.add_repo(CARDED_REPO, carded)
     server.start()
     yield server
     server.stop()
@@ -64,6 +70,17 @@ def test_missing_repo_is_explained_and_writes_nothing(hub, tmp_path, monkeypatch
     assert not (tmp_path / "fetch.json").exists()
 
 
+def test_task_from_the_model_cards_pipeline_tag(hub, tmp_path, monkeypatch):
+    """A config without task: the hub's model info (its cardData, as the Hub serves it) gives the pipeline_tag."""
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    (tmp_path / "config.yaml").write_text(json.dumps({"models": [{"name": "m", "source": CARDED_REPO}], "paths": {"work": str(tmp_path)}}))
+    model = load_config(tmp_path / "config.yaml")["models"][0]
+    assert (model["task"], model["task_inferred_from"]) == (
+        "feature-extraction",
+        f"pipeline_tag 'sentence-similarity' in the hub's model info of {CARDED_REPO}@main",
+    )
+
+
 def test_unreachable_hub_retries_then_explains(tmp_path, monkeypatch):
     from hf2triton import host
 
@@ -73,6 +90,11 @@ def test_unreachable_hub_retries_then_explains(tmp_path, monkeypatch):
     with pytest.raises(UserError) as info:
         fetch_step(REPO, "main", None, str(tmp_path / "cache"), str(tmp_path / "fetch.json"))
     assert "hub unreachable" in info.value.render() and "HF_ENDPOINT" in info.value.render()
+    (tmp_path / "config.yaml").write_text(json.dumps({"models": [{"name": "m", "source": REPO}], "paths": {"work": str(tmp_path)}}))
+    with pytest.raises(UserError) as info:  # a task to infer from the unreachable hub: the same reason, and task: as a way out
+        load_config(tmp_path / "config.yaml")
+    assert info.value.message.startswith("config.models[0].task: missing, and inferring it failed: hub unreachable")
+    assert info.value.fix.startswith("write task: for it, or check the network")
 
 
 def test_workflow_serves_a_hub_model(hub, tmp_path):

@@ -30,6 +30,7 @@ def parse(text: str) -> mc.ModelConfig:
         ("token-classification", ["text", "aggregation_strategy"], ["entities"]),
         ("fill-mask", ["text", "top_k"], ["candidates"]),
         ("text-ranking", ["text", "query"], ["score", "prompt_tokens"]),
+        ("text2text-generation", ["text", "max_new_tokens", "temperature"], ["text_output"]),
     ],
 )
 def test_tasks_render_expected_tensors(task, inputs, outputs):
@@ -119,6 +120,7 @@ def test_render_generation_parameters(tmp_path):
         ("onnx", "text-generation", False, ["runtimes.onnxruntime"]),
         ("python", "text-generation", True, ["runtimes.pytorch", "batching.responder", "batching.slots"]),
         ("vllm", "text-generation", True, ["runtimes.vllm"]),
+        ("python", "text2text-generation", True, ["runtimes.pytorch", "batching.responder", "batching.seq2seq"]),
     ],
 )
 def test_rendered_serving_code_imports_without_hf2triton(tmp_path, backend, task, streaming, later):

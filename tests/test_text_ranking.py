@@ -130,7 +130,7 @@ def test_served_reranker_validates_and_the_gateway_answers_as_triton(served, rer
     checks = passed_checks(served, "rank", {"http equals grpc", "served equals in-process"})
     assert "3 documents' relevance as the cross-encoder in-process" in checks["served equals in-process"]["detail"]
     gateway = json.loads((served.directory / "results" / "validation" / "gateway.json").read_text())
-    assert gateway["ok"] and [c["name"] for c in gateway["checks"]] == ["rank: rerank equals Triton"], gateway
+    assert gateway["ok"] and [c["name"] for c in gateway["checks"]] == ["rank: rerank equals Triton", "rank: score equals Triton"], gateway
     documents = [*PROBES[interface.TEXT_RANKING], *DOCUMENTS]
     query = RANKING_QUERY
     triton = client.grpc_client(served.settings().url("grpc_port"))

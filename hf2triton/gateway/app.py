@@ -6,6 +6,9 @@
     POST /v1/completions        the same models, from a prompt                      api/generation.py
     POST /v1/embeddings         feature-extraction models (float or base64)         api/embeddings.py
     POST /v1/rerank             text-ranking models: a query's documents, best first api/rerank.py
+    POST /v1/score              the same models: text pairs' scores (vLLM's shape)  api/rerank.py
+    POST /v1/models/{m}:predict token-classification, fill-mask, text-classification: the pipeline's JSON per text
+                                (KServe's V1 protocol)                              api/predict.py
     GET  /health                the gateway is up and Triton is ready               api/models.py
     GET  /playground/           the browser playground (static)                     api/playground.py
 
@@ -26,14 +29,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from hf2triton.gateway.api import embeddings, generation, models, playground, rerank
+from hf2triton.gateway.api import embeddings, generation, models, playground, predict, rerank
 from hf2triton.gateway.backend import Gateway
 from hf2triton.gateway.boundary import Boundary, peer, served_names
 from hf2triton.gateway.errors import ApiError
 
 log = logging.getLogger(__name__)
 
-ROUTERS = [models.router, playground.router, generation.router, embeddings.router, rerank.router]  # one per API family (api/)
+# one per API family (api/)
+ROUTERS = [models.router, playground.router, generation.router, embeddings.router, rerank.router, predict.router]
 
 
 def create_app(
@@ -57,7 +61,8 @@ def create_app(
     async def http_error(request: Request, err: HTTPException):  # unknown routes and methods: OpenAI's error object too
         path = request.url.path[:200]
         if err.status_code == 404:
-            message = f"no endpoint {path} (GET /v1/models, POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank)"
+            endpoints = "POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank, /v1/score, /v1/models/{model}:predict"
+            message = f"no endpoint {path} (GET /v1/models, {endpoints})"
         elif err.status_code == 405:
             message = f"{request.method} is not allowed on {path} (allowed: {(err.headers or {}).get('Allow', '?')})"
         else:

@@ -132,6 +132,16 @@ class Gateway:
         except Exception as err:  # noqa: BLE001 - Triton's answer becomes an OpenAI error
             raise triton_error(err, name) from None
 
+    async def infer_texts(self, served: ServedModel, texts: list[str], options: dict[str, Any] | None, param: str) -> list[Any]:
+        """`texts` in the model's batches, one Triton request each, all at once, with `options` on every row; their
+        results in order."""
+        import tritonclient.grpc as grpcclient
+
+        bound_texts(served, len(texts), param)
+        chunk = served.max_batch_size or len(texts)
+        batches = [client.build_inputs(grpcclient, texts[i : i + chunk], options) for i in range(0, len(texts), chunk)]
+        return await self.infer(served.name, batches)
+
     async def refresh(self) -> None:
         """The served models' tasks and limits, from their configs on the server; 503 while Triton is down
         (the cached list is kept: a model that was served before is tried, with a reconnect, when it is back)."""
@@ -169,7 +179,8 @@ class Gateway:
     def check_key(self, authorization: str | None) -> None:
         check_key(self.api_key, authorization)
 
-    async def model(self, body: dict[str, Any], task: str) -> ServedModel:
+    async def model(self, body: dict[str, Any], task: str | tuple[str, ...]) -> ServedModel:
+        """The served model `body` names, one of `task` (a task, or the tasks an endpoint serves)."""
         name = body.get("model")
         if not isinstance(name, str) or not name:
             raise ApiError(400, "'model' is required", param="model")
@@ -183,12 +194,21 @@ class Gateway:
             raise not_loaded(name)
         if served is None:
             raise not_served(name)
-        if served.task != task:
-            raise ApiError(400, f"model {name!r} is a {served.task} model, not {task}", param="model")
-        if task == interface.GENERATION and not served.streaming:
+        tasks = (task,) if isinstance(task, str) else task
+        if served.task not in tasks:
+            raise ApiError(400, f"model {name!r} is a {served.task} model, not {' or '.join(tasks)}", param="model")
+        if served.task in interface.GENERATIVE_TASKS and not served.streaming:
             message = f"model {name!r} is served static (generation.streaming: false); the gateway needs a streaming model"
             raise ApiError(400, message, param="model")
         return served
+
+
+def bound_texts(served: ServedModel, count: int, param: str) -> None:
+    """413 for more texts than the model takes per request: the gateway splits a request into the model's batches,
+    which would bypass the model's own bound, so it is checked here, before anything reaches Triton."""
+    if count > served.max_texts:
+        message = f"'{param}' has {count} texts; at most {served.max_texts} per request: split the request"
+        raise ApiError(413, message, param=param, code="too_large")
 
 
 def gateway_of(request: Request) -> Gateway:

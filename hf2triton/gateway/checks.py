@@ -1,6 +1,6 @@
 """What `serve` checks once the gateway is up (results/validation/gateway.{json,md}): chat through the gateway
 (one answer and streamed) equals Triton's own streamed answer; embeddings through it equal Triton's; a reranker's
-/v1/rerank scores equal Triton's."""
+/v1/rerank and /v1/score scores equal Triton's; a tagger's /v1/models/{model}:predict equals Triton's own JSON."""
 
 from __future__ import annotations
 
@@ -42,20 +42,37 @@ def _streamed_chat(base: str, model: str, key: str | None) -> str:
     return "".join(c["delta"].get("content") or "" for event in events for c in event.get("choices", []))
 
 
-def rerank_check(base: str, http_url: str, name: str, key: str | None) -> dict[str, Any]:
-    """POST /v1/rerank of TEXTS against QUESTION's text: per document the relevance score of Triton's own answer
-    (exactly: float32 through JSON), best first."""
+def _triton_rows(http_url: str, name: str, texts: list[str], options: dict[str, Any] | None, output: str) -> np.ndarray:
+    """Triton's own answer (`output`, one row per text) to one request over HTTP."""
     import tritonclient.http as httpclient
 
+    return client.http_client(http_url).infer(name, client.build_inputs(httpclient, texts, options)).as_numpy(output).reshape(-1)
+
+
+def rerank_checks(base: str, http_url: str, name: str, key: str | None) -> list[dict[str, Any]]:
+    """POST /v1/rerank of TEXTS against QUESTION's text: per document the relevance score of Triton's own answer
+    (exactly: float32 through JSON), best first; POST /v1/score of the same pairs: the same scores, in the pairs' order."""
     query = QUESTION[0]["content"]
-    inputs = client.build_inputs(httpclient, TEXTS, {interface.QUERY: query})
-    direct = client.http_client(http_url).infer(name, inputs).as_numpy(interface.SCORE).reshape(-1)
+    direct = _triton_rows(http_url, name, TEXTS, {interface.QUERY: query}, interface.SCORE)
     results = _answer(f"{base}/rerank", {"model": name, "query": query, "documents": TEXTS}, key)["results"]
     served = {r["index"]: r["relevance_score"] for r in results}
     same = sorted(served) == list(range(len(TEXTS))) and all(np.float32(served[i]) == direct[i] for i in served)
     ordered = [r["relevance_score"] for r in results] == sorted(served.values(), reverse=True)
     detail = f"{len(results)} documents, scores {[round(float(s), 6) for s in direct]} (Triton), best first: {ordered}"
-    return check(f"{name}: rerank equals Triton", same and ordered, detail)
+    scored = _answer(f"{base}/score", {"model": name, "text_1": query, "text_2": TEXTS}, key)["data"]
+    paired = [d["index"] for d in scored] == list(range(len(TEXTS))) and all(np.float32(d["score"]) == direct[d["index"]] for d in scored)
+    return [
+        check(f"{name}: rerank equals Triton", same and ordered, detail),
+        check(f"{name}: score equals Triton", paired, f"{len(scored)} pairs, in order, each Triton's score"),
+    ]
+
+
+def predict_check(base: str, http_url: str, name: str, key: str | None) -> dict[str, Any]:
+    """POST /v1/models/{name}:predict of TEXTS: a tagger's entities per text, exactly the JSON Triton answers."""
+    direct = [json.loads(row) for row in _triton_rows(http_url, name, TEXTS, None, interface.ENTITIES)]
+    served = _answer(f"{base}/models/{name}:predict", {"instances": TEXTS}, key)["predictions"]
+    detail = f"{sum(len(entities) for entities in direct)} entities in {len(TEXTS)} texts (Triton)"
+    return check(f"{name}: predict equals Triton", served == direct, detail)
 
 
 def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dict[str, Any]], key: str | None) -> dict[str, Any]:
@@ -65,7 +82,7 @@ def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dic
     checks = []
     for name, facts in models.items():
         try:
-            if facts["task"] == interface.GENERATION and facts["streaming"]:
+            if facts["task"] in interface.GENERATIVE_TASKS and facts["streaming"]:
                 greedy = {interface.MAX_NEW_TOKENS: OPTIONS["max_tokens"], interface.TEMPERATURE: 0.0}
                 direct = client.stream_generate(grpc_url, name, QUESTION, greedy)["text"]
                 whole = _answer(f"{base}/chat/completions", {"model": name, "messages": QUESTION, **OPTIONS}, key)
@@ -82,7 +99,9 @@ def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dic
                 cosine = float(served @ direct / (np.linalg.norm(served) * np.linalg.norm(direct)))
                 checks.append(check(f"{name}: embeddings equal Triton", cosine >= 0.99999, f"cosine {cosine:.6f} ({served.size} dims)"))
             elif facts["task"] == interface.TEXT_RANKING:
-                checks.append(rerank_check(base, http_url, name, key))
+                checks.extend(rerank_checks(base, http_url, name, key))
+            elif facts["task"] == interface.TOKEN_CLASSIFICATION:
+                checks.append(predict_check(base, http_url, name, key))
         except Exception as err:  # noqa: BLE001 - a failed check, reported
             checks.append(check(f"{name}: gateway", False, f"{type(err).__name__}: {err}"))
     return {"ok": all(c["ok"] for c in checks), "base_url": base, "checks": checks, "checked_at": time.time()}

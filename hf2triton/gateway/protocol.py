@@ -156,6 +156,18 @@ def embedding_inputs(body: dict[str, Any]) -> list[str]:
     return [_text(t, "input") for t in texts]
 
 
+def _texts(body: dict[str, Any], key: str, one: bool = True) -> list[str]:
+    """A field of texts: a non-empty list of non-empty strings (`one`: a lone string too)."""
+    value = body.get(key)
+    texts = [value] if one and isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise ApiError(400, f"'{key}' must be {'a string or ' if one else ''}a non-empty list of strings", param=key)
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise ApiError(400, f"'{key}' contains an empty string ({key}[{empty[0]}])", param=key)
+    return [_text(t, key) for t in texts]
+
+
 @dataclass(frozen=True)
 class Ranking:
     """A rerank request: the query, its documents, how many results to answer (0: all), whether with their text."""
@@ -172,15 +184,49 @@ def rerank_request(body: dict[str, Any]) -> Ranking:
     query = body.get("query")
     if not isinstance(query, str) or not query.strip():
         raise ApiError(400, "'query' must be a non-empty string", param="query")
-    documents = body.get("documents")
-    if not isinstance(documents, list) or not documents or not all(isinstance(d, str) for d in documents):
-        raise ApiError(400, "'documents' must be a non-empty list of strings", param="documents")
-    empty = [i for i, d in enumerate(documents) if not d.strip()]
-    if empty:
-        raise ApiError(400, f"'documents' contains an empty string (documents[{empty[0]}])", param="documents")
+    documents = _texts(body, "documents", one=False)
     top_n = _number(body, "top_n", int, 0, 2**31 - 1) or 0
     return_documents = flag(body, "return_documents") if body.get("return_documents") is not None else True
-    return Ranking(_text(query, "query"), [_text(d, "documents") for d in documents], top_n, return_documents)
+    return Ranking(_text(query, "query"), documents, top_n, return_documents)
+
+
+def score_pairs(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """POST /v1/score's body (vLLM's): `text_1` and `text_2`, each a string or a list; one text_1 is paired with every
+    text_2 (1 -> N), else the lists pair up by position (N -> N) and must be as long."""
+    firsts, seconds = _texts(body, "text_1"), _texts(body, "text_2")
+    if len(firsts) == 1:
+        firsts = firsts * len(seconds)
+    if len(firsts) != len(seconds):
+        message = f"'text_1' has {len(firsts)} texts and 'text_2' {len(seconds)}: give one text_1, or as many as text_2"
+        raise ApiError(400, message, param="text_1")
+    return list(zip(firsts, seconds))
+
+
+PREDICT_OPTIONS = {  # the request options each task's :predict takes (top-level fields, named as the model's inputs)
+    interface.TOKEN_CLASSIFICATION: interface.AGGREGATION_STRATEGY,
+    interface.FILL_MASK: interface.TOP_K,
+}
+
+
+def predict_request(body: dict[str, Any], task: str) -> tuple[list[str], dict[str, Any]]:
+    """POST /v1/models/{model}:predict's body (KServe's V1 protocol): `instances`, the texts; the task's option as a
+    field of its own (token-classification: `aggregation_strategy`, fill-mask: `top_k`); another task's option is 400."""
+    texts = _texts(body, "instances", one=False)
+    options: dict[str, Any] = {}
+    for option_task, key in PREDICT_OPTIONS.items():
+        if body.get(key) is not None and option_task != task:
+            raise ApiError(400, f"'{key}' applies to {option_task} models, not {task}", param=key)
+    strategy = body.get(interface.AGGREGATION_STRATEGY)
+    if strategy is not None:
+        if not isinstance(strategy, str) or strategy.lower() not in interface.AGGREGATION_STRATEGIES:
+            allowed = ", ".join(interface.AGGREGATION_STRATEGIES)
+            message = f"'aggregation_strategy' must be one of {allowed}, got {json.dumps(strategy)[:40]}"
+            raise ApiError(400, message, param=interface.AGGREGATION_STRATEGY)
+        options[interface.AGGREGATION_STRATEGY] = strategy.lower()
+    top_k = _number(body, interface.TOP_K, int, *interface.FILL_MASK_TOP_K_RANGE)
+    if top_k is not None:
+        options[interface.TOP_K] = top_k
+    return texts, options
 
 
 def completion_prompt(body: dict[str, Any]) -> str:
@@ -270,9 +316,16 @@ def rerank_answer(answer_id: str, model: str, ranking: Ranking, scores: np.ndarr
     return {"id": answer_id, "model": model, "results": results, "usage": {"total_tokens": tokens}}
 
 
+def score_answer(answer_id: str, model: str, scores: np.ndarray, tokens: int) -> dict[str, Any]:
+    """vLLM's score answer: one score per pair, in the pairs' order."""
+    data = [{"index": i, "object": "score", "score": float(score)} for i, score in enumerate(scores)]
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
+    return {"id": answer_id, "object": "list", "created": int(time.time()), "model": model, "data": data, "usage": usage}
+
+
 def model_card(model: ServedModel, created: int) -> dict[str, Any]:
     card = {"id": model.name, "object": "model", "created": created, "owned_by": "hf2triton", "task": model.task}
-    if model.task == interface.GENERATION:
+    if model.task in interface.GENERATIVE_TASKS:
         card["max_tokens"] = model.max_new_tokens  # the range max_tokens is checked against (the playground's field)
     return card
 

@@ -68,7 +68,7 @@ def _retryable(err: Exception) -> bool:
     return False
 
 
-def _explain_hub_error(err: Exception, repo_id: str, revision: str) -> UserError:
+def explain_hub_error(err: Exception, repo_id: str, revision: str) -> UserError:
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
@@ -115,7 +115,7 @@ def fetch_hub(repo_id: str, revision: str, gguf_file: str | None, cache_dir: Pat
     try:
         info = with_retries(lambda: api.model_info(repo_id, revision=revision, files_metadata=True), f"model_info {repo_id}")
     except Exception as err:  # noqa: BLE001 - every failure is explained below
-        raise _explain_hub_error(err, repo_id, revision) from None
+        raise explain_hub_error(err, repo_id, revision) from None
     sizes = {s.rfilename: (s.size or 0) for s in info.siblings or []}
     wanted = select_hub_files(list(sizes), gguf_file)
     total = sum(sizes[name] for name in wanted)
@@ -134,7 +134,7 @@ def fetch_hub(repo_id: str, revision: str, gguf_file: str | None, cache_dir: Pat
             f"download {repo_id}",
         )
     except Exception as err:  # noqa: BLE001 - every failure is explained below
-        raise _explain_hub_error(err, repo_id, revision) from None
+        raise explain_hub_error(err, repo_id, revision) from None
     return {"path": str(Path(local).resolve()), "resolved_revision": info.sha, "gguf_file": gguf_file}
 
 

@@ -225,6 +225,9 @@ def run_preflight(
 
     checks.append(_check("gpu", True, "NVIDIA GPU present" if gpu_available else "no GPU: models with device auto run on CPU"))
     for model in models:
+        how = f"inferred from {model.task_inferred_from}" if model.task_inferred_from else "as configured"
+        checks.append(_check(f"task:{model.name}", True, f"task: {model.task} ({how})"))
+    for model in models:
         if model.device == "gpu" and not gpu_available:
             checks.append(_check(f"device:{model.name}", False, "device: gpu but this host has no GPU", "set device: auto or cpu"))
 

@@ -21,7 +21,7 @@ from hf2triton.fsutil import atomic_directory
 from hf2triton.integrity import write_manifest
 from hf2triton.serving.interface import FEATURE_EXTRACTION, ModelParameters
 from hf2triton.serving.runtimes import runtime_module
-from hf2triton.serving.tasks import ENGINES
+from hf2triton.serving.tasks import ENGINES, batcher_module
 from hf2triton.specs import VLLM_MAX_MODEL_LEN, ServingValues, VllmSpec, from_param
 from hf2triton.triton.modelconfig import HEADER, build_model_config, config_text
 
@@ -50,7 +50,7 @@ def serving_files(serving: ServingValues) -> tuple[Path, ...]:
     else:
         roots.append(f"runtimes/{runtime_module(serving.backend)}.py")
         if streaming:
-            roots += ["batching/responder.py", "batching/slots.py"]
+            roots += ["batching/responder.py", f"{batcher_module(serving.task).replace('.', '/')}.py"]
     files: set[Path] = set()
     pending = [SERVING_DIR / root for root in roots]
     while pending:

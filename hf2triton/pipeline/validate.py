@@ -36,7 +36,7 @@ from hf2triton.pipeline.pipeline_answers import (
 from hf2triton.pipeline.render import VERSION, prune_repository
 from hf2triton.pipeline.serve import FAILED_REPORT, settings_from_params
 from hf2triton.serving import interface
-from hf2triton.serving.interface import GENERATION, ModelParameters
+from hf2triton.serving.interface import GENERATION, GENERATIVE_TASKS, ModelParameters
 from hf2triton.specs import OnnxSpec, onnx_precision
 from hf2triton.triton import client
 from hf2triton.triton.modelconfig import located_config, model_parameters, read_model_config, uses_gpu
@@ -55,6 +55,7 @@ PROBES = {
     ],
     interface.CLASSIFICATION: ["I loved this film, it was wonderful.", "Terrible service, never again.", "Un repas correct, sans plus."],
     interface.GENERATION: ["What is the capital of France?"],
+    interface.TEXT2TEXT: ["translate English to German: The house is wonderful.", "summarize: The dragon met the knight at dawn."],
     interface.TOKEN_CLASSIFICATION: [
         "Angela Merkel met Emmanuel Macron in Paris on Tuesday.",
         "Hugging Face Inc. is based in New York City; its CEO is Clément Delangue.",
@@ -120,7 +121,8 @@ def _as_dict(config: mc.ModelConfig) -> dict[str, Any]:
 
 
 def infer(triton, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...]) -> tuple[dict[str, np.ndarray], float]:
-    options = VALIDATION_OPTIONS if task == GENERATION else ({interface.QUERY: RANKING_QUERY} if task == interface.TEXT_RANKING else None)
+    ranking = {interface.QUERY: RANKING_QUERY} if task == interface.TEXT_RANKING else None
+    options = VALIDATION_OPTIONS if task in GENERATIVE_TASKS else ranking
     started = time.perf_counter()
     result = triton.infer(name, client.build_inputs(client_module, texts, options))
     elapsed_ms = (time.perf_counter() - started) * 1000
@@ -246,7 +248,7 @@ def reference_outputs(
     if params.task == interface.TEXT_RANKING:  # the model in-process on the tokenizer's pair encoding
         return cross_encoder_scores(params.model_dir, RANKING_QUERY, texts, device, params.dtype)
     engine = engine_from_parameters(params, device)
-    return engine.run(texts, **(VALIDATION_OPTIONS if params.task == GENERATION else {}))
+    return engine.run(texts, **(VALIDATION_OPTIONS if params.task in GENERATIVE_TASKS else {}))
 
 
 def strategies_check(rendered: mc.ModelConfig, name: str, http_client, texts: list[str]) -> dict[str, Any]:
@@ -385,7 +387,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         checks.append(strategies_check(rendered, name, http_client, texts))
     if task == interface.FILL_MASK:
         checks.append(top_k_check(rendered, name, http_client, texts))
-    if task == GENERATION and params.temperature > 0:
+    if task in GENERATIVE_TASKS and params.temperature > 0:
         checks.append(sampling_check(http_client, name, texts[:1], params.temperature))
     backend = params.backend
     parity = None
@@ -419,7 +421,8 @@ def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, 
     """A streaming (decoupled) generation model: the answer streamed over gRPC, joined, equals the one JSON answer
     of HTTP /generate ("stream": false) and the in-process greedy text; it arrived in pieces with a finish
     reason and token counts."""
-    prompt = PROBES[GENERATION][0]
+    params = model_parameters(rendered)
+    prompt = PROBES[params.task][0]
     before = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
     try:
         streamed = client.stream_generate(settings.url("grpc_port"), name, prompt, VALIDATION_OPTIONS)
@@ -440,7 +443,6 @@ def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, 
     generated = answer.get(interface.TEXT_OUTPUT)
     checks.append(check("http generate (one answer)", status == 200 and generated is not None, f"HTTP {status}: {str(answer)[:120]}"))
     checks.append(check("stream equals generate", generated == streamed["text"], f"streamed {streamed['text']!r} vs {generated!r}"))
-    params = model_parameters(rendered)
     if params.load_format == "dummy":  # vLLM made up its own random weights: nothing in-process gives the same noise
         checks.append(check("served equals in-process", True, "not compared: random weights (vllm.load_format: dummy, for benchmarks)"))
     else:  # backend vllm: the same saved model on torch (engine_from_parameters)
@@ -462,7 +464,7 @@ def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, 
     checks.append(check("metrics count requests", after >= before + 2, f"{SUCCESS_METRIC} {before:.0f} -> {after:.0f}"))
     return {
         "ok": all(c["ok"] for c in checks),
-        "task": GENERATION,
+        "task": params.task,
         "backend": params.backend,
         "streaming": True,
         "latency_ms": {"first_piece": round(1000 * streamed["first_piece_s"], 1), "stream": round(1000 * streamed["piece_times_s"][-1], 1)},

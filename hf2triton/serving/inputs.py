@@ -141,6 +141,12 @@ def chat_prompt(tokenizer, messages_json: list[str]) -> str:
     """The chat template over `messages` (one JSON list of {"role", "content"}), ready for the answer."""
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError(f"this model has no chat template: send '{interface.TEXT}' instead of '{interface.MESSAGES}'")
+    messages = chat_messages(messages_json)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def chat_messages(messages_json: list[str]) -> list[dict[str, str]]:
+    """`messages` (one JSON list of {"role", "content"} per request) checked: role and content of each."""
     if len(messages_json) != 1:
         raise RequestError(f"'{interface.MESSAGES}' takes one JSON list per request, got {len(messages_json)}")
     try:
@@ -153,9 +159,7 @@ def chat_prompt(tokenizer, messages_json: list[str]) -> str:
         if not isinstance(message, dict) or message.get("role") not in interface.CHAT_ROLES or not isinstance(message.get("content"), str):
             roles = "/".join(interface.CHAT_ROLES)
             raise RequestError(f'messages[{index}] must be {{"role": {roles}, "content": a string}}, got {str(message)[:80]}')
-    return tokenizer.apply_chat_template(
-        [{"role": m["role"], "content": m["content"]} for m in messages], tokenize=False, add_generation_prompt=True
-    )
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
 def sampling_values(raw: dict[str, Any], options: dict[str, Any], params: Any) -> dict[str, Any]:
@@ -184,7 +188,7 @@ def sampling_values(raw: dict[str, Any], options: dict[str, Any], params: Any) -
 
 def prompt_ids(engine: Any, text: np.ndarray | None, messages: np.ndarray | None, max_bytes: int, max_new_tokens: int) -> list[int]:
     """A streaming request's prompt as token ids, from `text` (the engine's chat template applied as configured) or
-    `messages` (always templated); prompt + max_new_tokens must fit the engine's context."""
+    `messages` (the engine's `chat_prompt`); the engine checks that it and max_new_tokens fit its context."""
     if (text is None) == (messages is None):
         raise RequestError(f"send either '{interface.TEXT}' or '{interface.MESSAGES}' (a JSON list of {{role, content}})")
     if text is not None:
@@ -193,9 +197,7 @@ def prompt_ids(engine: Any, text: np.ndarray | None, messages: np.ndarray | None
             raise RequestError(f"a streaming model takes one prompt per request, got {len(texts)}")
         prompt = engine.prompt(texts[0])
     else:
-        prompt = chat_prompt(engine.tokenizer, decode_texts(messages, max_bytes))
-    ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    context = engine.max_length
-    if len(ids) + max_new_tokens > context:
-        raise RequestError(f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} exceeds the context of {context} tokens")
+        prompt = engine.chat_prompt(decode_texts(messages, max_bytes))
+    ids = engine.token_ids(prompt)
+    engine.check_length(len(ids), max_new_tokens)
     return ids

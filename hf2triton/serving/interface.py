@@ -51,7 +51,12 @@ GENERATION = "text-generation"
 TOKEN_CLASSIFICATION = "token-classification"  # noqa: S105 - a task name
 FILL_MASK = "fill-mask"
 TEXT_RANKING = "text-ranking"
-TASKS = (FEATURE_EXTRACTION, CLASSIFICATION, GENERATION, TOKEN_CLASSIFICATION, FILL_MASK, TEXT_RANKING)
+TEXT2TEXT = "text2text-generation"  # encoder-decoder models (T5, BART, Marian)
+TASKS = (FEATURE_EXTRACTION, CLASSIFICATION, GENERATION, TOKEN_CLASSIFICATION, FILL_MASK, TEXT_RANKING, TEXT2TEXT)
+# the tasks that generate text: the same options, streaming and OpenAI endpoints
+GENERATIVE_TASKS = (GENERATION, TEXT2TEXT)
+# transformers' pipeline names for what a text2text model does: accepted in a config, served as TEXT2TEXT
+TASK_ALIASES = {"summarization": TEXT2TEXT, "translation": TEXT2TEXT}
 
 # Written into an ONNX export by ONNX Runtime GenAI's model builder: its decoder graphs take right-padded
 # prompts and derive positions from the mask (runtimes/onnxruntime.py's decoder looks for it).
@@ -65,6 +70,7 @@ AUTO_CLASSES = {
     TOKEN_CLASSIFICATION: "AutoModelForTokenClassification",
     FILL_MASK: "AutoModelForMaskedLM",
     TEXT_RANKING: "AutoModelForSequenceClassification",  # one label: the relevance logit
+    TEXT2TEXT: "AutoModelForSeq2SeqLM",
 }
 
 # Limits every request option must respect (the config schema's bounds are the same).
@@ -132,7 +138,7 @@ def task_inputs(task: str, streaming: bool = False) -> tuple[Tensor, ...]:
         return (TEXT_TENSOR, *FILL_MASK_OPTIONS)
     if task == TEXT_RANKING:
         return (TEXT_TENSOR, *TEXT_RANKING_OPTIONS)
-    if task != GENERATION:
+    if task not in GENERATIVE_TASKS:
         return (TEXT_TENSOR,)
     if streaming:  # text or messages
         return (Tensor(TEXT, "BYTES", optional=True), *GENERATION_OPTIONS, *STREAMING_OPTIONS)
@@ -209,10 +215,11 @@ class ModelParameters:
             keys += ["onnx_dir", "quantize"]
         if self.backend == "tensorrt":
             keys.append("trt_engine")
-        graphed = self.task != GENERATION or (self.streaming and self.backend == "python")  # encoders; torch decoding
+        # encoders; torch decoding (a text2text model's batcher takes no graphs)
+        graphed = self.task not in GENERATIVE_TASKS or (self.task == GENERATION and self.streaming and self.backend == "python")
         if graphed and self.backend in ("python", "onnx"):
             keys.append("cuda_graphs")
-        if self.task == GENERATION:
+        if self.task in GENERATIVE_TASKS:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
             if self.streaming:
                 keys += ["max_queue", "max_new_tokens_limit", "time_limit_s"]

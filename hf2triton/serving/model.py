@@ -110,7 +110,7 @@ class TritonPythonModel:
         self.defaults = {interface.MAX_NEW_TOKENS: self.params.max_new_tokens, interface.TEMPERATURE: self.params.temperature}
         self.batcher = self.engine.batcher if vllm else None  # vLLM's engine schedules itself
         self.responder = None  # the torch batcher's response thread (_start_batcher)
-        if self.task == interface.GENERATION and self.params.streaming and not vllm:
+        if self.task in interface.GENERATIVE_TASKS and self.params.streaming and not vllm:
             self._start_batcher()
         self._log(f"hf2triton: loaded {self.task} model from {self.params.model_dir} on {device} in {time.monotonic() - started:.1f} s")
 
@@ -130,7 +130,7 @@ class TritonPythonModel:
         inputs.check_request_size(values, self.params)
         texts = inputs.decode_texts(values, self.max_bytes)
         options: dict[str, Any] = {}
-        if self.task == interface.GENERATION:
+        if self.task in interface.GENERATIVE_TASKS:
             raw = {}
             for name in (interface.MAX_NEW_TOKENS, interface.TEMPERATURE):
                 optional = pb_utils.get_input_tensor_by_name(request, name)
@@ -153,7 +153,7 @@ class TritonPythonModel:
         only parses and submits; every response goes out through the request's response sender."""
         engine = self.engine
         self.responder = _load_sibling("batching.responder").Responder(self._log)
-        self.batcher = _load_sibling("batching.slots").new_batcher(
+        self.batcher = _load_sibling(tasks.batcher_module(self.task)).new_batcher(
             engine.model,
             engine.tokenizer,
             engine.device,

@@ -102,7 +102,7 @@ def infer(
     if facts["task"] == interface.TEXT_RANKING and not options.get(interface.QUERY):
         raise UserError(f"{model} is a reranker: it scores the TEXTs (documents) against a query", "add --query 'QUERY'")
     try:
-        if facts["task"] == interface.GENERATION and facts["streaming"]:
+        if facts["task"] in interface.GENERATIVE_TASKS and facts["streaming"]:
             if len(texts) != 1:
                 raise UserError(f"{model} streams: one prompt per request (got {len(texts)})", "send one TEXT")
             printer = (lambda piece: (out.write(piece), out.flush())) if stream else None
@@ -194,7 +194,7 @@ def generation_flags(args: Any) -> dict[str, Any]:
 def chat(grpc_url: str, model: str, options: dict[str, Any], read=input, out=sys.stdout, system: str | None = None) -> int:
     """A conversation with history (starting with `system`, if given); Ctrl-D or Ctrl-C leaves cleanly."""
     facts = model_facts(grpc_url, model)
-    if facts["task"] != interface.GENERATION or not facts["streaming"]:
+    if facts["task"] not in interface.GENERATIVE_TASKS or not facts["streaming"]:
         raise UserError(f"{model} is not a streaming text-generation model", "chat with a text-generation model served with streaming")
     history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     out.write(f"chatting with {model} (Ctrl-D or Ctrl-C to leave)\n")

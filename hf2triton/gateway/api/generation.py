@@ -81,7 +81,7 @@ async def generate(gateway: Gateway, served: ServedModel, prompt: str | list[dic
 async def completion(request: Request, chat: bool):
     gateway = gateway_of(request)
     body = await protocol.read_body(request)
-    served = await gateway.model(body, interface.GENERATION)
+    served = await gateway.model(body, interface.GENERATIVE_TASKS)
     options = protocol.generation_options(body, served.max_new_tokens)
     prompt = protocol.chat_messages(body) if chat else protocol.completion_prompt(body)
     head = protocol.completion_head(chat, served.name)

@@ -14,6 +14,7 @@ PLAYGROUND = Path(__file__).parent.parent / "playground"
 PLAYGROUND_FILES = {
     "index.html": (PLAYGROUND / "index.html", "text/html; charset=utf-8"),
     "app.js": (PLAYGROUND / "app.js", "text/javascript; charset=utf-8"),
+    "tasks.js": (PLAYGROUND / "tasks.js", "text/javascript; charset=utf-8"),
     "style.css": (PLAYGROUND / "style.css", "text/css; charset=utf-8"),
     "icon.svg": (PLAYGROUND / "icon.svg", "image/svg+xml"),
 }

@@ -1,4 +1,4 @@
-// hf2triton playground: chat, compare, embeddings and status on the gateway's own /v1 API.
+// hf2triton playground: chat, compare, embeddings and status on the gateway's own /v1 API (tasks.js: the other tasks).
 // Everything the page shows from a model or the server goes through textContent, never HTML.
 // The API key (when the gateway has one) lives in this tab's sessionStorage only: never in a URL, never logged.
 "use strict";
@@ -100,14 +100,15 @@ function show(view) {
 
 for (const tab of document.querySelectorAll("#tabs button[data-view]")) tab.addEventListener("click", () => show(tab.dataset.view));
 
+// a select lists the models of its data-tasks; a tab with data-tasks shows only while such a model is served
 function fillModelLists() {
-  const byTask = (task) => state.models.filter((m) => m.task === task).map((m) => m.id);
-  for (const [selector, names] of [[".generation-models", byTask("text-generation")], [".embedding-models", byTask("feature-extraction")]]) {
-    for (const select of document.querySelectorAll(selector)) {
-      select.replaceChildren(...names.map((name) => el("option", { value: name, text: name })));
-      if (!names.length) select.append(el("option", { value: "", text: "(none served)" }));
-    }
+  const ofTasks = (node) => state.models.filter((m) => node.dataset.tasks.split(" ").includes(m.task)).map((m) => m.id);
+  for (const select of document.querySelectorAll("select[data-tasks]")) {
+    const names = ofTasks(select);
+    select.replaceChildren(...names.map((name) => el("option", { value: name, text: name })));
+    if (!names.length) select.append(el("option", { value: "", text: "(none served)" }));
   }
+  for (const tab of document.querySelectorAll("#tabs button[data-tasks]")) tab.hidden = !ofTasks(tab).length;
   limitMaxTokens($("chat-model"), $("chat-max-tokens"));
   for (const column of document.querySelectorAll("#compare .column")) limitMaxTokens(column.querySelector(".side-model"), column.querySelector(".side-max-tokens"));
 }

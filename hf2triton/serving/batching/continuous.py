@@ -28,7 +28,7 @@ from typing import Any
 
 from .responder import Responder
 from .sequences import Busy, Finish, Sequence
-from .text import append_token, sample_tokens
+from .text import append_token, eos_token_ids, sample_tokens
 
 
 def _malloc_trim() -> Callable[[], Any] | None:
@@ -37,6 +37,23 @@ def _malloc_trim() -> Callable[[], Any] | None:
         return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
+
+
+def dynamic_cache(layers: list | None):
+    """transformers' DynamicCache holding `layers` ((keys, values) per layer) as they are, without a copy; the list
+    is emptied, so the caller holds no second reference to a layer the model replaces."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    past = DynamicCache()
+    for keys, values in layers or ():
+        layer = DynamicLayer()
+        layer.lazy_initialization(keys)
+        layer.keys, layer.values = keys, values
+        past.layers.append(layer)
+    if layers:
+        layers.clear()
+    return past
 
 
 class ContinuousBatcher:
@@ -64,9 +81,7 @@ class ContinuousBatcher:
         # (8,000 tokens of SmolLM2: 1.6 GB)
         self.last_logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
         self.trim = _malloc_trim() if device == "cpu" else None
-        eos = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
-        eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
-        self.eos_ids = {int(e) for e in [*eos, tokenizer.eos_token_id] if e is not None}
+        self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (min(self.eos_ids) if self.eos_ids else 0)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
@@ -199,17 +214,7 @@ class ContinuousBatcher:
         the model's cache as they are, so a layer's old keys and values are freed as soon as the step has appended
         to them. DynamicCache.from_legacy_cache copies every layer, and a cache still held here would stay until
         the step ends: each a second KV cache at every step's peak (transformers 4.57's layer API)."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
-        past = DynamicCache()
-        for keys, values in cache or ():
-            layer = DynamicLayer()
-            layer.lazy_initialization(keys)
-            layer.keys, layer.values = keys, values
-            past.layers.append(layer)
-        if cache:
-            cache.clear()
+        past = dynamic_cache(cache)
         out = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True, **self.last_logits
         )

@@ -7,6 +7,13 @@ import time
 from .sequences import PARTIAL_CHARACTER, Sequence
 
 
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """The tokens that end an answer: the generation config's eos (one or a list) and the tokenizer's."""
+    eos = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
+    eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    return {int(e) for e in [*eos, tokenizer.eos_token_id] if e is not None}
+
+
 def sample_tokens(torch, rows: list[Sequence], logits) -> list[int]:
     """Each row's next token: the argmax for a greedy row, else a draw from softmax(logits / temperature) within
     top_k / top_p, from the sequence's own generator when it has a seed."""

@@ -18,7 +18,15 @@ ENGINES = {
     interface.TOKEN_CLASSIFICATION: ("token_classification", "TokenClassificationEngine"),
     interface.FILL_MASK: ("fill_mask", "FillMaskEngine"),
     interface.TEXT_RANKING: ("text_ranking", "TextRankingEngine"),
+    interface.TEXT2TEXT: ("text2text", "Text2TextEngine"),
 }
+# a streaming model's batcher module (in serving/), by task; the causal one (preallocated cache on a GPU) otherwise
+BATCHERS = {interface.TEXT2TEXT: "batching.seq2seq"}
+
+
+def batcher_module(task: str) -> str:
+    """The module whose `new_batcher` builds a streaming torch model's batcher."""
+    return BATCHERS.get(task, "batching.slots")
 
 
 def engine_class(task: str) -> type:

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import interface
 from ..batching.sequences import PARTIAL_CHARACTER
-from ..inputs import RequestError
+from ..inputs import RequestError, chat_prompt
 from .base import Engine
 
 MAX_TOKENS_PER_CHARACTER = 4  # a UTF-8 character is at most 4 bytes, so at most 4 byte-level tokens
@@ -33,13 +33,24 @@ class GenerationEngine(Engine):
             return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
         return text
 
-    def check_lengths(self, texts: list[str], max_new_tokens: int) -> None:
+    def chat_prompt(self, messages_json: list[str]) -> str:
+        """A chat request's prompt: the chat template over its messages (a streaming request's `messages`)."""
+        return chat_prompt(self.tokenizer, messages_json)
+
+    def token_ids(self, prompt: str) -> list[int]:
+        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]  # the template (if any) holds them
+
+    def check_length(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise RequestError if a prompt plus max_new_tokens exceeds the model's context."""
-        for ids in self.tokenizer([self.prompt(t) for t in texts], add_special_tokens=False)["input_ids"]:
-            if len(ids) + max_new_tokens > self.max_length:
-                raise RequestError(
-                    f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} exceeds the context of {self.max_length} tokens"
-                )
+        if prompt_tokens + max_new_tokens > self.max_length:
+            raise RequestError(
+                f"prompt of {prompt_tokens} tokens + max_new_tokens={max_new_tokens} exceeds the context of {self.max_length} tokens"
+            )
+
+    def check_lengths(self, texts: list[str], max_new_tokens: int) -> None:
+        """`check_length` for each of `texts`."""
+        for text in texts:
+            self.check_length(len(self.token_ids(self.prompt(text))), max_new_tokens)
 
     def run(
         self,
@@ -85,7 +96,8 @@ class VllmEngine:
     the served context), and `batcher` takes them as the torch continuous batcher does (submit / stop)."""
 
     outputs = (interface.TEXT_OUTPUT,)
-    prompt = GenerationEngine.prompt
+    prompt, chat_prompt = GenerationEngine.prompt, GenerationEngine.chat_prompt
+    token_ids, check_length = GenerationEngine.token_ids, GenerationEngine.check_length
 
     def __init__(self, params: interface.ModelParameters, device: str, log=print):
         from transformers import AutoTokenizer

@@ -1,0 +1,109 @@
+// hf2triton playground: the views of the tasks that answer one JSON per text (app.js has the page, the key and chat):
+// entities (token-classification), fill mask, rerank (text-ranking). Every text from a model or the user is written
+// with textContent (app.js's el), never as HTML; entity spans are cut from the text at the model's character offsets.
+"use strict";
+
+// Python's character offsets count code points; JavaScript's string indexes count UTF-16 units: cut by code point
+function codePoints(text) {
+  return Array.from(text);
+}
+
+// one colour per entity group (a PER in one answer is the same colour as in the next)
+function groupColour(group) {
+  let hash = 0;
+  for (const char of group) hash = (hash * 31 + char.codePointAt(0)) % 360;
+  return `hsl(${hash}, 70%, 82%)`;
+}
+
+function entityGroup(entity) {  // aggregation "none" labels tokens B-PER / I-PER: one group PER
+  return (entity.entity_group || entity.entity || "?").replace(/^[BIES]-/, "");
+}
+
+function scoreBar(score) {
+  const fill = el("span", { className: "bar-fill" });
+  fill.style.width = `${Math.max(0, Math.min(1, score)) * 100}%`;
+  return el("span", { className: "bar", title: score.toFixed(6) }, fill);
+}
+
+async function predict(model, body) {
+  const answer = await (await api(`/v1/models/${encodeURIComponent(model)}:predict`, body)).json();
+  return answer.predictions;
+}
+
+async function showing(button, work) {  // one request at a time per view, its error on the page
+  showError(null);
+  button.disabled = true;
+  try {
+    await work();
+  } catch (err) {
+    showError(err);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// ---------------------------------------------------------------- entities
+
+function highlight(text, entities) {
+  const chars = codePoints(text);
+  const parts = [];
+  let at = 0;
+  for (const entity of [...entities].sort((a, b) => a.start - b.start)) {
+    if (entity.start < at) continue;  // overlapping spans: the first one shown
+    parts.push(chars.slice(at, entity.start).join(""));
+    const group = entityGroup(entity);
+    const span = el("mark", {
+      className: "entity", text: chars.slice(entity.start, entity.end).join(""), "data-group": group,
+      "data-start": String(entity.start), "data-end": String(entity.end),
+      title: `${entity.entity_group || entity.entity} · score ${entity.score.toFixed(4)} · [${entity.start}:${entity.end}]`,
+    });
+    span.style.backgroundColor = groupColour(group);
+    parts.push(span);
+    at = entity.end;
+  }
+  parts.push(chars.slice(at).join(""));
+  return parts;
+}
+
+function legend(entities) {
+  const counts = new Map();
+  for (const entity of entities) counts.set(entityGroup(entity), (counts.get(entityGroup(entity)) || 0) + 1);
+  return [...counts].sort().map(([group, count]) => {
+    const swatch = el("span", { className: "swatch" });
+    swatch.style.backgroundColor = groupColour(group);
+    return el("li", { "data-group": group }, swatch, `${group} (${count})`);
+  });
+}
+
+$("entities-send").addEventListener("click", () => showing($("entities-send"), async () => {
+  const text = $("entities-input").value;
+  if (!text.trim()) return;
+  const [entities] = await predict($("entities-model").value, { instances: [text], aggregation_strategy: $("entities-strategy").value });
+  $("entities-text").replaceChildren(...highlight(text, entities));
+  $("entities-legend").replaceChildren(...legend(entities));
+  $("entities-note").textContent = `${entities.length} entities; hover one for its label, score and character span`;
+}));
+
+// ---------------------------------------------------------------- fill mask
+
+$("fill-send").addEventListener("click", () => showing($("fill-send"), async () => {
+  const text = $("fill-input").value.trim();
+  if (!text) return;
+  const [candidates] = await predict($("fill-model").value, { instances: [text], top_k: numberOf($("fill-top-k")) });
+  $("fill-candidates").replaceChildren(...candidates.map((c) => el("li", { "data-score": String(c.score) },
+    el("span", { className: "token", text: c.token_str }), scoreBar(c.score), el("span", { className: "score", text: c.score.toFixed(4) }),
+    el("span", { className: "sequence", text: c.sequence }))));
+}));
+
+// ---------------------------------------------------------------- rerank
+
+$("rerank-send").addEventListener("click", () => showing($("rerank-send"), async () => {
+  const query = $("rerank-query").value.trim();
+  const documents = $("rerank-documents").value.split("\n").map((d) => d.trim()).filter(Boolean);
+  if (!query || !documents.length) return;
+  const answer = await (await api("/v1/rerank", { model: $("rerank-model").value, query, documents })).json();
+  $("rerank-results").replaceChildren(...answer.results.map((r) => el("li", { "data-index": String(r.index), "data-score": String(r.relevance_score) },
+    el("span", { className: "score", text: r.relevance_score.toFixed(4) }), scoreBar(r.relevance_score),
+    el("span", { className: "document", text: r.document.text }), el("span", { className: "stats", text: ` (document ${r.index + 1})` }))));
+  $("rerank-note").textContent = `${answer.results.length} documents, best first; ${answer.usage.total_tokens} tokens`;
+}));
