@@ -23,6 +23,7 @@ PIPELINE_TASKS = (
     interface.FILL_MASK,
     interface.TEXT_RANKING,
     interface.CLASSIFICATION,
+    interface.TEXT2TEXT,
 )
 RANKING_QUERY = "Which city is the capital of France, and what is it known for?"
 PIPELINE_BATCHES = (1, 8, 32)  # and the served max_batch_size: the pipeline's best batch is taken over these
@@ -91,28 +92,56 @@ def pipeline_throughput(task: str, model_dir: str, device: str, load: TaskLoad, 
             latencies.append(time.perf_counter() - call_started)
             items, calls = items + len(chunk), calls + 1
         elapsed = time.perf_counter() - started
-        cells[str(batch)] = {"batch": batch, "calls": calls, "items_per_s": round(items / elapsed, 2), "latency_ms": percentiles(latencies)}
+        cells[str(batch)] = _cell(batch, items, elapsed, latencies)
         log.info("in-process pipeline('%s') batch %d: %.1f %s/s", task, batch, cells[str(batch)]["items_per_s"], load.items)
     del pipe
     return cells
 
 
-def pipeline_ratios(result: dict[str, Any]) -> dict[str, Any]:
-    """The served cells against the pipeline: each protocol's best cell of single-text requests and of full requests,
-    at the lowest and highest concurrency, over the pipeline's batch-1 loop (goal >= 3) and its best batch (goal >=
-    0.9)."""
+def _cell(batch: int, items: int, elapsed: float, latencies: list[float]) -> dict[str, Any]:
+    return {"batch": batch, "calls": len(latencies), "items_per_s": round(items / elapsed, 2), "latency_ms": percentiles(latencies)}
+
+
+def pipeline_generation(
+    task: str, model_dir: str, device: str, plan: list[tuple[bytes, int]], count_tokens, batches: tuple[int, ...]
+) -> dict[str, Any]:
+    """Generated tokens/s of `pipeline(task)` (text2text-generation) over the bench's prompts, greedy: batch 1 = one
+    call per prompt with its own max_new_tokens, batch B = chunks of B (max_new_tokens: the chunk's largest)."""
+    pipe = _pipeline(task, model_dir, device)
+    prompts = [(prompt.decode(), max_new_tokens) for prompt, max_new_tokens in plan]
+    pipe(prompts[0][0], max_new_tokens=4, do_sample=False)  # warm-up
+    cells = {}
+    for batch in batches:
+        started, tokens, latencies = time.perf_counter(), 0, []
+        for start in range(0, len(prompts), batch):
+            chunk = prompts[start : start + batch]
+            call_started = time.perf_counter()
+            answers = pipe([p for p, _ in chunk], batch_size=batch, max_new_tokens=max(m for _, m in chunk), do_sample=False)
+            latencies.append(time.perf_counter() - call_started)
+            answers = [answer[0] if isinstance(answer, list) else answer for answer in answers]  # a list per input, or a dict
+            tokens += count_tokens([answer["generated_text"].encode() for answer in answers])
+        elapsed = time.perf_counter() - started
+        cells[str(batch)] = _cell(batch, tokens, elapsed, latencies)
+        log.info("in-process pipeline('%s') batch %d: %.1f tokens/s", task, batch, cells[str(batch)]["items_per_s"])
+    del pipe
+    return cells
+
+
+def pipeline_ratios(result: dict[str, Any], cells_key: str = "served") -> dict[str, Any]:
+    """The served cells (`cells_key`: a streaming model's "stream") against the pipeline: each protocol's best cell at
+    each concurrency over the pipeline's batch-1 loop (goal >= 3) and its best batch (goal >= 0.9)."""
     pipeline = result["raw"]["pipeline"]
     loop = pipeline["1"]["items_per_s"]
     batched = max(cell["items_per_s"] for cell in pipeline.values())
     out: dict[str, Any] = {"pipeline_batch1_items_per_s": loop, "pipeline_best_batched_items_per_s": batched}
     for protocol in result["bench"]["protocols"]:
-        cells = [c for c in result["served"] if c["protocol"] == protocol]
+        cells = [c for c in result[cells_key] if c.get("protocol", "grpc") == protocol]  # streams: gRPC only
         for concurrency in sorted({c["concurrency"] for c in cells}):
             best = max((c for c in cells if c["concurrency"] == concurrency), key=lambda c: c["items_per_s"])
             key = f"{protocol}_c{concurrency}"
             out[key] = {
                 "served_items_per_s": best["items_per_s"],
-                "request_texts": best["request_texts"],
+                "request_texts": best.get("request_texts", 1),
                 "vs_pipeline_batch1": round(best["items_per_s"] / loop, 3),
                 "vs_pipeline_best_batched": round(best["items_per_s"] / batched, 3),
             }

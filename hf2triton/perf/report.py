@@ -258,7 +258,7 @@ def openai_section(result: dict[str, Any]) -> list[str]:
 def ratio_lines(result: dict[str, Any]) -> list[str]:
     """The ratios of one model, one line each, with the goal where the issue set one."""
     if result.get("streaming"):
-        return [*generation_ratio_lines(result), *openai_ratio_lines(result)]
+        return [*generation_ratio_lines(result), *pipeline_ratio_lines(result), *openai_ratio_lines(result)]
     r, big = result["ratios"], result["max_batch_size"]
     top = max(result["bench"]["concurrency"])
     lines = []
