@@ -373,6 +373,13 @@ def t5_tokenizer(directory: Path):
     backend.decoder = decoders.Metaspace()
     trainer = trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
     backend.train_from_iterator(T2T_CORPUS * 20, trainer)
+    # The trainer's scores differ in their last bits from run to run and equal ones come in either order: rounded and
+    # tie-broken by the piece, the vocabulary is the same every run (so are the tiny model's answers)
+    trained = json.loads(backend.to_str())
+    specials_first, pieces = trained["model"]["vocab"][: len(specials)], trained["model"]["vocab"][len(specials) :]
+    ordered = sorted(([piece, round(score, 6)] for piece, score in pieces), key=lambda item: (-item[1], item[0]))
+    trained["model"]["vocab"] = specials_first + ordered
+    backend = Tokenizer.from_str(json.dumps(trained))
     backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
     tokenizer = T5TokenizerFast(tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>", extra_ids=0)
     tokenizer.save_pretrained(directory)

@@ -12,6 +12,7 @@ from hf2triton.errors import UserError
 from hf2triton.perf import loadgen
 from hf2triton.perf.bench import ratios
 from hf2triton.perf.corpus import bench_texts
+from hf2triton.perf.pipelines import pipeline_ratios, task_load
 from hf2triton.perf.report import ratio_lines
 from hf2triton.perf.tune import current_variant, grid, pick, tune_models, variant_id
 from hf2triton.specs import BenchSpec, ModelSpec, ServerSpec, TuneSpec
@@ -113,6 +114,43 @@ def test_ratios_side_by_side():
     assert out["grpc"]["served_batch32_c1_vs_raw"] == 0.95 and out["grpc"]["served_batch32_best_vs_raw"] == 1.1
     assert out["grpc"]["single_text_c16_vs_raw_batch32"] == 0.92
     assert out["inprocess_speedup_vs_python"] == {"onnx": 2.0, "python": 1.0}
+
+
+def test_task_loads_carry_what_each_task_needs(tmp_path):
+    from transformers import AutoTokenizer
+
+    from tests.helpers import minilm_dir
+
+    AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(tmp_path)
+    texts = bench_texts(20)
+    ranking = task_load("text-ranking", texts, str(tmp_path))
+    assert ranking.texts == texts and ranking.options["query"] and ranking.items == "documents"
+    masked = task_load("fill-mask", texts, str(tmp_path))
+    assert all(text.split().count("[MASK]") == 1 for text in masked.texts) and masked.options == {}
+    assert task_load("token-classification", texts, str(tmp_path)).texts == texts
+
+
+def test_served_cells_against_the_pipeline_with_the_issues_goals():
+    cell = {"protocol": "grpc", "request_texts": 1, "concurrency": 1, "items_per_s": 30.0}
+    result = {
+        "model": "ner",
+        "task": "token-classification",
+        "items": "texts",
+        "max_batch_size": 32,
+        "bench": {"concurrency": [1, 32], "protocols": ["grpc"]},
+        "raw": {"pipeline": {"1": {"items_per_s": 10.0}, "8": {"items_per_s": 40.0}, "32": {"items_per_s": 50.0}}},
+        "served": [cell, {**cell, "request_texts": 32, "items_per_s": 45.0}, {**cell, "concurrency": 32, "items_per_s": 60.0}],
+    }
+    out = pipeline_ratios(result)
+    assert out["pipeline_batch1_items_per_s"] == 10.0 and out["pipeline_best_batched_items_per_s"] == 50.0
+    assert out["grpc_c1"] == {"served_items_per_s": 45.0, "request_texts": 32, "vs_pipeline_batch1": 4.5, "vs_pipeline_best_batched": 0.9}
+    assert out["grpc_c32"]["vs_pipeline_batch1"] == 6.0 and out["grpc_c32"]["vs_pipeline_best_batched"] == 1.2
+    result["ratios"] = {"pipeline": out}
+    from hf2triton.perf.report import pipeline_ratio_lines
+
+    lines = pipeline_ratio_lines(result)
+    assert "10.00 texts/s one at a time, 50.00 texts/s at its best batch" in lines[0], lines
+    assert "= 4.50x the pipeline's batch-1 loop (goal >= 3.0), 0.90x its best batch (goal >= 0.9)" in lines[1], lines
 
 
 def test_grid_keeps_an_unbatched_current_model():

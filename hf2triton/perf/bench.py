@@ -30,10 +30,11 @@ from hf2triton.gateway.process import exposure, require_api_key
 from hf2triton.perf import gateway_cost, loadgen
 from hf2triton.perf.corpus import bench_texts
 from hf2triton.perf.gateway_cost import GatewayTarget
+from hf2triton.perf.pipelines import PIPELINE_BATCHES, PIPELINE_TASKS, pipeline_generation, pipeline_ratios, pipeline_throughput, task_load
 from hf2triton.perf.scratch import scratch_server
 from hf2triton.pipeline.serve import settings_from_params
 from hf2triton.serving import interface
-from hf2triton.serving.interface import FEATURE_EXTRACTION, GENERATION, ModelParameters
+from hf2triton.serving.interface import FEATURE_EXTRACTION, GENERATIVE_TASKS, ModelParameters
 from hf2triton.specs import BenchSpec, ModelSpec, OpenAISpec, from_param, with_variant
 from hf2triton.triton import client
 from hf2triton.triton.modelconfig import model_parameters, read_model_config, uses_gpu
@@ -88,18 +89,20 @@ def raw_throughput(engine, texts: list[str], batch: int, seconds: float, options
     return {"batch": batch, "calls": calls, "items_per_s": round(items / elapsed, 2), "latency_ms": loadgen.percentiles(latencies)}
 
 
-def measure_raw(config, texts: list[str], sizes: list[int], seconds: float, backends: list[str], max_new_tokens: int) -> dict:
+def measure_raw(
+    config, texts: list[str], sizes: list[int], seconds: float, backends: list[str], max_new_tokens: int, task_options: dict | None = None
+) -> dict:
     from hf2triton.pipeline.validate import reference_device
     from hf2triton.serving.tasks import engine_from_parameters
 
     params = model_parameters(config)
     device = reference_device(config)
-    options = {interface.MAX_NEW_TOKENS: max_new_tokens} if params.task == GENERATION else {}
+    options = {interface.MAX_NEW_TOKENS: max_new_tokens} if params.task in GENERATIVE_TASKS else dict(task_options or {})
     raw: dict[str, Any] = {"device": device}
     for backend in backends:
         started = time.perf_counter()
         engine = engine_from_parameters(dataclasses.replace(params, backend=backend), device)
-        counter = token_counter(engine.tokenizer) if params.task == GENERATION else None
+        counter = token_counter(engine.tokenizer) if params.task in GENERATIVE_TASKS else None
         log.info("in-process %s engine loaded in %.1f s on %s", backend, time.perf_counter() - started, device)
         raw[backend] = {str(b): raw_throughput(engine, texts, b, seconds, options, counter) for b in sizes}
         for b in sizes:
@@ -114,7 +117,7 @@ def choose_tool(requested: str, task: str) -> tuple[str, str | None, str]:
     binary = loadgen.perf_analyzer_binary() if requested in ("auto", "perf_analyzer") else None
     if requested == "perf_analyzer" and binary is None:
         raise UserError("bench.tool = 'perf_analyzer': no runnable perf_analyzer here (needs glibc >= 2.38)", "use bench.tool: auto")
-    if task == GENERATION:
+    if task in GENERATIVE_TASKS:
         return "tritonclient", None, "generation: tokens are counted from the returned texts"
     if binary:
         return "perf_analyzer", binary, f"perf_analyzer runs on this host ({binary})"
@@ -124,10 +127,17 @@ def choose_tool(requested: str, task: str) -> tuple[str, str | None, str]:
 
 
 def measure_served(
-    urls: dict[str, str], name: str, task: str, texts: list[bytes], sizes: list[int], bench: BenchSpec, counter
+    urls: dict[str, str],
+    name: str,
+    task: str,
+    texts: list[bytes],
+    sizes: list[int],
+    bench: BenchSpec,
+    counter,
+    task_options: dict | None = None,
 ) -> tuple[list, str]:
     tool, binary, why = choose_tool(bench.tool, task)
-    extra = {interface.MAX_NEW_TOKENS: bench.max_new_tokens} if task == GENERATION else None
+    extra = {interface.MAX_NEW_TOKENS: bench.max_new_tokens} if task in GENERATIVE_TASKS else (task_options or None)
     cells = []
     for protocol in bench.protocols:
         for size in sizes:
@@ -179,7 +189,8 @@ def ratios(result: dict) -> dict[str, Any]:
     ]
     python = raw.get("python", {}).get(str(big), {}).get("items_per_s")
     if python:
-        out["inprocess_speedup_vs_python"] = {b: round(raw[b][str(big)]["items_per_s"] / python, 3) for b in raw if b not in ("device",)}
+        engines = [b for b in raw if b not in ("device", "pipeline")]  # the pipeline has ratios of its own
+        out["inprocess_speedup_vs_python"] = {b: round(raw[b][str(big)]["items_per_s"] / python, 3) for b in engines}
     return out
 
 
@@ -215,7 +226,7 @@ def openai_cost(
     name: str, urls: dict[str, str], params: ModelParameters, bench: BenchSpec, gateway: GatewayTarget, big: int
 ) -> dict[str, Any]:
     """The gateway next to direct gRPC, same load (hf2triton.perf.gateway_cost)."""
-    generation = params.task == GENERATION
+    generation = params.task in GENERATIVE_TASKS
     probe = b"What is the capital of France?" if generation else b"a short sentence to embed"
     idle = gateway_cost.idle_overhead(urls, gateway, name, probe, generation)
     texts = bench_texts(64, max_words=40) if generation else bench_texts(512, max_words=90)
@@ -304,6 +315,12 @@ def bench_streaming_model(
     lone = plans[min(plans)]
     inprocess = inprocess_generation(config, params, lone, counter)
     log.info("in-process generate(), %d requests one by one: %.1f tokens/s", len(lone), inprocess["items_per_s"])
+    pipeline = None
+    if params.task in PIPELINE_TASKS:  # text2text: transformers' pipeline over the same prompts, alone and batched
+        from hf2triton.pipeline.validate import reference_device
+
+        device = reference_device(config)
+        pipeline = pipeline_generation(params.task, params.model_dir, device, plans[max(plans)], counter, PIPELINE_BATCHES)
 
     def measure(variant_urls: dict[str, str], stream: bool) -> list[dict[str, Any]]:
         cells = []
@@ -328,7 +345,7 @@ def bench_streaming_model(
             static = measure(settings.urls, False)
     result = {
         "model": name,
-        "task": GENERATION,
+        "task": params.task,
         "streaming": True,
         "backend": params.backend,
         "items": "generated tokens",
@@ -346,6 +363,9 @@ def bench_streaming_model(
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     result["ratios"] = generation_ratios(result)
+    if pipeline:
+        result["raw"] = {"pipeline": pipeline}
+        result["ratios"]["pipeline"] = pipeline_ratios(result, "stream")
     return result
 
 
@@ -367,7 +387,7 @@ def bench_served_model(
     config = read_model_config(Path(repository) / name / "config.pbtxt")
     params = model_parameters(config)
     with_gateway = gateway is not None and bench.openai_concurrency and (params.task == FEATURE_EXTRACTION or params.streaming)
-    if params.task == GENERATION and params.streaming:
+    if params.task in GENERATIVE_TASKS and params.streaming:
         scratch_dir = Path(scratch) if scratch else Path(output_json).parent / "scratch" / name
         result = bench_streaming_model(name, urls, config, params, bench, spec, server, scratch_dir)
         if with_gateway:
@@ -378,21 +398,29 @@ def bench_served_model(
         return result
     task, big = params.task, max(config.max_batch_size, 1)
     sizes = sorted({1, big})
-    texts = bench_texts(512 if task != GENERATION else 64, max_words=90 if task != GENERATION else 40)
-    raw = measure_raw(config, texts, sizes, bench.seconds, available_backends(params, bench.inprocess_backends), bench.max_new_tokens)
+    generative = task in GENERATIVE_TASKS
+    load = task_load(task, bench_texts(64 if generative else 512, max_words=40 if generative else 90), params.model_dir)
+    texts = load.texts
+    backends = available_backends(params, bench.inprocess_backends)
+    raw = measure_raw(config, texts, sizes, bench.seconds, backends, bench.max_new_tokens, load.options)
+    if task in PIPELINE_TASKS:
+        from hf2triton.pipeline.validate import reference_device
+
+        batches = sorted({*PIPELINE_BATCHES, big})
+        raw["pipeline"] = pipeline_throughput(task, params.model_dir, reference_device(config), load, batches, bench.seconds)
     counter = None
-    if task == GENERATION:
+    if task in GENERATIVE_TASKS:
         from transformers import AutoTokenizer
 
         counter = token_counter(AutoTokenizer.from_pretrained(params.model_dir))
     metrics_before = client.model_metrics(urls["metrics"], name)
-    served, tool = measure_served(urls, name, task, [t.encode() for t in texts], sizes, bench, counter)
+    served, tool = measure_served(urls, name, task, [t.encode() for t in texts], sizes, bench, counter, load.options)
     metrics_after = client.model_metrics(urls["metrics"], name)
     result = {
         "model": name,
         "task": task,
         "backend": params.backend,
-        "items": "generated tokens" if task == GENERATION else "texts",
+        "items": "generated tokens" if task in GENERATIVE_TASKS else load.items,
         "max_batch_size": big,
         "instances": sum(g.count for g in config.instance_group),
         "instance_kind": [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group],
@@ -410,6 +438,8 @@ def bench_served_model(
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     result["ratios"] = ratios(result)
+    if "pipeline" in raw:
+        result["ratios"]["pipeline"] = pipeline_ratios(result)
     if with_gateway:
         with gateway() as target:
             add_openai_cost(result, openai_cost(name, urls, params, bench, target, big))

@@ -17,6 +17,8 @@ GOALS = {
     "openai_tokens_per_s": 0.95,
     "openai_ttft_added_ms": 10.0,
     "openai_texts_per_s": 0.9,
+    "vs_pipeline_batch1": 3.0,
+    "vs_pipeline_best_batched": 0.9,
 }
 
 
@@ -256,7 +258,7 @@ def openai_section(result: dict[str, Any]) -> list[str]:
 def ratio_lines(result: dict[str, Any]) -> list[str]:
     """The ratios of one model, one line each, with the goal where the issue set one."""
     if result.get("streaming"):
-        return [*generation_ratio_lines(result), *openai_ratio_lines(result)]
+        return [*generation_ratio_lines(result), *pipeline_ratio_lines(result), *openai_ratio_lines(result)]
     r, big = result["ratios"], result["max_batch_size"]
     top = max(result["bench"]["concurrency"])
     lines = []
@@ -282,7 +284,29 @@ def ratio_lines(result: dict[str, Any]) -> list[str]:
     for backend, speedup in (r.get("inprocess_speedup_vs_python") or {}).items():
         if backend != "python":
             lines.append(f"{result['model']}: in-process {backend} / python at batch {big} = {speedup}")
-    return [*lines, *openai_ratio_lines(result)]
+    return [*lines, *pipeline_ratio_lines(result), *openai_ratio_lines(result)]
+
+
+def pipeline_ratio_lines(result: dict[str, Any]) -> list[str]:
+    """Served against transformers' own pipeline in this process (issue 43's goals)."""
+    r = result["ratios"].get("pipeline")
+    if not r:
+        return []
+    unit = f"{result['items']}/s"
+    lines = [
+        f"{result['model']} pipeline('{result['task']}') in-process: {_fmt(r['pipeline_batch1_items_per_s'])} {unit} one at a time, "
+        f"{_fmt(r['pipeline_best_batched_items_per_s'])} {unit} at its best batch"
+    ]
+    for key, cell in r.items():
+        if isinstance(cell, dict):
+            protocol, clients = key.split("_c")
+            lines.append(
+                f"{result['model']} {protocol} {clients} clients: served {_fmt(cell['served_items_per_s'])} {unit} "
+                f"({cell['request_texts']} per request) = {_fmt(cell['vs_pipeline_batch1'])}x the pipeline's batch-1 loop "
+                f"(goal >= {GOALS['vs_pipeline_batch1']}), {_fmt(cell['vs_pipeline_best_batched'])}x its best batch "
+                f"(goal >= {GOALS['vs_pipeline_best_batched']})"
+            )
+    return lines
 
 
 def model_section(result: dict[str, Any], plots: dict[str, str]) -> list[str]:

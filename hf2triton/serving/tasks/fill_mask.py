@@ -29,6 +29,21 @@ class FillMaskEngine(Engine):
     auto_class = interface.AUTO_CLASSES[interface.FILL_MASK]
     onnx_output = "logits"
 
+    def __init__(self, model_dir: str, **kwargs: Any):
+        super().__init__(model_dir, **kwargs)
+        # The LM head is position-wise, and its vocabulary-wide projection is most of a masked LM's work (MiniLM: 384 x
+        # 30,522 per token, 4x its whole encoder): the encoder's output is cut to each text's mask position before the
+        # head, so it scores one position per text instead of every one (the pipeline scores them all).
+        self.model.base_model.register_forward_hook(self.keep_mask_positions, with_kwargs=True)
+
+    def keep_mask_positions(self, module, args: tuple, kwargs: dict[str, Any], output):
+        """The base model's last_hidden_state at each row's first mask token only ([rows, 1, hidden]; padding rows of
+        a CUDA graph: position 0). `input_ids` comes positionally (BERT) or by name (DistilBERT)."""
+        ids = kwargs["input_ids"] if kwargs.get("input_ids") is not None else args[0]
+        position = (ids == self.mask_id).int().argmax(dim=1)
+        output["last_hidden_state"] = output[0][self.torch.arange(ids.shape[0], device=ids.device), position][:, None, :]
+        return output
+
     def setup(self, model_dir: str) -> None:
         """The tokenizer's mask token, and the pipeline's post-processing (it reads no model config)."""
         from transformers import FillMaskPipeline
@@ -83,7 +98,5 @@ class FillMaskEngine(Engine):
         return self.pipeline.postprocess(outputs, top_k=top_k)
 
     def head(self, logits, batch: dict[str, Any]) -> dict[str, Any]:
-        """Only the mask position's logits per row (first mask; padding rows of a CUDA graph: position 0)."""
-        ids = batch["input_ids"]
-        position = (ids == self.mask_id).int().argmax(dim=1)
-        return {"logits": logits[self.torch.arange(ids.shape[0], device=ids.device), position].float()}
+        """The mask position's logits per row: the only position the LM head scored (keep_mask_positions)."""
+        return {"logits": logits[:, 0].float()}

@@ -1,0 +1,148 @@
+"""The load and the yardstick of the tasks whose reference is transformers' own `pipeline(task)`: what each request
+carries (a reranker's query, a masked word), and the pipeline's throughput in-process on the served device, one text at
+a time (the loop a user writes first) and batched (`pipeline(texts, batch_size=B)`, its best).
+
+bench compares the served model with both: issue 43's goals are served >= 3x the pipeline's batch-1 loop and >= 0.9x
+its best batched throughput.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from hf2triton.perf.loadgen import percentiles
+from hf2triton.serving import interface
+
+log = logging.getLogger(__name__)
+
+PIPELINE_TASKS = (
+    interface.TOKEN_CLASSIFICATION,
+    interface.FILL_MASK,
+    interface.TEXT_RANKING,
+    interface.CLASSIFICATION,
+    interface.TEXT2TEXT,
+)
+RANKING_QUERY = "Which city is the capital of France, and what is it known for?"
+PIPELINE_BATCHES = (1, 8, 32)  # and the served max_batch_size: the pipeline's best batch is taken over these
+MIN_SECONDS, MIN_CALLS, WARMUP_CALLS = 3.0, 5, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskLoad:
+    """What a bench request of this task sends: its texts (documents for a reranker), the options every request
+    carries, and what an item is."""
+
+    texts: list[str]
+    options: dict[str, Any]
+    items: str = "texts"
+
+
+def task_load(task: str, texts: list[str], model_dir: str) -> TaskLoad:
+    """The corpus shaped for `task`: a fill-mask text gets its middle word masked (the task needs exactly one mask
+    token), a reranker's documents are scored against one query."""
+    if task == interface.TEXT_RANKING:
+        return TaskLoad(texts, {interface.QUERY: RANKING_QUERY}, "documents")
+    if task == interface.FILL_MASK:
+        from transformers import AutoTokenizer
+
+        mask = AutoTokenizer.from_pretrained(model_dir).mask_token
+        return TaskLoad([_masked(text, mask) for text in texts], {})
+    return TaskLoad(texts, {})
+
+
+def _masked(text: str, mask: str) -> str:
+    words = text.split()
+    words[len(words) // 2] = mask
+    return " ".join(words)
+
+
+def _pipeline(task: str, model_dir: str, device: str):
+    from transformers import pipeline
+
+    if task == interface.TEXT_RANKING:  # a cross-encoder: the pair's one logit through sigmoid, as CrossEncoder answers
+        return pipeline("text-classification", model=model_dir, device=device, function_to_apply="sigmoid")
+    if task == interface.TOKEN_CLASSIFICATION:
+        return pipeline(task, model=model_dir, device=device, aggregation_strategy=interface.DEFAULT_AGGREGATION_STRATEGY)
+    return pipeline(task, model=model_dir, device=device)
+
+
+def _inputs(load: TaskLoad) -> list[Any]:
+    query = load.options.get(interface.QUERY)
+    return [{"text": query, "text_pair": text} for text in load.texts] if query is not None else list(load.texts)
+
+
+def pipeline_throughput(task: str, model_dir: str, device: str, load: TaskLoad, sizes: list[int], seconds: float) -> dict[str, Any]:
+    """Items/s of `pipeline(task)` in this process: batch 1 = one call per text (the pipeline's own loop), batch B =
+    `pipe(chunk of B, batch_size=B)`; each cell a closed loop of at least MIN_SECONDS and MIN_CALLS."""
+    pipe = _pipeline(task, model_dir, device)
+    inputs = _inputs(load)
+    cells = {}
+    for batch in sizes:
+        chunks = [inputs[i : i + batch] for i in range(0, len(inputs) - batch + 1, batch)] or [inputs[:batch]]
+        for chunk in chunks[:WARMUP_CALLS]:
+            pipe(chunk, batch_size=batch)
+        calls, items, latencies, started = 0, 0, [], time.perf_counter()
+        while calls < MIN_CALLS or time.perf_counter() - started < max(seconds, MIN_SECONDS):
+            chunk = chunks[calls % len(chunks)]
+            call_started = time.perf_counter()
+            pipe(chunk, batch_size=batch)
+            latencies.append(time.perf_counter() - call_started)
+            items, calls = items + len(chunk), calls + 1
+        elapsed = time.perf_counter() - started
+        cells[str(batch)] = _cell(batch, items, elapsed, latencies)
+        log.info("in-process pipeline('%s') batch %d: %.1f %s/s", task, batch, cells[str(batch)]["items_per_s"], load.items)
+    del pipe
+    return cells
+
+
+def _cell(batch: int, items: int, elapsed: float, latencies: list[float]) -> dict[str, Any]:
+    return {"batch": batch, "calls": len(latencies), "items_per_s": round(items / elapsed, 2), "latency_ms": percentiles(latencies)}
+
+
+def pipeline_generation(
+    task: str, model_dir: str, device: str, plan: list[tuple[bytes, int]], count_tokens, batches: tuple[int, ...]
+) -> dict[str, Any]:
+    """Generated tokens/s of `pipeline(task)` (text2text-generation) over the bench's prompts, greedy: batch 1 = one
+    call per prompt with its own max_new_tokens, batch B = chunks of B (max_new_tokens: the chunk's largest)."""
+    pipe = _pipeline(task, model_dir, device)
+    prompts = [(prompt.decode(), max_new_tokens) for prompt, max_new_tokens in plan]
+    pipe(prompts[0][0], max_new_tokens=4, do_sample=False)  # warm-up
+    cells = {}
+    for batch in batches:
+        started, tokens, latencies = time.perf_counter(), 0, []
+        for start in range(0, len(prompts), batch):
+            chunk = prompts[start : start + batch]
+            call_started = time.perf_counter()
+            answers = pipe([p for p, _ in chunk], batch_size=batch, max_new_tokens=max(m for _, m in chunk), do_sample=False)
+            latencies.append(time.perf_counter() - call_started)
+            answers = [answer[0] if isinstance(answer, list) else answer for answer in answers]  # a list per input, or a dict
+            tokens += count_tokens([answer["generated_text"].encode() for answer in answers])
+        elapsed = time.perf_counter() - started
+        cells[str(batch)] = _cell(batch, tokens, elapsed, latencies)
+        log.info("in-process pipeline('%s') batch %d: %.1f tokens/s", task, batch, cells[str(batch)]["items_per_s"])
+    del pipe
+    return cells
+
+
+def pipeline_ratios(result: dict[str, Any], cells_key: str = "served") -> dict[str, Any]:
+    """The served cells (`cells_key`: a streaming model's "stream") against the pipeline: each protocol's best cell at
+    each concurrency over the pipeline's batch-1 loop (goal >= 3) and its best batch (goal >= 0.9)."""
+    pipeline = result["raw"]["pipeline"]
+    loop = pipeline["1"]["items_per_s"]
+    batched = max(cell["items_per_s"] for cell in pipeline.values())
+    out: dict[str, Any] = {"pipeline_batch1_items_per_s": loop, "pipeline_best_batched_items_per_s": batched}
+    for protocol in result["bench"]["protocols"]:
+        cells = [c for c in result[cells_key] if c.get("protocol", "grpc") == protocol]  # streams: gRPC only
+        for concurrency in sorted({c["concurrency"] for c in cells}):
+            best = max((c for c in cells if c["concurrency"] == concurrency), key=lambda c: c["items_per_s"])
+            key = f"{protocol}_c{concurrency}"
+            out[key] = {
+                "served_items_per_s": best["items_per_s"],
+                "request_texts": best.get("request_texts", 1),
+                "vs_pipeline_batch1": round(best["items_per_s"] / loop, 3),
+                "vs_pipeline_best_batched": round(best["items_per_s"] / batched, 3),
+            }
+    return out
