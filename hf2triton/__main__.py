@@ -5,8 +5,11 @@
     python -m hf2triton infer MODEL TEXT [--stream]    one request, any task (--json for the raw answer; a tagger,
                                                        fill-mask: the pipeline's JSON, --aggregation-strategy, --stride, --top-k;
                                                        a reranker: --query, the TEXTs are its documents)
+                                                       fill-mask: the pipeline's JSON, --aggregation-strategy, --top-k;
+                                                       a reranker: --query, the TEXTs are its documents;
+                                                       an embedder: --prompt-name, one of its prompts)
     python -m hf2triton chat MODEL                     a conversation with a streaming generation model
-    python -m hf2triton embed MODEL TEXT...            embeddings as JSON
+    python -m hf2triton embed MODEL TEXT...            embeddings as JSON (--prompt-name: one of the model's prompts)
     python -m hf2triton key                            where the client key is (curl needs it), never the key
     python -m hf2triton replica S3_URL --work DIR      serve a published repository (make publish) with a
                                                        tritonserver of its own (--http-port etc.), validated
@@ -83,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("--stride", type=int, help=windows)
             command.add_argument("--top-k", type=positive_int, help="fill-mask: candidates per text (1-50, default 5)")
             command.add_argument("--query", help="text-ranking: the query the TEXTs (documents) are scored against")
+        if name in ("infer", "embed"):
+            prompt = "feature-extraction: the model's prompt to start each TEXT with (e.g. query; default: its default_prompt_name)"
+            command.add_argument("--prompt-name", help=prompt)
     replica = sub.add_parser("replica", help="fetch a published repository (make publish) and serve it with a tritonserver of its own")
     replica.add_argument("url", help="publish.url: s3://BUCKET/PREFIX")
     replica.add_argument("--work", required=True, help="this replica's directory (the fetched repository, server state, report)")

@@ -103,6 +103,80 @@ def tiny_reranker(directory: Path, seed: int = 0) -> Path:
     return directory
 
 
+POOLING_KEYS = {  # sentence-transformers Pooling's config key per mode
+    "cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens", "mean": "pooling_mode_mean_tokens",
+    "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens", "weightedmean": "pooling_mode_weightedmean_tokens",
+    "lasttoken": "pooling_mode_lasttoken",
+}  # fmt: skip
+
+
+def sentence_transformers_files(
+    directory: Path,
+    modes: tuple[str, ...] = ("mean",),
+    normalize: bool = True,
+    include_prompt: bool = True,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+    max_seq_length: int | None = None,
+) -> Path:
+    """Make `directory` (a saved transformers model) a sentence-transformers model as its save() writes one:
+    modules.json (Transformer, Pooling, Normalize when `normalize`), 1_Pooling/config.json with every key,
+    sentence_bert_config.json, config_sentence_transformers.json (prompts, default_prompt_name)."""
+    width = json.loads((directory / "config.json").read_text())["hidden_size"]
+    modules = [("Transformer", ""), ("Pooling", "1_Pooling"), *([("Normalize", "2_Normalize")] if normalize else [])]
+    entries = [
+        {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"} for i, (kind, path) in enumerate(modules)
+    ]
+    (directory / "modules.json").write_text(json.dumps(entries))
+    (directory / "1_Pooling").mkdir(exist_ok=True)
+    flags = {key: mode in modes for mode, key in POOLING_KEYS.items()}
+    (directory / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": width, **flags, "include_prompt": include_prompt})
+    )
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}))
+    settings = {"prompts": prompts or {"query": "", "document": ""}, "default_prompt_name": default_prompt_name}
+    (directory / "config_sentence_transformers.json").write_text(json.dumps({**settings, "similarity_fn_name": "cosine"}))
+    return directory
+
+
+def tiny_bert_embedder(directory: Path, seed: int = 0, **extra_config) -> Path:
+    """A random 2-layer BertModel (width 32, 128 positions) with MiniLM's real WordPiece tokenizer; `extra_config`
+    goes into its config.json (is_matryoshka, matryoshka_dimensions). Make it a sentence-transformers model with
+    `sentence_transformers_files`."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
+        **extra_config,
+    )  # fmt: skip
+    BertModel(config).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(directory)
+    return directory
+
+
+def tiny_decoder_embedder(directory: Path, tokenizer_dir: Path, seed: int = 0, **extra_config) -> Path:
+    """A random 2-layer Qwen2Model (a decoder-based embedder's network, as Qwen3-Embedding's: AutoModel's base model,
+    rotary positions) with the BPE tokenizer of `tokenizer_dir` (SmolLM2's), padding on the left as Qwen's does, its
+    <|endoftext|> as the pad token; `extra_config` goes into its config.json."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2Model
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.pad_token, tokenizer.padding_side = "<|endoftext|>", "left"
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=128, **extra_config,
+    )  # fmt: skip
+    Qwen2Model(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    settings = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**settings, "padding_side": "left"}))
+    return directory
+
+
 def assert_python_only_task(tmp_path: Path, task: str) -> None:
     """A config with `task` on backend python loads; on onnx it is refused with a fix naming backend: python."""
     import pytest

@@ -24,7 +24,7 @@ def parse(text: str) -> mc.ModelConfig:
 @pytest.mark.parametrize(
     "task,inputs,outputs",
     [
-        ("feature-extraction", ["text"], ["embedding", "prompt_tokens"]),
+        ("feature-extraction", ["text", "prompt_name"], ["embedding", "prompt_tokens"]),
         ("text-classification", ["text"], ["label", "score"]),
         ("text-generation", ["text", "max_new_tokens", "temperature"], ["text_output"]),
         ("token-classification", ["text", "aggregation_strategy", "stride"], ["entities"]),

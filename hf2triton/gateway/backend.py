@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 import time
@@ -172,7 +173,7 @@ class Gateway:
             found[name] = ServedModel(
                 name, parameters.task, decoupled, config.max_batch_size, parameters.max_texts_per_request,
                 parameters.backend, device, sum(max(g.count, 1) for g in groups) or 1, parameters.max_new_tokens_limit,
-                parameters.max_sequences if decoupled else 0, parameters.max_n,
+                parameters.max_sequences if decoupled else 0, parameters.max_n, **embedding_facts(config, parameters),
             )  # fmt: skip
         self.models, self.refresh_failed = found, False
 
@@ -209,6 +210,19 @@ def bound_texts(served: ServedModel, count: int, param: str) -> None:
     if count > served.max_texts:
         message = f"'{param}' has {count} texts; at most {served.max_texts} per request: split the request"
         raise ApiError(413, message, param=param, code="too_large")
+
+
+def embedding_facts(config, parameters: interface.ModelParameters) -> dict[str, Any]:
+    """A feature-extraction model's prompt names, width, normalisation and Matryoshka widths (ServedModel's fields)."""
+    if parameters.task != interface.FEATURE_EXTRACTION:
+        return {}
+    try:
+        names = tuple(n for n in json.loads(parameters.prompt_names or "[]") if isinstance(n, str))
+    except ValueError:
+        names = ()
+    output = next((o for o in config.output if o.name == interface.EMBEDDING), None)
+    width = int(output.dims[-1]) if output is not None and output.dims and output.dims[-1] > 0 else 0
+    return {"prompt_names": names, "width": width, "normalized": parameters.normalize, "matryoshka": parameters.matryoshka_dimensions}
 
 
 def gateway_of(request: Request) -> Gateway:

@@ -1,6 +1,7 @@
 """What `serve` checks once the gateway is up (results/validation/gateway.{json,md}): chat through the gateway
-(one answer and streamed) equals Triton's own streamed answer; embeddings through it equal Triton's; a reranker's
-/v1/rerank and /v1/score scores equal Triton's; a tagger's /v1/models/{model}:predict equals Triton's own JSON."""
+(one answer and streamed) equals Triton's own streamed answer; embeddings through it equal Triton's (also with a
+prompt_name, and for a Matryoshka model cut to its smallest width); a reranker's /v1/rerank and /v1/score scores equal
+Triton's; a tagger's /v1/models/{model}:predict equals Triton's own JSON."""
 
 from __future__ import annotations
 
@@ -75,10 +76,34 @@ def predict_check(base: str, http_url: str, name: str, key: str | None) -> dict[
     return check(f"{name}: predict equals Triton", served == direct, detail)
 
 
-def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dict[str, Any]], key: str | None) -> dict[str, Any]:
-    """`models`: name -> {"task", "streaming"}; `base`: http://host:port/v1."""
+def embeddings_check(base: str, http_url: str, name: str, facts: dict[str, Any], key: str | None) -> dict[str, Any]:
+    """POST /v1/embeddings equals Triton's own embedding (within float32 rounding): plain, with the model's first
+    prompt_name, and for a Matryoshka model `dimensions` (its smallest width): Triton's vector cut, normalised again
+    where the model normalises."""
     import tritonclient.http as httpclient
 
+    triton = client.http_client(http_url)
+    prompt = (facts.get("prompt_names") or [None])[0]
+    widths = facts.get("matryoshka_dimensions") or ""
+    cases = [{}, *([{"prompt_name": prompt}] if prompt else []), *([{"dimensions": widths}] if widths else [])]
+    details, ok = [], True
+    for extra in cases:
+        options = {interface.PROMPT_NAME: extra["prompt_name"]} if "prompt_name" in extra else None
+        direct = triton.infer(name, client.build_inputs(httpclient, TEXTS[:1], options)).as_numpy(interface.EMBEDDING)[0]
+        if "dimensions" in extra:  # the smallest width it declares (any: half its own)
+            extra = {"dimensions": direct.size // 2 if widths == "any" else min(int(w) for w in widths.split(","))}
+            direct = direct[: extra["dimensions"]]
+            direct = direct / np.linalg.norm(direct) if facts.get("normalize", True) else direct
+        answer = _answer(f"{base}/embeddings", {"model": name, "input": TEXTS[:1], **extra}, key)
+        served = np.asarray(answer["data"][0]["embedding"], dtype=np.float32)
+        diff = float(np.abs(served - direct).max()) if served.shape == direct.shape else float("inf")
+        ok = ok and diff <= 1e-6 * max(1.0, float(np.linalg.norm(direct)))
+        details.append(f"{json.dumps(extra) if extra else 'plain'}: {served.size} dims, max diff {diff:.1e}")
+    return check(f"{name}: embeddings equal Triton", ok, "; ".join(details))
+
+
+def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dict[str, Any]], key: str | None) -> dict[str, Any]:
+    """`models`: name -> {"task", "streaming"}; `base`: http://host:port/v1."""
     checks = []
     for name, facts in models.items():
         try:
@@ -91,13 +116,7 @@ def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dic
                 streamed = _streamed_chat(base, name, key)
                 checks.append(check(f"{name}: streamed chat equals Triton", streamed == direct, f"gateway {streamed!r}"))
             elif facts["task"] == interface.FEATURE_EXTRACTION:
-                direct = (
-                    client.http_client(http_url).infer(name, client.build_inputs(httpclient, TEXTS[:1])).as_numpy(interface.EMBEDDING)[0]
-                )
-                answer = _answer(f"{base}/embeddings", {"model": name, "input": TEXTS[:1]}, key)
-                served = np.asarray(answer["data"][0]["embedding"], dtype=np.float32)
-                cosine = float(served @ direct / (np.linalg.norm(served) * np.linalg.norm(direct)))
-                checks.append(check(f"{name}: embeddings equal Triton", cosine >= 0.99999, f"cosine {cosine:.6f} ({served.size} dims)"))
+                checks.append(embeddings_check(base, http_url, name, facts, key))
             elif facts["task"] == interface.TEXT_RANKING:
                 checks.extend(rerank_checks(base, http_url, name, key))
             elif facts["task"] == interface.TOKEN_CLASSIFICATION:

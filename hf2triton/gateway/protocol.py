@@ -36,6 +36,12 @@ class ServedModel:
     max_new_tokens: int = interface.MAX_NEW_TOKENS_RANGE[1]  # generation: the model's per-request cap (max_new_tokens_limit)
     max_sequences: int = 0  # streaming generation: sequences decoded together (its Triton max_batch_size is 0)
     max_n: int = interface.DEFAULTS.max_n  # generation: samples one request may ask for (`n`)
+    # feature-extraction: its prompt names, its embedding's width, whether it normalises, its Matryoshka widths
+    # (interface.ModelParameters: "" none, "any", or "768,512,...")
+    prompt_names: tuple[str, ...] = ()
+    width: int = 0
+    normalized: bool = True
+    matryoshka: str = ""
 
 
 # ------------------------------------------------------------------ requests
@@ -286,9 +292,55 @@ def embedding_format(body: dict[str, Any]) -> str:
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
         raise ApiError(400, "'encoding_format' must be float or base64", param="encoding_format")
-    if body.get("dimensions") is not None:
-        raise ApiError(400, "'dimensions' is not supported (the model's size is fixed)", param="dimensions")
     return encoding
+
+
+def embedding_prompt(body: dict[str, Any], model: ServedModel) -> str | None:
+    """`prompt_name` (an extra field, as sentence-transformers' encode takes it): one of the model's prompts, or None
+    (the model's default_prompt_name applies)."""
+    name = body.get("prompt_name")
+    if name is None:
+        return None
+    if not isinstance(name, str) or name not in model.prompt_names:
+        names = ", ".join(model.prompt_names) or "(none: it was rendered before prompts were served)"
+        raise ApiError(
+            400, f"'prompt_name' {json.dumps(name)[:60]} is not one of model {model.name!r}'s prompts: {names}", param="prompt_name"
+        )
+    return name
+
+
+def embedding_dimensions(body: dict[str, Any], model: ServedModel) -> int | None:
+    """`dimensions` (OpenAI's; as vLLM takes it): a width a Matryoshka model declares (config.json's
+    matryoshka_dimensions, or any up to its embedding's with is_matryoshka); refused for any other model."""
+    value = body.get("dimensions")
+    if value is None:
+        return None
+    if not model.matryoshka:
+        message = (
+            f"model {model.name!r} does not support matryoshka representation: 'dimensions' needs a model whose config.json "
+            "declares is_matryoshka or matryoshka_dimensions (changing the width of any other would give poor embeddings)"
+        )
+        raise ApiError(400, message, param="dimensions")
+    dimensions = _number(body, "dimensions", int, 1, model.width or 2**31 - 1)
+    allowed = [int(w) for w in model.matryoshka.split(",")] if model.matryoshka != "any" else []
+    if allowed and dimensions not in allowed:
+        raise ApiError(
+            400,
+            f"'dimensions' = {dimensions}: model {model.name!r} only supports {allowed} (its matryoshka_dimensions)",
+            param="dimensions",
+        )
+    return dimensions
+
+
+def matryoshka(vectors: np.ndarray, dimensions: int | None, normalized: bool) -> np.ndarray:
+    """The first `dimensions` values of each vector, L2-normalised again when the model normalises (as vLLM: the
+    pooled vector cut, then normalised)."""
+    if dimensions is None:
+        return vectors
+    cut = vectors[:, :dimensions]
+    if not normalized:
+        return np.ascontiguousarray(cut)
+    return (cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)).astype(np.float32)
 
 
 # ------------------------------------------------------------------ answers

@@ -1,11 +1,14 @@
 """transformers' own pipelines as validation's reference for the tasks whose served answer is the pipeline's JSON
 (token-classification: entities; fill-mask: candidates), and how two such answers compare; text-ranking's reference
-(transformers has no rerank pipeline): the model in-process on the tokenizer's pair encoding, sigmoid of its logit."""
+(transformers has no rerank pipeline): the model in-process on the tokenizer's pair encoding, sigmoid of its logit;
+feature-extraction's (sentence-transformers is not installed): its encode() re-written from its source in plain torch."""
 
 from __future__ import annotations
 
 import functools
 import json
+import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -135,3 +138,127 @@ def compare_scores(served: dict[str, np.ndarray], reference: dict[str, np.ndarra
     same_order = np.argsort(-mine, kind="stable").tolist() == np.argsort(-theirs, kind="stable").tolist()
     figures = {"texts": len(theirs), "max_score_diff": round(diff, 7), "same_ranking": same_order, "same_tokens": same_tokens}
     return {"ok": len(mine) == len(theirs) and diff < 1e-3 and same_order and same_tokens, **figures}
+
+
+def _st_json(model_dir: str, name: str) -> Any:
+    path = Path(model_dir) / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+@functools.lru_cache(maxsize=1)
+def _sentence_transformer(model_dir: str, device: str, dtype: str):
+    """The model as sentence-transformers' SentenceTransformer loads it, written from its source (it is not installed):
+    the transformers model, its Pooling config as `Pooling(**config)` reads it, whether Normalize follows, its prompts,
+    max_seq_length and do_lower_case. No modules.json: mean pooling, normalised (hf2triton's rule for such models)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from hf2triton.serving.runtimes.pytorch import torch_dtype
+
+    model = AutoModel.from_pretrained(model_dir, dtype=torch_dtype(dtype, device)).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    modules = _st_json(model_dir, "modules.json")
+    modes = ("cls_token", "max_tokens", "mean_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
+    defaults = {f"pooling_mode_{mode}": mode == "mean_tokens" for mode in modes}  # Pooling.__init__'s
+    pooling = {**defaults, "include_prompt": True}
+    pooling_dir = next((m["path"] for m in modules or [] if m["type"].endswith("Pooling")), "1_Pooling")
+    pooling.update(_st_json(model_dir, f"{pooling_dir}/config.json") or {})
+    if pooling.get("pooling_mode"):  # Pooling's string form overrides every flag
+        short = {"cls": "cls_token", "max": "max_tokens", "mean": "mean_tokens", "weightedmean": "weightedmean_tokens"}
+        mode = str(pooling["pooling_mode"]).lower()
+        pooling.update({key: key == f"pooling_mode_{short.get(mode, mode)}" for key in defaults})
+    settings = (_st_json(model_dir, "config_sentence_transformers.json") or {}) if modules else {}
+    prompts = {"query": "", "document": ""}
+    prompts.update({k: v for k, v in (settings.get("prompts") or {}).items() if v or k not in prompts})
+    bert_config = _st_json(model_dir, "sentence_bert_config.json") or {}
+    limits = (getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length)
+    max_length = bert_config.get("max_seq_length") or min(int(x) for x in limits if isinstance(x, (int, float)) and 0 < x < 1e9)
+    facts = {
+        "pooling": pooling,
+        "normalize": modules is None or any(m["type"].endswith("Normalize") for m in modules),
+        "prompts": prompts,
+        "default_prompt_name": settings.get("default_prompt_name") or None,
+        "max_length": int(max_length),
+        "lower_case": bool(bert_config.get("do_lower_case")),
+        "strip": modules is not None,
+    }
+    return tokenizer, model, facts
+
+
+def _st_pool(torch, token_embeddings, attention_mask, pooling: dict[str, Any]):
+    """sentence-transformers' Pooling.forward (models/Pooling.py), its formulas as they are there."""
+    vectors = []
+    mask = attention_mask.unsqueeze(-1).expand(token_embeddings.size()).to(token_embeddings.dtype)
+    if pooling["pooling_mode_cls_token"]:
+        vectors.append(token_embeddings[:, 0])
+    if pooling["pooling_mode_max_tokens"]:
+        vectors.append(token_embeddings.masked_fill(mask == 0, -1e9).max(1)[0])
+    if pooling["pooling_mode_mean_tokens"] or pooling["pooling_mode_mean_sqrt_len_tokens"]:
+        total, count = (token_embeddings * mask).sum(1), mask.sum(1).clamp(min=1e-9)
+        if pooling["pooling_mode_mean_tokens"]:
+            vectors.append(total / count)
+        if pooling["pooling_mode_mean_sqrt_len_tokens"]:
+            vectors.append(total / torch.sqrt(count))
+    if pooling["pooling_mode_weightedmean_tokens"]:
+        weights = torch.arange(1, token_embeddings.shape[1] + 1, device=mask.device).unsqueeze(0).unsqueeze(-1).to(mask.dtype) * mask
+        vectors.append((token_embeddings * weights).sum(1) / weights.sum(1).clamp(min=1e-9))
+    if pooling["pooling_mode_lasttoken"]:
+        values, indices = attention_mask.flip(1).max(1)
+        seq_len = token_embeddings.shape[1]
+        gather = (seq_len - torch.where(values == 0, seq_len - 1, indices) - 1).view(-1, 1, 1).expand(-1, 1, token_embeddings.shape[2])
+        vectors.append(torch.gather(token_embeddings * mask, 1, gather).squeeze(1))
+    return torch.cat(vectors, 1)
+
+
+def sentence_embeddings(
+    model_dir: str, texts: list[str], device: str = "cpu", dtype: str = "auto", prompt_name: str | None = None
+) -> dict[str, np.ndarray]:
+    """feature-extraction's reference, as sentence-transformers' `encode(texts, prompt_name=...)` computes it, written
+    from its source (not installed) and independent of the serving engine: the prompt (else the default prompt)
+    prepended, the text stripped (lowercased where configured), tokenised and run alone (no padding: each text's own
+    answer), the prompt's tokens masked out for include_prompt false, Pooling's formulas, Normalize where the model
+    lists it; with the tokens each text became (as served: embedding FP32, prompt_tokens)."""
+    import torch
+
+    tokenizer, model, facts = _sentence_transformer(model_dir, device, dtype)
+    name = facts["default_prompt_name"] if prompt_name is None else prompt_name
+    prompt = facts["prompts"][name] if name is not None else ""
+
+    def tokenize(text: str):
+        text = text.strip() if facts["strip"] else text
+        text = text.lower() if facts["lower_case"] else text
+        return tokenizer([text], padding=True, truncation="longest_first", max_length=facts["max_length"], return_tensors="pt").to(device)
+
+    prompt_length = None
+    if prompt:
+        ids = tokenize(prompt)["input_ids"]
+        prompt_length = ids.shape[-1] - (1 if ids[0, -1].item() in tokenizer.all_special_ids else 0)
+    vectors, tokens = [], []
+    for text in texts:
+        features = tokenize(prompt + text)
+        with torch.inference_mode():
+            states = model(**features).last_hidden_state
+        mask = features["attention_mask"].clone()
+        tokens.append(int(mask.sum()))
+        if prompt_length is not None and not facts["pooling"]["include_prompt"]:
+            mask[:, :prompt_length] = 0
+        vector = _st_pool(torch, states, mask, facts["pooling"])
+        if facts["normalize"]:
+            vector = torch.nn.functional.normalize(vector, p=2, dim=1)
+        vectors.append(vector[0].float().cpu().numpy())
+    return {interface.EMBEDDING: np.stack(vectors).astype(np.float32), interface.PROMPT_TOKENS: np.array(tokens, dtype=np.int32)}
+
+
+def compare_embeddings(served: dict[str, np.ndarray], reference: dict[str, np.ndarray], floor: float) -> dict[str, Any]:
+    """Served embeddings vs the reference's: the same width, cosine >= `floor`, and lengths as close as that cosine
+    lets the vectors be (within sqrt(2 (1 - floor)) of each other: 4.5 % at 0.999, where float16 on a GPU answers to
+    float32), which a vector normalised that should not be -- or the reverse -- is not: it differs in length only."""
+    mine, theirs = served[interface.EMBEDDING].astype(np.float64), reference[interface.EMBEDDING].astype(np.float64)
+    if mine.shape != theirs.shape:
+        return {"ok": False, "texts": len(theirs), "cosine_min": 0.0, "cosine_mean": 0.0, "norm_diff_max": 1.0, "floor": floor,
+                "width": f"{mine.shape[-1]} vs {theirs.shape[-1]}"}  # fmt: skip
+    norms_s, norms_r = np.linalg.norm(mine, axis=1), np.linalg.norm(theirs, axis=1)
+    cos = (mine * theirs).sum(1) / np.maximum(norms_s * norms_r, 1e-30)
+    norm_diff = float((np.abs(norms_s - norms_r) / np.maximum(norms_r, 1e-30)).max())
+    figures = {"texts": len(cos), "cosine_min": round(float(cos.min()), 6), "cosine_mean": round(float(cos.mean()), 6),
+               "norm_diff_max": round(norm_diff, 7), "floor": floor}  # fmt: skip
+    return {"ok": bool(cos.min() >= floor) and norm_diff <= math.sqrt(2 * (1 - floor)), **figures}

@@ -93,6 +93,17 @@ def load_source_model(path: Path, gguf_file: str | None, task: str):
     return model, tokenizer
 
 
+def module_dirs(source_dir: Path) -> list[str]:
+    """The sentence-transformers module directories modules.json names (the Pooling config may live elsewhere than
+    1_Pooling)."""
+    try:
+        modules = json.loads((source_dir / "modules.json").read_text())
+    except (OSError, ValueError):
+        return []
+    paths = [m.get("path") for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+    return [p for p in paths if isinstance(p, str) and p and ".." not in Path(p).parts and not Path(p).is_absolute()]
+
+
 def estimate_saved_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -126,7 +137,7 @@ def pretrained_step(record: str, task: str, output: str, name: str = "") -> dict
             for name in SENTENCE_TRANSFORMERS_FILES:
                 if (source_dir / name).is_file():
                     shutil.copy2(source_dir / name, tmp / name)
-            for name in SENTENCE_TRANSFORMERS_DIRS:
+            for name in dict.fromkeys(SENTENCE_TRANSFORMERS_DIRS + module_dirs(source_dir)):
                 if (source_dir / name).is_dir():
                     shutil.copytree(source_dir / name, tmp / name)
         manifest = {

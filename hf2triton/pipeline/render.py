@@ -19,6 +19,7 @@ from hf2triton.envs import check_vllm_env
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory
 from hf2triton.integrity import write_manifest
+from hf2triton.serving import pooling
 from hf2triton.serving.interface import FEATURE_EXTRACTION, NO_STRIDE, ModelParameters
 from hf2triton.serving.runtimes import runtime_module
 from hf2triton.serving.tasks import ENGINES, batcher_module
@@ -87,9 +88,30 @@ def _outside_functions(node: ast.AST):
 
 
 def embedding_dim_of(model_dir: Path) -> int | None:
-    """hidden_size of the saved model (the pooled embedding width)."""
+    """The pooled embedding's width: the saved model's hidden_size, once per pooling mode it concatenates."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    return cfg.get("hidden_size") or cfg.get("d_model") or cfg.get("dim")
+    hidden = cfg.get("hidden_size") or cfg.get("d_model") or cfg.get("dim")
+    return sentence_embedding(model_dir).width(hidden) if hidden else None
+
+
+def sentence_embedding(model_dir: Path | str) -> pooling.SentenceEmbedding:
+    """The model's sentence-transformers description (serving/pooling.py), refused here -- before any server -- when
+    hf2triton cannot serve it as sentence-transformers would."""
+    try:
+        return pooling.read(str(model_dir))
+    except ValueError as err:
+        fix = "serve a sentence-transformers model of Transformer, Pooling and Normalize modules"
+        raise UserError(f"feature-extraction: {err}", fix) from None
+
+
+def embedding_facts(model_dir: Path | str) -> dict[str, object]:
+    """feature-extraction's ModelParameters for clients: prompt names, normalisation, Matryoshka widths."""
+    embedding = sentence_embedding(model_dir)
+    return {
+        "prompt_names": json.dumps(list(embedding.prompts), ensure_ascii=False),
+        "normalize": embedding.normalize,
+        "matryoshka_dimensions": embedding.matryoshka,
+    }
 
 
 def model_parameters_for(serving: ServingValues, pretrained: str, onnx_dir: str = "", trt_engine: str = "") -> ModelParameters:
@@ -100,6 +122,8 @@ def model_parameters_for(serving: ServingValues, pretrained: str, onnx_dir: str 
     extra = dataclasses.asdict(serving.generation) if serving.generation else {}  # its fields are ModelParameters
     if serving.vllm:  # so are these
         extra.update(vllm_parameters(serving.vllm, served_context(serving, pretrained)))
+    if serving.task == FEATURE_EXTRACTION:
+        extra.update(embedding_facts(pretrained))
     # every serving value model.py reads has a ModelParameters field of the same name
     shared = {f.name: getattr(serving, f.name) for f in dataclasses.fields(ModelParameters) if hasattr(serving, f.name)}
     return ModelParameters(

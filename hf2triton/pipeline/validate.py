@@ -24,6 +24,7 @@ from hf2triton.fsutil import atomic_write_json, atomic_write_text
 from hf2triton.gateway.process import require_api_key
 from hf2triton.pipeline.pipeline_answers import (
     JSON_ANSWERS,
+    compare_embeddings,
     compare_entities,
     compare_scores,
     cross_encoder_scores,
@@ -32,10 +33,11 @@ from hf2triton.pipeline.pipeline_answers import (
     pipeline_candidates,
     pipeline_entities,
     probe_texts,
+    sentence_embeddings,
 )
 from hf2triton.pipeline.render import VERSION, prune_repository
 from hf2triton.pipeline.serve import FAILED_REPORT, settings_from_params
-from hf2triton.serving import interface
+from hf2triton.serving import interface, pooling
 from hf2triton.serving.interface import GENERATION, GENERATIVE_TASKS, ModelParameters
 from hf2triton.specs import OnnxSpec, onnx_precision
 from hf2triton.triton import client
@@ -120,18 +122,16 @@ def _as_dict(config: mc.ModelConfig) -> dict[str, Any]:
     return json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
-def infer(triton, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...]) -> tuple[dict[str, np.ndarray], float]:
-    ranking = {interface.QUERY: RANKING_QUERY} if task == interface.TEXT_RANKING else None
-    options = VALIDATION_OPTIONS if task in GENERATIVE_TASKS else ranking
+def infer(
+    triton, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...], options: dict[str, Any] | None = None
+) -> tuple[dict[str, np.ndarray], float]:
+    if options is None:
+        ranking = {interface.QUERY: RANKING_QUERY} if task == interface.TEXT_RANKING else None
+        options = VALIDATION_OPTIONS if task in GENERATIVE_TASKS else ranking
     started = time.perf_counter()
     result = triton.infer(name, client.build_inputs(client_module, texts, options))
     elapsed_ms = (time.perf_counter() - started) * 1000
     return {o: result.as_numpy(o) for o in outputs}, elapsed_ms
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 def _texts(values: np.ndarray) -> list[str]:
@@ -139,12 +139,10 @@ def _texts(values: np.ndarray) -> list[str]:
 
 
 def compare(task: str, served: dict[str, np.ndarray], reference: dict[str, np.ndarray], floor: float = COSINE_FLOOR) -> dict[str, Any]:
-    """Served vs a reference: embeddings by cosine (>= floor), labels exactly with close scores, generated
+    """Served vs a reference: embeddings by cosine (>= floor) and length, labels exactly with close scores, generated
     text exactly. {"ok": ..., figures...}"""
     if task == interface.FEATURE_EXTRACTION:
-        cos = cosines(served[interface.EMBEDDING], reference[interface.EMBEDDING])
-        figures = {"texts": len(cos), "cosine_min": round(float(cos.min()), 6), "cosine_mean": round(float(cos.mean()), 6), "floor": floor}
-        return {"ok": bool(cos.min() >= floor), **figures}
+        return compare_embeddings(served, reference, floor)
     if task == interface.CLASSIFICATION:
         labels_s, labels_r = _texts(served[interface.LABEL]), _texts(reference[interface.LABEL])
         diff = float(np.abs(served[interface.SCORE].reshape(-1) - reference[interface.SCORE].reshape(-1)).max())
@@ -189,7 +187,7 @@ def compare_outputs(task: str, served: dict[str, np.ndarray], reference: dict[st
     """Served vs in-process, with a one-line detail for the report."""
     result = compare(task, served, reference, COSINE_FLOOR)
     if task == interface.FEATURE_EXTRACTION:
-        return result["ok"], f"min cosine {result['cosine_min']:.6f} (floor {COSINE_FLOOR})"
+        return result["ok"], f"min cosine {result['cosine_min']:.6f} (floor {COSINE_FLOOR}), lengths within {result['norm_diff_max']:.1e}"
     if task == interface.CLASSIFICATION:
         return result["ok"], f"labels {result['served']} vs {result['reference']}; max score diff {result['max_score_diff']:.2e}"
     if task == interface.TEXT_RANKING:
@@ -247,6 +245,8 @@ def reference_outputs(
         return pipeline_answers(params.task, params.model_dir, texts, device, params.dtype, params.stride)
     if params.task == interface.TEXT_RANKING:  # the model in-process on the tokenizer's pair encoding
         return cross_encoder_scores(params.model_dir, RANKING_QUERY, texts, device, params.dtype)
+    if params.task == interface.FEATURE_EXTRACTION:  # sentence-transformers' encode(), re-written apart from the engine
+        return sentence_embeddings(params.model_dir, texts, device, params.dtype)
     engine = engine_from_parameters(params, device)
     return engine.run(texts, **(VALIDATION_OPTIONS if params.task in GENERATIVE_TASKS else {}))
 
@@ -293,6 +293,27 @@ def served_entities_check(rendered: mc.ModelConfig, name: str, http_client, text
         return {"error": f"{type(err).__name__}: {err}"}
     reference = pipeline_entities(params.model_dir, texts, reference_device(rendered), strategy, params.dtype, stride)
     return compare_entities(served, entity_lists(reference))
+
+
+def prompts_check(rendered: mc.ModelConfig, name: str, http_client, texts: list[str]) -> dict[str, Any] | None:
+    """An embedder with prompts: each prompt named in the request (`prompt_name`) served equals sentence-transformers'
+    encode with that prompt (None: the model has no prompt text; its default is checked by "served equals in-process")."""
+    import tritonclient.http as httpclient
+
+    params = model_parameters(rendered)
+    named = [prompt for prompt, text in pooling.read(params.model_dir).prompts.items() if text]
+    details, ok = [], True
+    for prompt in named:
+        try:
+            served = infer(http_client, httpclient, name, params.task, texts, (interface.EMBEDDING,), {interface.PROMPT_NAME: prompt})[0]
+        except Exception as err:  # noqa: BLE001 - reported as a failed check
+            return check("prompts equal sentence-transformers'", False, f"{prompt}: {type(err).__name__}: {err}")
+        reference = sentence_embeddings(params.model_dir, texts, reference_device(rendered), params.dtype, prompt)
+        result = compare_embeddings(served, reference, COSINE_FLOOR)
+        ok = ok and result["ok"]
+        figures = f"min cosine {result['cosine_min']:.6f}, lengths within {result['norm_diff_max']:.1e}"
+        details.append(f"{prompt}: {figures}" + ("" if result["ok"] else " FAIL"))
+    return check("prompts equal sentence-transformers'", ok, "; ".join(details)) if named else None
 
 
 def top_k_check(rendered: mc.ModelConfig, name: str, http_client, texts: list[str]) -> dict[str, Any]:
@@ -407,6 +428,8 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         checks.append(strategies_check(rendered, name, http_client, texts))
     if task == interface.FILL_MASK:
         checks.append(top_k_check(rendered, name, http_client, texts))
+    if task == interface.FEATURE_EXTRACTION:
+        checks += [c for c in [prompts_check(rendered, name, http_client, texts)] if c]
     if task in GENERATIVE_TASKS and params.temperature > 0:
         checks.append(sampling_check(http_client, name, texts[:1], params.temperature))
     backend = params.backend

@@ -150,6 +150,21 @@ def text_ranking_options(raw: Any, max_bytes: int) -> dict[str, Any]:
     return {name: value}
 
 
+def embedding_options(raw: Any, prompt_names: tuple[str, ...]) -> dict[str, Any]:
+    """A feature-extraction request's `prompt_name`: one of the model's prompts, one value per request (absent: none
+    sent, the model's default_prompt_name applies)."""
+    if raw is None:
+        return {}
+    name = interface.PROMPT_NAME
+    values = {_utf8(v, name, name, 256, "256 bytes") for v in np.asarray(raw).reshape(-1)}
+    if len(values) != 1:
+        raise RequestError(f"{name} must hold one value per request")
+    value = values.pop()
+    if value not in prompt_names:
+        raise RequestError(f"{name}={value!r} is not one of this model's prompts: {', '.join(prompt_names)}")
+    return {name: value}
+
+
 def chat_prompt(tokenizer, messages_json: list[str]) -> str:
     """The chat template over `messages` (one JSON list of {"role", "content"}), ready for the answer."""
     if not getattr(tokenizer, "chat_template", None):

@@ -60,6 +60,8 @@ DEFAULT_FILL_MASK_TOP_K = 5  # the pipeline's
 # as the documents; per document its relevance score (FP32: sigmoid of the one logit, as sentence-transformers'
 # CrossEncoder) and the tokens its (query, document) pair became (PROMPT_TOKENS)
 QUERY = "query"
+# feature-extraction: which of the model's prompts (config_sentence_transformers.json) starts every text of a request
+PROMPT_NAME = "prompt_name"
 
 FEATURE_EXTRACTION = "feature-extraction"
 CLASSIFICATION = "text-classification"
@@ -131,6 +133,7 @@ FILL_MASK_OPTIONS = (Tensor(TOP_K, "INT32", optional=True),)  # candidates per t
 # the query the texts (documents) are ranked against: needed, but declared optional as every option, so a request
 # without it gets model.py's error naming it (inputs.text_ranking_options), not Triton's generic one
 TEXT_RANKING_OPTIONS = (Tensor(QUERY, "BYTES", optional=True),)
+EMBEDDING_OPTIONS = (Tensor(PROMPT_NAME, "BYTES", optional=True),)  # absent: the model's default_prompt_name, else none
 
 
 STREAMING_OPTIONS = (
@@ -161,6 +164,8 @@ def task_inputs(task: str, streaming: bool = False) -> tuple[Tensor, ...]:
         return (TEXT_TENSOR, *FILL_MASK_OPTIONS)
     if task == TEXT_RANKING:
         return (TEXT_TENSOR, *TEXT_RANKING_OPTIONS)
+    if task == FEATURE_EXTRACTION:
+        return (TEXT_TENSOR, *EMBEDDING_OPTIONS)
     if task not in GENERATIVE_TASKS:
         return (TEXT_TENSOR,)
     if streaming:  # text or messages
@@ -233,6 +238,12 @@ class ModelParameters:
     quantization: str = ""  # vLLM's quantization method; "": the checkpoint's own
     load_format: str = "auto"  # dummy: random weights (benchmarks)
     stride: int = NO_STRIDE  # token-classification: the default window overlap of long texts (NO_STRIDE: truncate)
+    # feature-extraction: facts for clients (the gateway), from the model's files at render time (serving/pooling.py;
+    # the engine reads the same files itself): its prompt names (a JSON list), whether it normalises, and the widths
+    # its Matryoshka declaration allows ("": none, "any", or "768,512,...")
+    prompt_names: str = ""
+    normalize: bool = True
+    matryoshka_dimensions: str = ""
 
     def relevant(self) -> tuple[str, ...]:
         keys = ["task", "backend", "model_dir", "dtype", "num_threads", "max_input_bytes", "max_texts_per_request", "max_request_bytes"]
@@ -246,6 +257,8 @@ class ModelParameters:
             keys.append("cuda_graphs")
         if self.task == TOKEN_CLASSIFICATION:
             keys.append("stride")
+        if self.task == FEATURE_EXTRACTION:
+            keys += ["prompt_names", "normalize", "matryoshka_dimensions"]
         if self.task in GENERATIVE_TASKS:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
             if self.streaming:

@@ -146,6 +146,8 @@ class TritonPythonModel:
             self.engine.check_masks(texts)
         elif self.task == interface.TEXT_RANKING:  # requests with the same query share one pass
             options = inputs.text_ranking_options(self._optional(request, interface.QUERY), self.max_bytes)
+        elif self.task == interface.FEATURE_EXTRACTION:  # requests with the same prompt share one pass
+            options = inputs.embedding_options(self._optional(request, interface.PROMPT_NAME), self.engine.prompt_names)
         return texts, options
 
     # ------------------------------------------------------------------ streaming generation (decoupled)

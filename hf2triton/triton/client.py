@@ -134,6 +134,7 @@ NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT6
 # fill-mask's top_k is the same tensor (INT32) as streaming generation's
 _OPTIONS = (*interface.GENERATION_OPTIONS, *interface.STREAMING_OPTIONS)
 _OPTIONS += (*interface.TOKEN_CLASSIFICATION_OPTIONS, *interface.FILL_MASK_OPTIONS, *interface.TEXT_RANKING_OPTIONS)
+_OPTIONS += interface.EMBEDDING_OPTIONS
 OPTION_TENSORS = {t.name: t for t in _OPTIONS}
 
 
@@ -251,7 +252,7 @@ def input_arrays(
         if name == interface.PROMPT_IDS:  # a prompt as token ids: one list
             arrays.append((name, tensor.datatype, np.array(value, dtype=NUMPY_TYPES[tensor.datatype])))
             continue
-        if tensor.datatype == "BYTES" and isinstance(value, str):  # e.g. aggregation_strategy, a text-ranking query
+        if tensor.datatype == "BYTES" and isinstance(value, str):  # e.g. aggregation_strategy, a query, a prompt_name
             value = value.encode("utf-8")
         arrays.append((name, tensor.datatype, np.full(shape, value, dtype=NUMPY_TYPES[tensor.datatype])))
     return arrays

@@ -67,7 +67,12 @@ def model_facts(grpc_url: str, model: str) -> dict[str, Any]:
     finally:
         triton.close()
     params = model_parameters(config)
-    return {"task": params.task, "streaming": bool(config.model_transaction_policy.decoupled), "max_batch_size": config.max_batch_size}
+    facts = {"task": params.task, "streaming": bool(config.model_transaction_policy.decoupled), "max_batch_size": config.max_batch_size}
+    if params.task == interface.FEATURE_EXTRACTION:  # what a request may ask of it: a prompt, a Matryoshka width
+        facts["prompt_names"] = json.loads(params.prompt_names or "[]")
+        facts["matryoshka_dimensions"] = params.matryoshka_dimensions
+        facts["normalize"] = params.normalize
+    return facts
 
 
 def list_models(grpc_url: str) -> list[dict[str, Any]]:
@@ -188,6 +193,7 @@ def generation_flags(args: Any) -> dict[str, Any]:
         interface.STRIDE: getattr(args, "stride", None),  # token-classification: windows of long texts
         interface.TOP_K: getattr(args, "top_k", None),  # fill-mask: candidates per text
         interface.QUERY: getattr(args, "query", None),  # text-ranking: the texts are the documents
+        interface.PROMPT_NAME: getattr(args, "prompt_name", None),  # feature-extraction: one of the model's prompts
     }
     return {name: value for name, value in flags.items() if value is not None}
 

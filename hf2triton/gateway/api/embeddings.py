@@ -1,4 +1,5 @@
-"""POST /v1/embeddings: feature-extraction models, a string or a list of them, vectors as floats or base64."""
+"""POST /v1/embeddings: feature-extraction models, a string or a list of them, vectors as floats or base64; extra field
+`prompt_name` (one of the model's prompts), and `dimensions` for Matryoshka models (cut, normalised again)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hf2triton.triton import client
 router = APIRouter()
 
 
-async def embed(gateway: Gateway, served: ServedModel, texts: list[str]) -> tuple[np.ndarray, int]:
+async def embed(gateway: Gateway, served: ServedModel, texts: list[str], prompt_name: str | None = None) -> tuple[np.ndarray, int]:
     """The texts' embeddings and the tokens they became (the model's own count: no second tokenisation)."""
     import tritonclient.grpc as grpcclient
 
@@ -28,7 +29,8 @@ async def embed(gateway: Gateway, served: ServedModel, texts: list[str]) -> tupl
         message = f"'input' has {len(texts)} texts; at most {limit} per request (openai.max_embedding_inputs): split the request"
         raise ApiError(413, message, param="input", code="too_large")
     chunk = served.max_batch_size or len(texts)
-    batches = [client.build_inputs(grpcclient, texts[i : i + chunk]) for i in range(0, len(texts), chunk)]
+    options = {interface.PROMPT_NAME: prompt_name} if prompt_name is not None else None
+    batches = [client.build_inputs(grpcclient, texts[i : i + chunk], options) for i in range(0, len(texts), chunk)]
     parts, tokens = [], 0
     for result in await gateway.infer(served.name, batches):
         vectors = result.as_numpy(interface.EMBEDDING)
@@ -45,5 +47,7 @@ async def embeddings(request: Request):
     served = await gateway.model(body, interface.FEATURE_EXTRACTION)
     texts = protocol.embedding_inputs(body)
     encoding = protocol.embedding_format(body)
-    vectors, tokens = await embed(gateway, served, texts)
+    prompt_name, dimensions = protocol.embedding_prompt(body, served), protocol.embedding_dimensions(body, served)
+    vectors, tokens = await embed(gateway, served, texts, prompt_name)
+    vectors = protocol.matryoshka(vectors, dimensions, served.normalized)
     return ArrayJSONResponse(protocol.embedding_answer(served.name, vectors, tokens, encoding))

@@ -138,6 +138,8 @@ class OrtEncoder:
         feeds = {name: batch[name].cpu().numpy().astype(np.int64) for name in self.input_names if name in batch}
         if "token_type_ids" in self.input_names and "token_type_ids" not in feeds:
             feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+        if "position_ids" in self.input_names and "position_ids" not in feeds:  # a decoder's export (embedders)
+            feeds["position_ids"] = np.maximum(feeds["attention_mask"].cumsum(1) - 1, 0)
         (output,) = self.session.run([self.output_name], feeds)
         return SimpleNamespace(**{self.output_name: torch.from_numpy(output)})
 
@@ -152,10 +154,16 @@ class OrtEncoder:
         binding.bind_output(self.output_name, "cuda", self.device_id, self.output_dtype, tuple(output.shape), output.data_ptr())
         return binding
 
-    def _device_feeds(self, torch, batch: dict[str, Any]) -> dict[str, Any]:
+    def _device_feeds(self, torch, batch: dict[str, Any], fixed: bool = False) -> dict[str, Any]:
+        """The session's inputs on the device. A decoder's export takes position_ids: each row's tokens counted
+        from 0 -- for a graph's `fixed` buffers (right-padded rows, masks filled in later) simply 0..length-1."""
         feeds = {name: batch[name].to(torch.int64).contiguous() for name in self.input_names if name in batch}
         if "token_type_ids" in self.input_names and "token_type_ids" not in feeds:
             feeds["token_type_ids"] = torch.zeros_like(feeds["input_ids"])
+        if "position_ids" in self.input_names and "position_ids" not in feeds:
+            mask = feeds["attention_mask"]
+            count = torch.arange(mask.shape[1], device=mask.device).expand_as(mask) if fixed else mask.cumsum(1) - 1
+            feeds["position_ids"] = count.clamp(min=0).contiguous()
         return feeds
 
     def _output(self, torch, feeds: dict[str, Any]):
@@ -179,7 +187,7 @@ class OrtEncoder:
         import onnxruntime as ort
         import torch
 
-        feeds = self._device_feeds(torch, inputs)
+        feeds = self._device_feeds(torch, inputs, fixed=True)
         output = self._output(torch, feeds)
         binding = self._bind(feeds, output)
         options = ort.RunOptions()

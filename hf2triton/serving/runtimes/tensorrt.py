@@ -40,7 +40,9 @@ class TrtEncoder:
         keep = []
         for name in self.input_names:
             value = batch.get(name)
-            if value is None:
+            if value is None and name == "position_ids":  # a decoder's export (embedders): each row's tokens from 0
+                value = (batch["attention_mask"].cumsum(1) - 1).clamp(min=0)
+            elif value is None:
                 value = torch.zeros_like(batch["input_ids"])
             value = value.to(self.device, self._torch_dtype(name)).contiguous()
             keep.append(value)

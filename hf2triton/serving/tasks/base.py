@@ -29,6 +29,7 @@ class Engine:
     auto_class = ""
     onnx_output = ""
     decoder = False  # generation: ONNX Runtime runs the export's decoder loop
+    any_padding_side = False  # True: batches are padded on the right whatever the tokenizer's padding side
 
     def __init__(
         self,
@@ -71,7 +72,7 @@ class Engine:
         self.min_bucket = int(options.get("min_bucket") or (64 if self.device.startswith("cuda") else 2))
         self.pad_multiple = int(options.get("pad_multiple") or (8 if self.device.startswith("cuda") else 1))
         self.graphs = None
-        if self.device.startswith("cuda") and options.get("cuda_graphs") and self.fast_tokenizer is not None:
+        if self.device.startswith("cuda") and options.get("cuda_graphs") and self.fast_tokenizer is not None and self.graphs_allowed():
             names = ("input_ids", "attention_mask", *(("token_type_ids",) if "token_type_ids" in self.tokenizer.model_input_names else ()))
             if backend == "python":
                 self.graphs = CudaGraphs(torch, self.compute, self.device, names, self.max_length, self.pad_id)
@@ -80,6 +81,10 @@ class Engine:
 
     def setup(self, model_dir: str) -> None:
         """Task-specific preparation before the model loads."""
+
+    def graphs_allowed(self) -> bool:
+        """Whether this model may replay CUDA graphs (asked once the model is loaded)."""
+        return True
 
     def _max_length(self, model_dir: str) -> int:
         limits = [getattr(self.model.config, "max_position_embeddings", None), self.tokenizer.model_max_length]
@@ -177,9 +182,12 @@ class Engine:
 
     def _fast_tokenizer(self):
         """A private copy of the Rust tokenizer set to truncate like `encode` (None: use __call__).
-        Right-padded encoders only; generation pads left and keeps __call__."""
+        Right-padded encoders only (or a task that pads right whatever the tokenizer says: `any_padding_side`);
+        generation pads left and keeps __call__."""
         backend = getattr(self.tokenizer, "_tokenizer", None)
-        if backend is None or not getattr(self.tokenizer, "is_fast", False) or self.tokenizer.padding_side != "right":
+        if backend is None or not getattr(self.tokenizer, "is_fast", False):
+            return None
+        if self.tokenizer.padding_side != "right" and not self.any_padding_side:
             return None
         if self.tokenizer.pad_token_id is None:
             return None
