@@ -17,7 +17,7 @@ from hf2triton.pipeline.pipeline_answers import compare_scores, cross_encoder_sc
 from hf2triton.pipeline.validate import PROBES, RANKING_QUERY
 from hf2triton.serving import inputs, interface
 from hf2triton.triton import client
-from tests.helpers import ROOT, assert_python_only_task, make_workflow, passed_checks, tiny_reranker
+from tests.helpers import ROOT, assert_onnx_task_backends, make_workflow, passed_checks, tiny_reranker
 
 DOCUMENTS = [
     "x",
@@ -73,13 +73,13 @@ def test_query_option():
         inputs.text_ranking_options(np.array([[b"abcdef"]], dtype=np.object_), 4)
 
 
-def test_config_takes_text_ranking_on_python_only_and_renders_its_interface(reranker, tmp_path):
+def test_config_takes_text_ranking_on_python_and_onnx_and_renders_its_interface(reranker, tmp_path):
     from hf2triton.pipeline.render import render_model, serving_files
     from hf2triton.specs import ModelSpec, serving_values
     from hf2triton.triton.modelconfig import read_model_config
 
     (tmp_path / "config").mkdir()
-    assert_python_only_task(tmp_path / "config", interface.TEXT_RANKING)
+    assert_onnx_task_backends(tmp_path / "config", interface.TEXT_RANKING, int8=False)
     serving = serving_values(ModelSpec(name="m", source=str(reranker), task=interface.TEXT_RANKING), gpu_available=False, cpus=2)
     assert "tasks/text_ranking.py" in {str(p).split("serving/")[-1] for p in serving_files(serving)}
     config = read_model_config(render_model(str(tmp_path / "m"), serving, str(reranker)) / "config.pbtxt")
