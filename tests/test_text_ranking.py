@@ -61,6 +61,17 @@ def test_engine_scores_equal_the_cross_encoder_in_process(reranker):
     assert np.abs(np.asarray(theirs) - engine.run(texts, query=RANKING_QUERY)[interface.SCORE]).max() < 1e-5
 
 
+def test_same_ranking_allows_ties_to_swap_but_not_a_real_reordering():
+    """The same document twice scores equal in the reference; served from another batch's padding a few 1e-7 apart."""
+    tokens = {interface.PROMPT_TOKENS: np.array([5, 5, 7], dtype=np.int32)}
+    reference = {interface.SCORE: np.array([0.5, 0.5, 0.2], dtype=np.float32), **tokens}
+    tie = compare_scores({interface.SCORE: np.array([0.4999998, 0.5000001, 0.2], dtype=np.float32), **tokens}, reference)
+    assert tie["ok"] and tie["same_ranking"]
+    close = {interface.SCORE: np.array([0.5, 0.5, 0.4995], dtype=np.float32), **tokens}  # reversed, each within 1e-3
+    swapped = compare_scores({**close, interface.SCORE: np.array([0.4998, 0.4998, 0.4999], dtype=np.float32)}, close)
+    assert not swapped["same_ranking"] and not swapped["ok"] and swapped["max_score_diff"] < 1e-3
+
+
 def test_query_option():
     assert inputs.text_ranking_options(np.array([[b"q?"], [b"q?"]], dtype=np.object_), 100) == {interface.QUERY: "q?"}
     with pytest.raises(inputs.RequestError, match="input 'query' is missing"):
