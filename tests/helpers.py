@@ -179,6 +179,11 @@ def tiny_decoder_embedder(directory: Path, tokenizer_dir: Path, seed: int = 0, *
 
 def assert_python_only_task(tmp_path: Path, task: str) -> None:
     """A config with `task` on backend python loads; on onnx it is refused with a fix naming backend: python."""
+
+
+def assert_onnx_task_backends(tmp_path: Path, task: str, int8: bool) -> None:
+    """A config with `task` loads on backend python and onnx; tensorrt is refused with a fix naming backend: onnx, and
+    onnx.quantize dynamic-int8 loads where `int8`, else is refused with a fix naming quantize: none."""
     import pytest
 
     from hf2triton.config import load_config
@@ -186,12 +191,21 @@ def assert_python_only_task(tmp_path: Path, task: str) -> None:
 
     entry = {"name": "m", "source": str(tmp_path), "task": task}
     path = tmp_path / "config.yaml"
-    path.write_text(json.dumps({"models": [entry]}))
-    assert load_config(path)["models"][0]["task"] == task
-    path.write_text(json.dumps({"models": [{**entry, "backend": "onnx"}]}))
+
+    def load(**fields):
+        path.write_text(json.dumps({"models": [{**entry, **fields}]}))
+        return load_config(path)["models"][0]
+
+    assert load()["backend"] == "python" and load(backend="onnx")["backend"] == "onnx"
     with pytest.raises(UserError) as refused:
-        load_config(path)
-    assert task in str(refused.value) and "backend: python" in refused.value.fix
+        load(backend="tensorrt")
+    assert task in str(refused.value) and "backend: onnx" in refused.value.fix
+    if int8:
+        assert load(backend="onnx", onnx={"quantize": "dynamic-int8"})["onnx"]["quantize"] == "dynamic-int8"
+        return
+    with pytest.raises(UserError) as refused:
+        load(backend="onnx", onnx={"quantize": "dynamic-int8"})
+    assert "onnx.quantize" in str(refused.value) and task in str(refused.value) and "quantize: none" in refused.value.fix
 
 
 def assert_rendered_task(tmp_path: Path, model_dir: Path, task: str, module: str, option: str | tuple[str, ...], output: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 from hf2triton.pipeline.pipeline_answers import compare_entities, entity_lists, pipeline_candidates, probe_texts
 from hf2triton.pipeline.validate import PROBES
 from hf2triton.serving import inputs, interface
-from tests.helpers import ROOT, assert_python_only_task, assert_rendered_task, passed_checks, serving_workflow, tiny_masked_lm
+from tests.helpers import ROOT, assert_onnx_task_backends, assert_rendered_task, passed_checks, serving_workflow, tiny_masked_lm
 
 TEXTS = [
     "[MASK]",
@@ -74,9 +74,9 @@ def test_top_k_option():
         inputs.fill_mask_options(np.array([[1], [2]], dtype=np.int32))
 
 
-def test_config_takes_fill_mask_on_python_only_and_renders_its_interface(masked_lms, tmp_path):
+def test_config_takes_fill_mask_on_python_and_onnx_and_renders_its_interface(masked_lms, tmp_path):
     (tmp_path / "config").mkdir()
-    assert_python_only_task(tmp_path / "config", interface.FILL_MASK)
+    assert_onnx_task_backends(tmp_path / "config", interface.FILL_MASK, int8=True)
     assert_rendered_task(tmp_path, masked_lms["bert"], interface.FILL_MASK, "fill_mask", "top_k", "candidates")
 
 

@@ -17,7 +17,7 @@ from hf2triton.pipeline.pipeline_answers import compare_scores, cross_encoder_sc
 from hf2triton.pipeline.validate import PROBES, RANKING_QUERY
 from hf2triton.serving import inputs, interface
 from hf2triton.triton import client
-from tests.helpers import ROOT, assert_python_only_task, make_workflow, passed_checks, tiny_reranker
+from tests.helpers import ROOT, assert_onnx_task_backends, make_workflow, passed_checks, tiny_reranker
 
 DOCUMENTS = [
     "x",
@@ -61,6 +61,17 @@ def test_engine_scores_equal_the_cross_encoder_in_process(reranker):
     assert np.abs(np.asarray(theirs) - engine.run(texts, query=RANKING_QUERY)[interface.SCORE]).max() < 1e-5
 
 
+def test_same_ranking_allows_ties_to_swap_but_not_a_real_reordering():
+    """The same document twice scores equal in the reference; served from another batch's padding a few 1e-7 apart."""
+    tokens = {interface.PROMPT_TOKENS: np.array([5, 5, 7], dtype=np.int32)}
+    reference = {interface.SCORE: np.array([0.5, 0.5, 0.2], dtype=np.float32), **tokens}
+    tie = compare_scores({interface.SCORE: np.array([0.4999998, 0.5000001, 0.2], dtype=np.float32), **tokens}, reference)
+    assert tie["ok"] and tie["same_ranking"]
+    close = {interface.SCORE: np.array([0.5, 0.5, 0.4995], dtype=np.float32), **tokens}  # reversed, each within 1e-3
+    swapped = compare_scores({**close, interface.SCORE: np.array([0.4998, 0.4998, 0.4999], dtype=np.float32)}, close)
+    assert not swapped["same_ranking"] and not swapped["ok"] and swapped["max_score_diff"] < 1e-3
+
+
 def test_query_option():
     assert inputs.text_ranking_options(np.array([[b"q?"], [b"q?"]], dtype=np.object_), 100) == {interface.QUERY: "q?"}
     with pytest.raises(inputs.RequestError, match="input 'query' is missing"):
@@ -73,13 +84,13 @@ def test_query_option():
         inputs.text_ranking_options(np.array([[b"abcdef"]], dtype=np.object_), 4)
 
 
-def test_config_takes_text_ranking_on_python_only_and_renders_its_interface(reranker, tmp_path):
+def test_config_takes_text_ranking_on_python_and_onnx_and_renders_its_interface(reranker, tmp_path):
     from hf2triton.pipeline.render import render_model, serving_files
     from hf2triton.specs import ModelSpec, serving_values
     from hf2triton.triton.modelconfig import read_model_config
 
     (tmp_path / "config").mkdir()
-    assert_python_only_task(tmp_path / "config", interface.TEXT_RANKING)
+    assert_onnx_task_backends(tmp_path / "config", interface.TEXT_RANKING, int8=False)
     serving = serving_values(ModelSpec(name="m", source=str(reranker), task=interface.TEXT_RANKING), gpu_available=False, cpus=2)
     assert "tasks/text_ranking.py" in {str(p).split("serving/")[-1] for p in serving_files(serving)}
     config = read_model_config(render_model(str(tmp_path / "m"), serving, str(reranker)) / "config.pbtxt")

@@ -13,7 +13,7 @@ import pytest
 
 from hf2triton.pipeline.validate import PROBES, compare_entities, entity_lists, pipeline_entities
 from hf2triton.serving import inputs, interface
-from tests.helpers import ROOT, assert_python_only_task, assert_rendered_task, passed_checks, serving_workflow, tiny_tagger
+from tests.helpers import ROOT, assert_onnx_task_backends, assert_rendered_task, passed_checks, serving_workflow, tiny_tagger
 
 TEXTS = [
     *PROBES[interface.TOKEN_CLASSIFICATION],
@@ -66,8 +66,8 @@ def test_aggregation_strategy_option():
         inputs.token_classification_options(np.array([[b"max"], [b"none"]], dtype=np.object_))
 
 
-def test_config_accepts_a_tagger_on_python_and_refuses_onnx(tmp_path):
-    assert_python_only_task(tmp_path, interface.TOKEN_CLASSIFICATION)
+def test_config_takes_a_tagger_on_python_and_onnx_not_tensorrt_nor_int8(tmp_path):
+    assert_onnx_task_backends(tmp_path, interface.TOKEN_CLASSIFICATION, int8=False)
 
 
 def test_rendered_interface(taggers, tmp_path):

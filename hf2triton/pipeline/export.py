@@ -28,7 +28,7 @@ from typing import Any
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory, human_bytes, tree_size
 from hf2triton.integrity import write_manifest
-from hf2triton.serving.interface import CLASSIFICATION, FEATURE_EXTRACTION, GENERATION
+from hf2triton.serving.interface import CLASSIFICATION, FEATURE_EXTRACTION, FILL_MASK, GENERATION, TEXT_RANKING, TOKEN_CLASSIFICATION
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 EXPORT_VERSION = 4
 
 OPTIMUM_TASKS = {FEATURE_EXTRACTION: "feature-extraction", CLASSIFICATION: "text-classification", GENERATION: "text-generation-with-past"}
+# the encoder tasks whose export is the model's logits (a reranker is a one-label sequence classifier)
+OPTIMUM_TASKS |= {TOKEN_CLASSIFICATION: "token-classification", FILL_MASK: "fill-mask", TEXT_RANKING: "text-classification"}
 ENCODER_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "distilbert": "bert", "mpnet": "bert", "electra": "bert"}
 OPTIMIZATION_LEVELS = {"none": 0, "O1": 1, "O2": 2, "O3": 2}  # O3 = O2 + GELU approximation below
 

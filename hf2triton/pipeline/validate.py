@@ -29,6 +29,7 @@ from hf2triton.pipeline.pipeline_answers import (
     compare_scores,
     cross_encoder_scores,
     entity_lists,
+    parity_texts,
     pipeline_answers,
     pipeline_candidates,
     pipeline_entities,
@@ -371,7 +372,7 @@ def parity_check(rendered: mc.ModelConfig, name: str, http_client, floor: float)
     import tritonclient.http as httpclient
 
     params = model_parameters(rendered)
-    texts = PARITY_GENERATION_PROMPTS if params.task == GENERATION else PARITY_PROBES
+    texts = PARITY_GENERATION_PROMPTS if params.task == GENERATION else parity_texts(params.task, params.model_dir, PARITY_PROBES)
     outputs = tuple(o.name for o in rendered.output)
     served = infer_in_chunks(http_client, httpclient, name, params.task, texts, outputs, rendered.max_batch_size or len(texts))
     # a float16 export (ONNX Runtime on a GPU) answers to the full-precision model: torch float32 on the CPU

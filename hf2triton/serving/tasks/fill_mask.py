@@ -33,16 +33,23 @@ class FillMaskEngine(Engine):
         super().__init__(model_dir, **kwargs)
         # The LM head is position-wise, and its vocabulary-wide projection is most of a masked LM's work (MiniLM: 384 x
         # 30,522 per token, 4x its whole encoder): the encoder's output is cut to each text's mask position before the
-        # head, so it scores one position per text instead of every one (the pipeline scores them all).
-        self.model.base_model.register_forward_hook(self.keep_mask_positions, with_kwargs=True)
+        # head, so it scores one position per text instead of every one (the pipeline scores them all). Torch only: an
+        # ONNX export (or a TensorRT engine) is a fixed graph that returns every position's logits (`head` gathers).
+        self.cut_in_model = self.backend == "python"
+        if self.cut_in_model:
+            self.model.base_model.register_forward_hook(self.keep_mask_positions, with_kwargs=True)
 
     def keep_mask_positions(self, module, args: tuple, kwargs: dict[str, Any], output):
         """The base model's last_hidden_state at each row's first mask token only ([rows, 1, hidden]; padding rows of
         a CUDA graph: position 0). `input_ids` comes positionally (BERT) or by name (DistilBERT)."""
         ids = kwargs["input_ids"] if kwargs.get("input_ids") is not None else args[0]
-        position = (ids == self.mask_id).int().argmax(dim=1)
-        output["last_hidden_state"] = output[0][self.torch.arange(ids.shape[0], device=ids.device), position][:, None, :]
+        output["last_hidden_state"] = self.at_mask(output[0], ids)[:, None, :]
         return output
+
+    def at_mask(self, values, ids):
+        """Each row of `values` ([rows, length, ...]) at its first mask token in `ids` (none: position 0)."""
+        position = (ids == self.mask_id).int().argmax(dim=1)
+        return values[self.torch.arange(ids.shape[0], device=ids.device), position]
 
     def setup(self, model_dir: str) -> None:
         """The tokenizer's mask token, and the pipeline's post-processing (it reads no model config)."""
@@ -98,5 +105,7 @@ class FillMaskEngine(Engine):
         return self.pipeline.postprocess(outputs, top_k=top_k)
 
     def head(self, logits, batch: dict[str, Any]) -> dict[str, Any]:
-        """The mask position's logits per row: the only position the LM head scored (keep_mask_positions)."""
-        return {"logits": logits[:, 0].float()}
+        """The mask position's logits per row: torch's are the only position the LM head scored (keep_mask_positions),
+        an export's every position's, gathered here."""
+        row = logits[:, 0] if self.cut_in_model else self.at_mask(logits, batch["input_ids"])
+        return {"logits": row.float()}
