@@ -15,6 +15,11 @@ import sys
 from pathlib import Path
 
 NER_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+OPUS_MT_SHAPE = {  # Helsinki-NLP/opus-mt-en-de's (MarianConfig): 6 + 6 layers, 512 wide, 8 heads, 2048 feed-forward
+    **{f"{side}_{key}": n for side in ("encoder", "decoder") for key, n in {"layers": 6, "attention_heads": 8, "ffn_dim": 2048}.items()},
+    "d_model": 512,
+    "max_position_embeddings": 512,
+}
 LABELS = {"id2label": dict(enumerate(NER_LABELS)), "label2id": {name: i for i, name in enumerate(NER_LABELS)}}
 
 
@@ -57,12 +62,9 @@ def build_text2text(directory: Path) -> Path:
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     tokenizer.save_pretrained(directory)
     eos = tokenizer.eos_token_id
+    special = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": eos, "eos_token_id": eos, "decoder_start_token_id": eos}
     torch.manual_seed(0)
-    config = BartConfig(
-        vocab_size=len(tokenizer), d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
-        decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=eos, eos_token_id=eos, decoder_start_token_id=eos, forced_eos_token_id=None,
-    )  # fmt: skip
+    config = BartConfig(vocab_size=len(tokenizer), **OPUS_MT_SHAPE, **special, forced_eos_token_id=None)
     BartForConditionalGeneration(config).eval().save_pretrained(directory)
     print(f"t2t: BartForConditionalGeneration -> {directory}")
     return directory

@@ -38,6 +38,7 @@ from hf2triton.pipeline.pipeline_answers import (
 )
 from hf2triton.pipeline.render import VERSION, prune_repository
 from hf2triton.pipeline.serve import FAILED_REPORT, settings_from_params
+from hf2triton.pipeline.validation_report import render_markdown
 from hf2triton.serving import interface, pooling
 from hf2triton.serving.interface import GENERATION, GENERATIVE_TASKS, ModelParameters
 from hf2triton.specs import OnnxSpec, onnx_precision
@@ -516,32 +517,6 @@ def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, 
         "sample": {"input": prompt, "output": streamed["text"]},
         "checks": checks,
     }
-
-
-def render_markdown(report: dict[str, Any]) -> str:
-    server = report["server"]
-    lines = [
-        "# hf2triton validation report",
-        "",
-        f"**Result: {'PASS' if report['ok'] else 'FAIL'}** — {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(report['finished_at']))}",
-        "",
-        f"Server: Triton {server.get('version', '?')} ({server.get('origin', '?')}), live={server.get('live')}, "
-        f"ready={server.get('ready')}, HTTP {server.get('http')}, gRPC {server.get('grpc')}, pid {server.get('pid')}",
-        "",
-        *([f"Host: {host.describe_torch(report['torch'])}", ""] if "torch" in report else []),
-        "| model | task | backend | check | result | detail |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, model in report["models"].items():
-        for item in model["checks"]:
-            detail = item["detail"].replace("|", "\\|").replace("\n", " ")
-            result = "ok" if item["ok"] else "**FAIL**"
-            lines.append(f"| {name} | {model.get('task', '')} | {model.get('backend', '')} | {item['name']} | {result} | {detail} |")
-    lines += ["", "## Samples", ""]
-    for name, model in report["models"].items():
-        if "sample" in model:
-            lines.append(f"- **{name}**: `{model['sample']['input']}` → `{model['sample']['output']}`")
-    return "\n".join(lines) + "\n"
 
 
 def validate_server(
