@@ -235,9 +235,10 @@ def test_responder_sends_pieces_that_queue_during_a_send_as_one_and_notices_gone
     from hf2triton.serving.batching.responder import Responder
 
     sends: list[str] = []
-    release = threading.Event()
+    release, sending = threading.Event(), threading.Event()
 
     def slow_emit(text, finish):
+        sending.set()
         release.wait(5)
         sends.append(text if finish is None else f"{text}|{finish.reason}")
 
@@ -247,13 +248,16 @@ def test_responder_sends_pieces_that_queue_during_a_send_as_one_and_notices_gone
     ids = llm[1](PROMPTS[2], add_special_tokens=False)["input_ids"]
     sequence = Sequence(ids, Sampling(max_new_tokens=200), slow_emit, cancelled=lambda: gone["flag"])
     batcher.submit(sequence)
-    for _ in range(6):
-        batcher.step()  # the first piece is being sent (blocked): the next ones wait and go together
+    while not sending.is_set() and sequence.finish is None:  # until the first piece is being sent (and blocked) ...
+        batcher.step()
+        sending.wait(0.5)  # the responder thread picks it up (a busy machine may take a moment)
+    for _ in range(5):
+        batcher.step()  # ... the next pieces wait and go together
     release.set()
     deadline = time.monotonic() + 5
     while len(sends) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert len(sends) == 2 and "".join(sends) == sequence.text, "6 pieces, 2 sends"
+    assert len(sends) == 2 and "".join(sends) == sequence.text, f"pieces queued during a send go as one: {sends}"
     gone["flag"] = True
     while not sequence.gone and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -9,8 +9,10 @@ its best batched throughput.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from hf2triton.perf.loadgen import percentiles
@@ -42,15 +44,29 @@ class TaskLoad:
 
 def task_load(task: str, texts: list[str], model_dir: str) -> TaskLoad:
     """The corpus shaped for `task`: a fill-mask text gets its middle word masked (the task needs exactly one mask
-    token), a reranker's documents are scored against one query."""
-    if task == interface.TEXT_RANKING:
-        return TaskLoad(texts, {interface.QUERY: RANKING_QUERY}, "documents")
-    if task == interface.FILL_MASK:
-        from transformers import AutoTokenizer
+    token), a reranker's documents are scored against one query. A pipeline task keeps only the texts that fit the
+    model's context (with the query): the pipeline does not truncate them, and served and pipeline get the same texts."""
+    if task not in PIPELINE_TASKS:
+        return TaskLoad(texts, {})
+    from transformers import AutoTokenizer
 
-        mask = AutoTokenizer.from_pretrained(model_dir).mask_token
-        return TaskLoad([_masked(text, mask) for text in texts], {})
-    return TaskLoad(texts, {})
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    query = RANKING_QUERY if task == interface.TEXT_RANKING else None
+    if task == interface.FILL_MASK:
+        texts = [_masked(text, tokenizer.mask_token) for text in texts]
+    encoded = tokenizer([query] * len(texts), texts) if query is not None else tokenizer(texts)
+    limit = _context(model_dir, tokenizer)
+    fitting = [text for text, ids in zip(texts, encoded["input_ids"]) if len(ids) <= limit]
+    if not fitting:
+        raise ValueError(f"no bench text fits {model_dir}'s context of {limit} tokens")
+    return TaskLoad(fitting, {interface.QUERY: query} if query is not None else {}, "documents" if query is not None else "texts")
+
+
+def _context(model_dir: str, tokenizer) -> int:
+    """The tokens a text may take: the tokenizer's limit, and the model's position table where it has one."""
+    config = Path(model_dir) / "config.json"
+    positions = json.loads(config.read_text()).get("max_position_embeddings", 0) if config.is_file() else 0
+    return min(n for n in (tokenizer.model_max_length, positions) if 0 < n < 1_000_000)
 
 
 def _masked(text: str, mask: str) -> str:
