@@ -342,7 +342,7 @@ def test_streamed_clients_that_leave_free_their_places_at_once(served, gateway):
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        (chat(0, response_format={"type": "json_object"}), "response_format"),
+        (chat(0, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}), "response_format"),
         (chat(0, frequency_penalty=0.5), "frequency_penalty"),
         (chat(0, presence_penalty=-1), "presence_penalty"),
     ],
