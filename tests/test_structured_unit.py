@@ -175,3 +175,15 @@ def test_text2text_batcher_follows_a_schema(tmp_path):
     for collector, _ in found.values():
         assert collector.finish.reason == "stop", collector.text
         jsonschema.validate(json.loads(collector.text), SCHEMA)
+
+
+def test_backend_vllm_takes_the_constraint_as_its_structured_outputs():
+    """runtimes/vllm.py: GUIDED -> StructuredOutputsParams keywords (vLLM 0.22.1 compiles them with its own xgrammar)."""
+    from hf2triton.serving.runtimes.vllm import structured_outputs
+
+    assert structured_outputs(None) is None
+    assert structured_outputs(Guided("json_schema", SCHEMA)) == {"json": SCHEMA}
+    assert structured_outputs(Guided("json_object")) == {"json_object": True}
+    assert structured_outputs(Guided("regex", "a+")) == {"regex": "a+"}
+    assert structured_outputs(Guided("choice", ["a", "b"])) == {"choice": ["a", "b"]}
+    assert structured_outputs(Guided("grammar", 'root ::= "a"')) == {"grammar": 'root ::= "a"'}
