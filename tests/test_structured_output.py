@@ -105,3 +105,20 @@ def test_langchain_with_structured_output(served):
     model = ChatOpenAI(base_url=url, api_key="x", model="generate", max_tokens=200, max_retries=0)
     person = model.with_structured_output(Person, method="json_schema").invoke("Describe a person.")
     assert isinstance(person, Person), person
+
+
+def test_cli_infer_with_a_json_schema_file(served, tmp_path):
+    """`python -m hf2triton infer MODEL TEXT --json-schema FILE` sends the model's GUIDED input; --regex likewise."""
+    import subprocess
+    import sys
+
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(Person.model_json_schema()))
+    grpc = served.settings().url("grpc_port")
+    base = [sys.executable, "-m", "hf2triton", "infer", "--grpc", grpc, "generate", "Describe a person.", "--json", "--max-tokens", "200"]
+    done = subprocess.run([*base, "--json-schema", str(schema)], capture_output=True, text=True, timeout=120, check=False)
+    answer = json.loads(done.stdout)
+    assert done.returncode == 0 and answer["finish_reason"] == "stop", done.stdout + done.stderr
+    Person.model_validate_json(answer["text"])
+    done = subprocess.run([*base, "--regex", "(?<=a)b"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0 and "Lookbehind" in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -187,3 +187,21 @@ def test_backend_vllm_takes_the_constraint_as_its_structured_outputs():
     assert structured_outputs(Guided("regex", "a+")) == {"regex": "a+"}
     assert structured_outputs(Guided("choice", ["a", "b"])) == {"choice": ["a", "b"]}
     assert structured_outputs(Guided("grammar", 'root ::= "a"')) == {"grammar": 'root ::= "a"'}
+
+
+def test_cli_flags_become_the_guided_input(tmp_path):
+    from hf2triton.errors import UserError
+    from hf2triton.triton.commands import guided_flag
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    assert guided_flag(str(schema), None) == {"kind": "json_schema", "value": SCHEMA}
+    assert guided_flag(None, "a+") == {"kind": "regex", "value": "a+"} and guided_flag(None, None) is None
+    (tmp_path / "list.json").write_text("[1]")
+    for path, regex, message in (
+        (str(schema), "a", "both"),
+        (str(tmp_path / "none.json"), None, "cannot read"),
+        (str(tmp_path / "list.json"), None, "no JSON object"),
+    ):
+        with pytest.raises(UserError, match=message):
+            guided_flag(path, regex)
