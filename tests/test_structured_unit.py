@@ -135,6 +135,7 @@ def test_guided_rows_follow_their_grammar_next_to_free_ones(llama, kind):
         regex=Sampling(max_new_tokens=20, temperature=1.0, seed=3, guided=Guided("regex", "[0-9]{3}-[a-z]{2}")),
         choice=Sampling(max_new_tokens=20, temperature=1.0, seed=4, guided=Guided("choice", ["yes", "no", "maybe so"])),
         free=Sampling(max_new_tokens=12),
+        cut=Sampling(max_new_tokens=3, guided=schema),
     )
     for name in ("greedy", "sample1", "sample2"):
         collector = found[name][0]
@@ -144,6 +145,8 @@ def test_guided_rows_follow_their_grammar_next_to_free_ones(llama, kind):
     assert re.fullmatch("[0-9]{3}-[a-z]{2}", found["regex"][0].text) and found["regex"][0].finish.reason == "stop"
     assert found["choice"][0].text in ("yes", "no", "maybe so")
     assert found["free"][0].finish.reason == "length"
+    cut = found["cut"][0]  # max_tokens ends it first: "length", and the text is where the grammar was
+    assert cut.finish.reason == "length" and found["greedy"][0].text.startswith(cut.text), cut.text
     greedy = found["greedy"][1]
     chosen = [item.id for item in greedy.logprobs]
     with torch.inference_mode():
