@@ -3,8 +3,8 @@ xgrammar Grammar (`grammar_of`, also the gateway's check that a schema or gramma
 grammar against the model's vocabulary (`Grammars`); every guided sequence gets a GrammarMatcher of its own (`n`
 samples too), whose token bitmask masks that row's logits before sampling and which takes each chosen token.
 
-Only sampling sees the mask: log-probabilities are still reported from the raw logits (text.token_logprobs).
-Standard library at import (xgrammar is imported at the first guided request): copied next to model.py into every
+Only sampling sees the mask: log-probabilities are still reported from the raw logits (text.token_logprobs). numpy
+and the standard library at import (xgrammar at the first guided request): copied next to model.py into every
 streaming torch model; a model whose Python lacks xgrammar refuses guided requests with a message saying so.
 """
 
