@@ -19,7 +19,7 @@ from hf2triton.serving.batching.sequences import Guided, Sampling, Sequence
 from hf2triton.serving.batching.slots import SlotBatcher
 from hf2triton.serving.inputs import RequestError, guided_option
 from hf2triton.triton import client
-from tests.helpers import tiny_bart, tiny_llama
+from tests.helpers import tiny_bart, tiny_llama, tiny_t5
 from tests.test_continuous_batching import Collector
 
 SCHEMA = {
@@ -178,6 +178,24 @@ def test_text2text_batcher_follows_a_schema(tmp_path):
     for collector, _ in found.values():
         assert collector.finish.reason == "stop", collector.text
         jsonschema.validate(json.loads(collector.text), SCHEMA)
+
+
+def test_a_grammar_the_vocabulary_cannot_write_is_refused_or_ends_that_sequence(tmp_path):
+    """T5's vocabulary has no "{": a JSON schema is refused when submitted; a regex that needs one after "ab" ends its
+    sequence with an error saying so, and the row beside it goes on (an all -inf row would have failed the batch)."""
+    import transformers
+
+    path = tiny_t5(tmp_path / "t5")
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(path).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    batcher = Seq2SeqBatcher(model, tokenizer, "cpu", max_sequences=4, max_queue=4, context=256)
+    ids = tokenizer("summarize: the dragon met the knight")["input_ids"]
+    with pytest.raises(RequestError, match="cannot start with any token of this model's vocabulary"):
+        batcher.submit(Sequence(ids, Sampling(max_new_tokens=20, guided=Guided("json_schema", SCHEMA)), Collector()))
+    found = run(batcher, ids, dead=Sampling(max_new_tokens=20, guided=Guided("regex", "ab\\{")), free=Sampling(max_new_tokens=5))
+    dead = found["dead"][0].finish
+    assert dead.reason == "error" and "allows no token of this model's vocabulary after 'ab'" in dead.message, dead
+    assert found["free"][0].finish.reason == "length"
 
 
 def test_backend_vllm_takes_the_constraint_as_its_structured_outputs():

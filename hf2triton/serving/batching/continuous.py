@@ -335,8 +335,9 @@ class ContinuousBatcher:
             if not sequence.sampling.max_new_tokens:  # the prompt's log-probabilities only (an echo): nothing generated
                 done[offset + index] = "length"
                 continue
-            reason = append_token(sequence, token, self.eos_ids, self.context, self.tokenizer.decode, self._emit)
-            reason = reason or self.grammars.advance(sequence, token)
+            reason = self.grammars.advance(sequence, token)  # a guided row's grammar takes the token first
+            if reason != "error":
+                reason = append_token(sequence, token, self.eos_ids, self.context, self.tokenizer.decode, self._emit) or reason
             if reason:
                 done[offset + index] = reason
         if done:
@@ -352,6 +353,7 @@ class ContinuousBatcher:
         sequence.past = None  # a long prompt's cache (the client may hold the sequence a while longer)
         rest = sequence.text[sequence.sent :]
         sequence.sent = len(sequence.text)
+        message = message or sequence.error
         self._emit(sequence, rest, Finish(reason, len(sequence.prompt_ids), len(sequence.generated), message))
 
     def _cancelled_early(self, sequence: Sequence) -> bool:

@@ -82,9 +82,14 @@ class Grammars:
                 self.compiler = xgr.GrammarCompiler(info, max_threads=2)
         grammar = grammar_of(guided.kind, guided.value)
         try:
-            return xgr.GrammarMatcher(self.compiler.compile_grammar(grammar))
+            matcher = xgr.GrammarMatcher(self.compiler.compile_grammar(grammar))
         except (RuntimeError, ValueError) as err:
             raise RequestError(f"the {guided.kind} cannot be used for constrained decoding: {_reason(err)}") from None
+        bitmask = xgr.allocate_token_bitmask(1, self.vocabulary)
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        if not bitmask.any():  # e.g. a JSON schema for T5, whose vocabulary has no "{"
+            raise RequestError(f"the {guided.kind} cannot start with any token of this model's vocabulary: it cannot write that")
+        return matcher
 
     def mask(self, torch: Any, rows: list[Sequence], logits: Any) -> Any:
         """`logits` ([rows, vocabulary]) with every token a guided row's grammar forbids next at -inf (a copy: the
@@ -102,17 +107,24 @@ class Grammars:
         width = logits.shape[-1]
         if allowed.shape[1] < width:  # logits wider than the vocabulary xgrammar knows: the padding is never allowed
             allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[1]))
+        allowed = allowed[:, :width]
+        # a grammar that allows no token of this vocabulary here leaves its row unmasked: `advance` then refuses the
+        # token and ends that sequence with an error (an all -inf row cannot be sampled and would fail the batch)
+        allowed[~allowed.any(-1)] = True
         index = torch.tensor(guided, device=logits.device)
         scores = logits.clone()
-        scores[index] = scores[index].masked_fill(~allowed[:, :width], float("-inf"))
+        scores[index] = scores[index].masked_fill(~allowed, float("-inf"))
         return scores
 
     @staticmethod
     def advance(sequence: Sequence, token: int) -> str | None:
-        """The matcher takes the chosen token (one of those the mask allowed); "stop" once the grammar is done."""
+        """The matcher takes the chosen token, before its text is recorded: "stop" once the grammar is done (the model's
+        end token), "error" when the grammar allowed no token at all (`sequence.error` says so)."""
         matcher = sequence.matcher
         if matcher is None:
             return None
-        if not matcher.accept_token(token) or matcher.is_terminated():
-            return "stop"
-        return None
+        if not matcher.accept_token(token):
+            kind = sequence.sampling.guided.kind
+            sequence.error = f"the {kind} allows no token of this model's vocabulary after {sequence.text[-40:]!r}: it cannot write that"
+            return "error"
+        return "stop" if matcher.is_terminated() else None

@@ -94,6 +94,7 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # the chosen tokens' (EOS included), when asked
     logprobs_sent: int = 0  # of `logprobs`, those already in a response
     matcher: Any = None  # a guided sequence's xgrammar GrammarMatcher (torch batchers; batching/grammar.py)
+    error: str = ""  # why it ends with finish reason "error", when the batcher ends it so (its grammar's dead end)
 
     def take_logprobs(self, decode: Callable[..., str]) -> str:
         """The next response's interface.TOKEN_LOGPROBS (JSON): the prompt's log-probabilities (once) and those of the
