@@ -44,6 +44,13 @@ MAX_LOGPROBS = 20
 PROMPT_LOGPROBS = "prompt_logprobs"
 PROMPT_IDS = "prompt_ids"
 TOKEN_LOGPROBS = "token_logprobs"  # noqa: S105 - a tensor name
+# Constrained decoding (structured output; streaming generation): GUIDED (BYTES [1]) a JSON object {"kind": K, "value":
+# V}: json_schema -> V a JSON schema (object); json_object -> V null (any JSON object); regex -> V a regex string;
+# choice -> V a list of strings (the answer is exactly one); grammar -> V an EBNF grammar in xgrammar's dialect
+# (GBNF-like, `root ::= ...`). Every generated token is one the grammar allows (xgrammar's token bitmask); the answer
+# ends (finish "stop") once the grammar is complete and the model takes its end token, else "length" as usual.
+GUIDED = "guided"
+GUIDED_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 # token-classification: per text, the entities as the JSON `transformers.pipeline("token-classification")` returns
 ENTITIES = "entities"
 AGGREGATION_STRATEGY = "aggregation_strategy"
@@ -146,6 +153,7 @@ STREAMING_OPTIONS = (
     Tensor(LOGPROBS, "INT32", optional=True),
     Tensor(PROMPT_LOGPROBS, "BOOL", optional=True),
     Tensor(PROMPT_IDS, "INT64", (-1,), optional=True),
+    Tensor(GUIDED, "BYTES", optional=True),
 )
 STREAMING_OUTPUTS = (
     Tensor(TEXT_OUTPUT, "BYTES"),
