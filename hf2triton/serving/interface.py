@@ -37,11 +37,6 @@ CHAT_ROLES = ("system", "user", "assistant", "tool")
 TOOLS = "tools"
 TOOL_PARSERS = ("none", "hermes", "llama3_json")
 DEFAULT_TOOL_PARSER = "none"
-# Constrained decoding: GUIDED (BYTES [1]) a JSON object {"kind": K, "value": V}, K one of GUIDED_KINDS: json_schema ->
-# V the JSON schema (an object); json_object -> V null (any JSON object); regex -> V a regex string; choice -> V a list
-# of strings (the output is exactly one of them); grammar -> V an EBNF grammar string in xgrammar's dialect.
-GUIDED = "guided"
-GUIDED_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 FINISH_REASON = "finish_reason"
 PROMPT_TOKENS = "prompt_tokens"
 COMPLETION_TOKENS = "completion_tokens"
@@ -58,6 +53,13 @@ MAX_LOGPROBS = 20
 PROMPT_LOGPROBS = "prompt_logprobs"
 PROMPT_IDS = "prompt_ids"
 TOKEN_LOGPROBS = "token_logprobs"  # noqa: S105 - a tensor name
+# Constrained decoding (structured output; streaming generation): GUIDED (BYTES [1]) a JSON object {"kind": K, "value":
+# V}: json_schema -> V a JSON schema (object); json_object -> V null (any JSON object); regex -> V a regex string;
+# choice -> V a list of strings (the answer is exactly one); grammar -> V an EBNF grammar in xgrammar's dialect
+# (GBNF-like, `root ::= ...`). Every generated token is one the grammar allows (xgrammar's token bitmask); the answer
+# ends (finish "stop") once the grammar is complete and the model takes its end token, else "length" as usual.
+GUIDED = "guided"
+GUIDED_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 # token-classification: per text, the entities as the JSON `transformers.pipeline("token-classification")` returns
 ENTITIES = "entities"
 AGGREGATION_STRATEGY = "aggregation_strategy"

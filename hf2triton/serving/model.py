@@ -194,6 +194,7 @@ class TritonPythonModel:
             echo = inputs.asks_prompt_logprobs(self._optional(request, interface.PROMPT_LOGPROBS))
             options = inputs.generation_options(raw, self.defaults, nothing_generated=echo)
             names = (interface.TOP_P, interface.TOP_K, interface.SEED, interface.STOP, interface.LOGPROBS, interface.PROMPT_LOGPROBS)
+            names += (interface.GUIDED,)
             raw = {name: self._optional(request, name) for name in names}
             sampling = sequences.Sampling(**inputs.sampling_values(raw, options, self.params))
             self._check_logprobs(sampling)
@@ -237,6 +238,8 @@ class TritonPythonModel:
             gone = getattr(sender, "is_cancelled", None) or (lambda: is_cancelled(request))  # a closed stream / connection
             sequence = sequences.Sequence(prompt_ids, sampling, emit, cancelled=gone)
             self.batcher.submit(sequence)
+        except inputs.RequestError as err:  # a grammar that does not compile (the torch batchers compile it here)
+            sender.send(error_response(str(err)), flags=final)
         except sequences.Busy as err:
             code = getattr(pb_utils.TritonError, "UNAVAILABLE", None)
             error = pb_utils.TritonError(str(err), code) if code is not None else pb_utils.TritonError(str(err))

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .grammar import Grammars
 from .responder import Responder
 from .sequences import Busy, Finish, Sequence, TokenLogprob
 from .text import append_token, eos_token_ids, sample_tokens, token_logprobs
@@ -54,6 +55,13 @@ def dynamic_cache(layers: list | None):
     if layers:
         layers.clear()
     return past
+
+
+def _vocabulary(model, tokenizer) -> int:
+    """The width of the model's logits (the output embedding's rows; at least the tokenizer's tokens)."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    rows = output.weight.shape[0] if output is not None and hasattr(output, "weight") else 0
+    return max(int(rows), len(tokenizer))
 
 
 class ContinuousBatcher:
@@ -94,10 +102,14 @@ class ContinuousBatcher:
         self.stopped = False
         self.steps = 0
         self.responder = responder  # None: emit on this thread and ask `cancelled()` directly (in-process use)
+        self.grammars = Grammars(tokenizer, _vocabulary(model, tokenizer), self.eos_ids)  # constrained decoding
 
     # ------------------------------------------------------------------ requests in
 
     def submit(self, sequence: Sequence) -> None:
+        """Queue a sequence (Busy: the queue is full; RequestError: its grammar does not compile)."""
+        if sequence.sampling.guided is not None and sequence.matcher is None:
+            sequence.matcher = self.grammars.matcher(sequence.sampling.guided)
         with self.lock:
             if len(self.waiting) >= self.max_queue:
                 self._purge_waiting(ask=True)  # clients that gave up do not hold places
@@ -307,9 +319,9 @@ class ContinuousBatcher:
         sequence.prompt_logprobs = (sequence.prompt_logprobs or []) + known + found
 
     def _advance(self, rows: list[Sequence], logits, offset: int) -> None:
-        """Pick each row's next token (and its log-probabilities, for rows that asked), emit new text, and retire
-        the rows that are done."""
-        tokens = sample_tokens(self.torch, rows, logits)
+        """Pick each row's next token (a guided row's within its grammar; log-probabilities, for rows that asked, from
+        the raw logits), emit new text, and retire the rows that are done."""
+        tokens = sample_tokens(self.torch, rows, self.grammars.mask(self.torch, rows, logits))
         self._set_last(offset, tokens)
         asked = [index for index, sequence in enumerate(rows) if sequence.sampling.logprobs >= 0]
         if asked:  # the other rows cost nothing: no log-softmax over their vocabulary
@@ -324,6 +336,7 @@ class ContinuousBatcher:
                 done[offset + index] = "length"
                 continue
             reason = append_token(sequence, token, self.eos_ids, self.context, self.tokenizer.decode, self._emit)
+            reason = reason or self.grammars.advance(sequence, token)
             if reason:
                 done[offset + index] = reason
         if done:

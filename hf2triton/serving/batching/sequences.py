@@ -19,6 +19,15 @@ class Busy(Exception):
 
 
 @dataclass(frozen=True)
+class Guided:
+    """Constrained decoding (interface.GUIDED): `kind` one of interface.GUIDED_KINDS, `value` its JSON value (a schema,
+    None, a regex, a list of choices, an EBNF grammar), checked by inputs.guided_option."""
+
+    kind: str
+    value: Any = None
+
+
+@dataclass(frozen=True)
 class Sampling:
     """Per-request decoding options (validated by the caller, which knows the model's defaults)."""
 
@@ -31,6 +40,7 @@ class Sampling:
     time_limit_s: float = 0.0  # 0 = none
     logprobs: int = -1  # alternatives reported per chosen token (interface.LOGPROBS); -1: no log-probabilities
     prompt_logprobs: bool = False  # the prompt's tokens' log-probabilities too (max_new_tokens may then be 0)
+    guided: Guided | None = None  # the grammar every generated token must follow (None: free)
 
     @property
     def wants_logprobs(self) -> bool:
@@ -83,6 +93,7 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob] | None = None  # set by the prefill when asked, until it is sent
     logprobs: list[TokenLogprob] = field(default_factory=list)  # the chosen tokens' (EOS included), when asked
     logprobs_sent: int = 0  # of `logprobs`, those already in a response
+    matcher: Any = None  # a guided sequence's xgrammar GrammarMatcher (torch batchers; batching/grammar.py)
 
     def take_logprobs(self, decode: Callable[..., str]) -> str:
         """The next response's interface.TOKEN_LOGPROBS (JSON): the prompt's log-probabilities (once) and those of the

@@ -82,6 +82,17 @@ def sampling_arguments(sampling: Any) -> dict[str, Any]:
     }
 
 
+# interface.GUIDED's kinds -> vLLM's StructuredOutputsParams fields (vLLM compiles them with its own xgrammar)
+STRUCTURED_OUTPUTS = {"json_schema": "json", "json_object": "json_object", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+
+
+def structured_outputs(guided: Any) -> dict[str, Any] | None:
+    """StructuredOutputsParams keywords for a checked Guided (None: free decoding); json_object's value is True."""
+    if guided is None:
+        return None
+    return {STRUCTURED_OUTPUTS[guided.kind]: True if guided.kind == "json_object" else guided.value}
+
+
 def finish_reason(reason: str | None) -> str:
     return FINISH_REASONS.get(reason or "error", "error")
 
@@ -108,11 +119,12 @@ class VllmApi:
 
     def __init__(self) -> None:
         from vllm import AsyncEngineArgs, SamplingParams, TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._names = (AsyncEngineArgs, SamplingParams, TokensPrompt, RequestOutputKind, UsageContext, AsyncLLM)
+        self.structured = StructuredOutputsParams
 
     def engine(self, arguments: dict[str, Any]) -> Any:
         """The engine, built inside the running loop. OPENAI_API_SERVER: the defaults `vllm serve` has (step size,
@@ -122,7 +134,11 @@ class VllmApi:
 
     def request(self, prompt_ids: list[int], sampling: Any) -> tuple[Any, Any]:
         _, sampling_params, tokens_prompt, kind, _, _ = self._names
-        return tokens_prompt(prompt_token_ids=prompt_ids), sampling_params(**sampling_arguments(sampling), output_kind=kind.DELTA)
+        arguments = sampling_arguments(sampling)
+        guided = structured_outputs(getattr(sampling, "guided", None))
+        if guided is not None:  # a grammar vLLM cannot compile fails this request, named (ValueError at add_request)
+            arguments["structured_outputs"] = self.structured(**guided)
+        return tokens_prompt(prompt_token_ids=prompt_ids), sampling_params(**arguments, output_kind=kind.DELTA)
 
 
 # ---------------------------------------------------------------- the generator
