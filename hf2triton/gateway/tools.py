@@ -52,7 +52,8 @@ def _tool(tool: Any, index: int) -> dict[str, Any]:
     param = f"tools[{index}]"
     function = tool.get("function") if isinstance(tool, dict) else None
     if not isinstance(function, dict) or tool.get("type") != "function":
-        raise ApiError(400, f'{param} must be {{"type": "function", "function": {{"name": ..., "parameters": {{...}}}}}}', param=param)
+        shape = '{"type": "function", "function": {"name": ..., "parameters": {...}}}'
+        raise ApiError(400, f"each of 'tools' must be {shape}: {param} is {json.dumps(tool)[:80]}", param=param)
     name = function.get("name")
     if not isinstance(name, str) or not NAME.match(name):
         message = f"{param}.function.name must be 1-64 letters, digits, underscores or dashes, got {json.dumps(name)[:70]}"
@@ -105,7 +106,7 @@ def tool_request(body: dict[str, Any], served: ServedModel) -> ToolRequest:
         raise ApiError(400, f"model {served.name!r} is a {served.task} model: tools need a chat model's template", param="tools")
     if tools and served.tool_parser == interface.DEFAULT_TOOL_PARSER:
         message = (
-            f"model {served.name!r} does not take tools: set its generation.tool_parser in the config "
+            f"model {served.name!r} does not take 'tools': set its generation.tool_parser in the config "
             f"({' or '.join(p for p in interface.TOOL_PARSERS if p != interface.DEFAULT_TOOL_PARSER)}, the format its chat template "
             "asks the model to call tools in) and render it again"
         )
