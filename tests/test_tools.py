@@ -96,6 +96,7 @@ def test_hermes_finds_every_call_with_text_around():
     assert final["finish_reason"] == "tool_calls" and message["content"] == "Let me check."
     assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather", "get_time"]
     assert all(c["id"].startswith("call_") and c["type"] == "function" for c in message["tool_calls"])
+    assert tool_message("hermes", HERMES, {"finish_reason": "length"})[1] == {"finish_reason": "length"}  # cut: says so
     unclosed = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}'  # cut before its end tag: still a call
     assert parse_tool_calls("hermes", unclosed)[1][0].name == "get_time"
 

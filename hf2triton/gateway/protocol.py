@@ -200,7 +200,7 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     for index, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
         content = _content(message.get("content"), f"messages[{index}].content") if isinstance(message, dict) else None
-        calls = message.get("tool_calls") if role == "assistant" else None
+        calls = (message.get("tool_calls") or None) if role == "assistant" else None  # [] from some clients: none
         if role == "developer":
             role = "system"
         if calls is not None and content is None:

@@ -274,8 +274,13 @@ class ToolStream:
 
 def tool_message(parser: str, text: str, final: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A whole chat answer's message fields and final info: with the calls found, content the text around them (None
-    if none) and finish reason "tool_calls"; else the text as content."""
+    if none) and finish reason "tool_calls" (`called`); else the text as content."""
     content, calls = parse_tool_calls(parser, text)
     if not calls:
         return {"content": text}, final
-    return {"content": content, "tool_calls": [call.openai(call_id()) for call in calls]}, {**final, "finish_reason": "tool_calls"}
+    return {"content": content, "tool_calls": [call.openai(call_id()) for call in calls]}, called(final)
+
+
+def called(final: dict[str, Any]) -> dict[str, Any]:
+    """The final info of an answer that called tools: finish reason "tool_calls", unless it was cut ("length")."""
+    return {**final, "finish_reason": "tool_calls"} if final.get("finish_reason") == "stop" else final

@@ -20,7 +20,7 @@ from hf2triton.gateway.boundary import KEY, peer
 from hf2triton.gateway.errors import ApiError, triton_error
 from hf2triton.gateway.protocol import FINISH_REASONS, ServedModel
 from hf2triton.gateway.responses import TextEvents, event_stream, sse, unless_client_leaves
-from hf2triton.gateway.tool_parsers import ToolStream, tool_message
+from hf2triton.gateway.tool_parsers import ToolStream, called, tool_message
 from hf2triton.serving import interface
 from hf2triton.triton import client
 
@@ -217,10 +217,10 @@ async def completion(request: Request, chat: bool):
 
     def tool_events(index: int, text: str, final: dict | None, logprobs: dict | None) -> bytes:
         """A piece of a choice whose text is read for tool calls: its deltas (text that may become a call held back);
-        the finish reason "tool_calls" once a call went out."""
+        the finish reason "tool_calls" once a call went out (unless the answer was cut)."""
         deltas = calls[index].feed(text) + (calls[index].finish() if final is not None else [])
         if final is not None and calls[index].called:
-            final = {**final, "finish_reason": "tool_calls"}
+            final = called(final)
         if final is not None or (logprobs is not None and not deltas):
             deltas.append({})  # the finish reason (and log-probabilities whose text is held back) on a delta of its own
         events = []
