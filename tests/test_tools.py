@@ -198,6 +198,10 @@ def test_required_and_named_choices_build_the_parsers_constraint():
     assert llama["kind"] == "json_schema" and accepts(llama, '{"name": "get_time", "parameters": {"zone": "CET"}}')
     for choice in ("auto", "none"):
         assert guided(tool_request({"tools": TOOLS, "tool_choice": choice}, served_model()), "hermes") is None
+    rooted = {"type": "object", "properties": {"root": {"enum": ["root", "[root]"]}}, "required": ["root"]}  # the rule's name
+    rooted_tools = [{"type": "function", "function": {"name": "root", "parameters": rooted}}]
+    rooted_choice = guided(tool_request({"tools": rooted_tools, "tool_choice": "required"}, served_model()), "hermes")
+    assert accepts(rooted_choice, '<tool_call>\n{"name": "root", "arguments": {"root": "[root]"}}\n</tool_call>')
     bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}]
     with pytest.raises(ApiError) as refused:
         guided(tool_request({"tools": bad, "tool_choice": "required"}, served_model()), "hermes")

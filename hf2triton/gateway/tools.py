@@ -21,6 +21,8 @@ CHOICES = ("none", "auto", "required")
 # the key a parser's call object carries its arguments under (vLLM's hermes and llama3_json parsers)
 ARGUMENTS_KEY = {"hermes": "arguments", "llama3_json": "parameters"}
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+CALL_BLOCK, CALL_OBJECT = "hf2triton_tool_call", "hf2triton_call_object"  # a forced call's own grammar rules
+_RULE_OR_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\broot\b')
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ def _calls_schema(functions: list[dict[str, Any]], parser: str) -> dict[str, Any
 
 def _json_grammar(schema: dict[str, Any]) -> str:
     """xgrammar's EBNF of `schema` (compact JSON: no free whitespace a random-ish model could spin in), its root rule
-    renamed `call_json`; a schema xgrammar cannot convert is the request's mistake (400 naming the tools)."""
+    renamed CALL_OBJECT; a schema xgrammar cannot convert is the request's mistake (400 naming the tools)."""
     try:
         import xgrammar
     except ImportError:  # envs/requirements.txt installs it
@@ -149,7 +151,8 @@ def _json_grammar(schema: dict[str, Any]) -> str:
         raise ApiError(
             400, f"a tool's parameters are a JSON schema the constraint cannot be built from: {problem}", param="tools"
         ) from None
-    return re.sub(r"\broot\b", "call_json", ebnf)
+    # the rule named root, not a literal or character class that holds the word (an enum value "root")
+    return _RULE_OR_LITERAL.sub(lambda found: CALL_OBJECT if found.group(0) == "root" else found.group(0), ebnf)
 
 
 def guided(request: ToolRequest, parser: str) -> dict[str, Any] | None:
@@ -163,6 +166,6 @@ def guided(request: ToolRequest, parser: str) -> dict[str, Any] | None:
     if parser == "llama3_json":
         _json_grammar(schema)  # checked here: a schema xgrammar refuses is a 400, not a model-side failure
         return {"kind": "json_schema", "value": schema}
-    calls = 'call ("\\n" call)*' if request.parallel and request.choice == "required" else "call"
-    head = f'root ::= {calls}\ncall ::= "{HERMES_OPEN}\\n" call_json "\\n{HERMES_CLOSE}"\n'
+    calls = f'{CALL_BLOCK} ("\\n" {CALL_BLOCK})*' if request.parallel and request.choice == "required" else CALL_BLOCK
+    head = f'root ::= {calls}\n{CALL_BLOCK} ::= "{HERMES_OPEN}\\n" {CALL_OBJECT} "\\n{HERMES_CLOSE}"\n'
     return {"kind": "grammar", "value": head + _json_grammar(schema)}
