@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("--top-p", type=float, help="generation: nucleus sampling (0 < p <= 1)")
             command.add_argument("--seed", type=int, help="generation: sampling seed (the same seed, the same answer)")
             command.add_argument("--stop", action="append", help="generation: stop at this text (repeat for several)")
+            command.add_argument("--json-schema", metavar="FILE", help="generation: the answer is JSON valid against this schema file")
+            command.add_argument("--regex", help="generation: the answer matches this regular expression (constrained decoding)")
         if name == "chat":
             command.add_argument("--system", help="a system prompt that starts the conversation")
         if text:

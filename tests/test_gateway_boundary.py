@@ -342,7 +342,7 @@ def test_streamed_clients_that_leave_free_their_places_at_once(served, gateway):
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        (chat(0, response_format={"type": "json_object"}), "response_format"),
+        (chat(0, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}), "response_format"),
         (chat(0, frequency_penalty=0.5), "frequency_penalty"),
         (chat(0, presence_penalty=-1), "presence_penalty"),
     ],
@@ -523,6 +523,19 @@ def test_the_playground_in_headless_chromium_streams_stops_compares_and_embeds(s
     assert "<script>" in browser.find_elements("css selector", ".message.user .text")[1].text
     assert not browser.find_elements("css selector", "#chat-log img, #chat-log script")
     screenshot(browser, "chat", tmp_path)
+    # issue 44 #4: a JSON schema in its box is response_format json_schema: the random model's answer follows it
+    browser.find_element("id", "chat-clear").click()
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    fill(browser, "chat-schema", json.dumps(schema))
+    fill(browser, "chat-max-tokens", "200")
+    fill(browser, "chat-input", "Is it ok?")
+    browser.find_element("id", "chat-send").click()
+    wait_for(browser, lambda: "finish: stop" in (text_of(browser, ".message.assistant .stats") or ""))
+    assert json.loads(browser.execute_script("return document.querySelector('.message.assistant .text').textContent")) in (
+        {"ok": True},
+        {"ok": False},
+    )
+    fill(browser, "chat-schema", "")
     # Stop: a long sampled answer, stopped while it streams; the model's process goes idle within a step
     browser.find_element("id", "chat-clear").click()
     fill(browser, "chat-max-tokens", "3000")

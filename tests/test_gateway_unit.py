@@ -52,7 +52,7 @@ def test_sampling_parameters_map_to_model_inputs():
         ({"stop": ["a", ""]}, "stop"),
         ({"stop": ["a"] * 5}, "stop"),
         ({"seed": -1}, "seed"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
         ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
         ({"presence_penalty": -1}, "presence_penalty"),

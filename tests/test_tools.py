@@ -319,12 +319,17 @@ def test_openai_client_gets_a_forced_call_whole_and_streamed(gateway_url):
 
 @pytest.mark.integration
 def test_a_conversation_with_calls_and_results_is_answered(gateway_url):
-    from openai import OpenAI
+    from openai import BadRequestError, OpenAI
 
     client = OpenAI(base_url=gateway_url, api_key="x")
     for choice in ("auto", "none"):
         answer = client.chat.completions.create(model="chat", messages=CONVERSATION, tools=TOOLS, tool_choice=choice, max_tokens=4)
         assert answer.choices[0].message.role == "assistant" and answer.usage.completion_tokens >= 1
+    with pytest.raises(BadRequestError) as refused:  # two constraints for one answer
+        client.chat.completions.create(
+            model="chat", messages=ASK, tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}
+        )
+    assert refused.value.body["param"] == "tool_choice"
 
 
 @pytest.mark.integration

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from fastapi import Request
 
+from hf2triton.gateway import structured
 from hf2triton.gateway.errors import ApiError
 from hf2triton.serving import interface
 
@@ -95,18 +96,19 @@ def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX
     """OpenAI sampling parameters -> the model's request inputs (checked here: a bad value never reaches Triton);
     `max_new_tokens`: the model's cap, the range max_tokens is checked against. Log-probabilities: chat's `logprobs`
     (true/false) with `top_logprobs` (0..20), completions' `logprobs` (0..20 alternatives) and `echo` (the prompt's
-    tokens too; max_tokens may then be 0)."""
+    tokens too; max_tokens may then be 0). Structured output: gateway/structured.py."""
     flag(body, "stream")
     for key in UNSUPPORTED_CHAT:
         if body.get(key) not in (None, False, [], {}):
             raise ApiError(400, f"'{key}' is not supported by this server", param=key)
-    # refused rather than silently ignored: a client asking for JSON or penalties must not get plain sampling
-    if body.get("response_format") not in (None, {"type": "text"}):
-        raise ApiError(400, '\'response_format\' is not supported by this server (only {"type": "text"})', param="response_format")
+    # refused rather than silently ignored: a client asking for penalties must not get plain sampling
     for key in ("frequency_penalty", "presence_penalty"):
         if body.get(key) not in (None, 0, 0.0) or isinstance(body.get(key), bool):
             raise ApiError(400, f"'{key}' is not supported by this server (only 0)", param=key)
     options = _logprobs_options(body, chat)
+    guided = structured.guided_option(body)  # response_format / guided_* / structured_outputs: constrained decoding
+    if guided is not None:
+        options[interface.GUIDED] = guided
     least = 0 if options.get(interface.PROMPT_LOGPROBS) else 1  # an echo may generate nothing (lm-eval's loglikelihood)
     tokens = _number(body, "max_completion_tokens", int, least, max_new_tokens)
     tokens = tokens if tokens is not None else _number(body, "max_tokens", int, least, max_new_tokens)

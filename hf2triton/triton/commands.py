@@ -106,6 +106,8 @@ def infer(
         raise UserError(f"{model} is a {facts['task']} model, not {task}", f"use a {task} model (`python -m hf2triton models` lists them)")
     if facts["task"] == interface.TEXT_RANKING and not options.get(interface.QUERY):
         raise UserError(f"{model} is a reranker: it scores the TEXTs (documents) against a query", "add --query 'QUERY'")
+    if interface.GUIDED in options and not (facts["task"] in interface.GENERATIVE_TASKS and facts["streaming"]):
+        raise UserError(f"{model} is not a streaming generation model: --json-schema / --regex need one", "use a streaming model")
     try:
         if facts["task"] in interface.GENERATIVE_TASKS and facts["streaming"]:
             if len(texts) != 1:
@@ -194,8 +196,28 @@ def generation_flags(args: Any) -> dict[str, Any]:
         interface.TOP_K: getattr(args, "top_k", None),  # fill-mask: candidates per text
         interface.QUERY: getattr(args, "query", None),  # text-ranking: the texts are the documents
         interface.PROMPT_NAME: getattr(args, "prompt_name", None),  # feature-extraction: one of the model's prompts
+        interface.GUIDED: guided_flag(getattr(args, "json_schema", None), getattr(args, "regex", None)),  # structured output
     }
     return {name: value for name, value in flags.items() if value is not None}
+
+
+def guided_flag(schema_file: str | None, regex: str | None) -> dict[str, Any] | None:
+    """--json-schema FILE or --regex as the model's GUIDED input (constrained decoding; the server compiles it)."""
+    if schema_file and regex:
+        raise UserError("--json-schema and --regex both constrain the answer", "give one of them")
+    if regex:
+        return {"kind": "regex", "value": regex}
+    if not schema_file:
+        return None
+    try:
+        schema = json.loads(Path(schema_file).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise UserError(f"--json-schema {schema_file}: cannot read it ({err.strerror})", "give the path of a JSON schema file") from None
+    except ValueError as err:
+        raise UserError(f"--json-schema {schema_file} is not JSON ({err})", "give a JSON schema file (a JSON object)") from None
+    if not isinstance(schema, dict):
+        raise UserError(f"--json-schema {schema_file} holds no JSON object", 'a JSON schema is an object, e.g. {"type": "object"}')
+    return {"kind": "json_schema", "value": schema}
 
 
 def chat(grpc_url: str, model: str, options: dict[str, Any], read=input, out=sys.stdout, system: str | None = None) -> int:

@@ -144,7 +144,10 @@ def _tool_options(body: dict[str, Any], served: ServedModel, options: dict[str, 
     constraint = tools.guided(request, served.tool_parser)
     if constraint is not None:
         if interface.GUIDED in options:
-            message = "'tool_choice' required or a named function constrains the answer already: send no 'response_format' with it"
+            message = (
+                "'tool_choice' required or a named function constrains the answer already: send no 'response_format' "
+                "(nor guided_* / structured_outputs) with it"
+            )
             raise ApiError(400, message, param="tool_choice")
         options[interface.GUIDED] = constraint
     return request

@@ -199,6 +199,17 @@ function chatOptions() {
   };
   const stop = $("chat-stop").value.split(",").map((s) => s.trim()).filter(Boolean);
   if (stop.length) options.stop = stop;
+  const schema = $("chat-schema").value.trim();
+  if (schema) {  // structured output: response_format json_schema (the gateway answers a schema it cannot follow with a 400)
+    let parsed;
+    try {
+      parsed = JSON.parse(schema);
+    } catch (err) {
+      throw new Error(`JSON schema: not valid JSON (${err.message})`);
+    }
+    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) throw new Error("JSON schema: must be a JSON object");
+    options.response_format = { type: "json_schema", json_schema: { name: "playground", schema: parsed } };
+  }
   for (const name of Object.keys(options)) if (options[name] === undefined) delete options[name];
   return options;
 }
@@ -281,7 +292,14 @@ function shellQuote(text) {
 }
 
 $("chat-copy").addEventListener("click", async () => {
-  const body = { ...chatOptions(), messages: chatMessages(), stream: true };
+  let options;
+  try {
+    options = chatOptions();
+  } catch (err) {
+    showError(err);
+    return;
+  }
+  const body = { ...options, messages: chatMessages(), stream: true };
   const key = state.key ? ' -H "Authorization: Bearer $HF2TRITON_API_KEY"' : "";
   const curl = `curl -N ${location.origin}/v1/chat/completions -H "Content-Type: application/json"${key} -d ${shellQuote(JSON.stringify(body))}`;
   const flags = [["--max-tokens", body.max_tokens], ["--temperature", body.temperature], ["--top-p", body.top_p], ["--seed", body.seed],

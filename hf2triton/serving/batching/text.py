@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from .sequences import PARTIAL_CHARACTER, Sequence, TokenLogprob
@@ -70,12 +71,19 @@ def new_text(decode, sequence: Sequence) -> str:
     inference's and vLLM's incremental detokenisation) rather than the whole answer at every token. A split
     multi-byte character waits for its next token."""
     generated = sequence.generated
-    known = decode(generated[sequence.prefix_offset : sequence.read_offset], skip_special_tokens=True)
-    text = decode(generated[sequence.prefix_offset :], skip_special_tokens=True)
-    if len(text) <= len(known) or text.endswith(PARTIAL_CHARACTER):
+    # a guided answer is exactly the tokens its grammar accepted: no clean-up of spaces before punctuation (" ," -> ",")
+    options = {"skip_special_tokens": True, **({"clean_up_tokenization_spaces": False} if sequence.sampling.guided else {})}
+    known = decode(generated[sequence.prefix_offset : sequence.read_offset], **options)
+    text = decode(generated[sequence.prefix_offset :], **options)
+    if text.endswith(PARTIAL_CHARACTER):
+        return ""
+    # the clean-up can remove a space `known` ends with (sent already) once punctuation follows: the new text starts
+    # where the two part, or that punctuation would be lost
+    start = len(known) if text.startswith(known) else len(os.path.commonprefix([known, text]))
+    if len(text) <= start:
         return ""
     sequence.prefix_offset, sequence.read_offset = sequence.read_offset, len(generated)
-    return text[len(known) :]
+    return text[start:]
 
 
 def token_logprobs(torch, logits, tokens: list[int], tops: list[int]) -> list[TokenLogprob]:
