@@ -7,6 +7,7 @@ answer a call, which the official `openai` client (whole and streamed) and LangC
 from __future__ import annotations
 
 import json
+import shutil
 from typing import Literal
 
 import pytest
@@ -43,6 +44,21 @@ HERMES_TEMPLATE = (
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# Llama 3.1's JSON tool calling, shortened (its instruction as it is; ChatML headers, which this tokenizer has)
+LLAMA3_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' and loop.last and tools %}{{- '<|im_start|>user\n' }}"
+    "{{- 'Given the following functions, please respond with a JSON for a function call with its proper arguments that "
+    'best answers the given prompt.\n\nRespond in the format {"name": function name, "parameters": dictionary of '
+    "argument name and its value}. Do not use variables.\n\n' }}"
+    "{%- for tool in tools %}{{- tool | tojson + '\n\n' }}{%- endfor %}{{- message.content + '<|im_end|>\n' }}"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}"
+    "{%- set call = message.tool_calls[0].function %}"
+    "{{- '<|im_start|>assistant\n{\"name\": \"' + call.name + '\", \"parameters\": ' + call.arguments | tojson + '}<|im_end|>\n' }}"
+    "{%- else %}{{- '<|im_start|>' + ('ipython' if message.role == 'tool' else message.role) + '\n' + message.content + '<|im_end|>\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
 )
 WEATHER = {
     "type": "object",
@@ -211,11 +227,12 @@ def test_required_and_named_choices_build_the_parsers_constraint():
 # ------------------------------------------------------------------ the model side's templating (no server)
 
 
-def hermes_tokenizer(source):
+def hermes_tokenizer(source, template: str = HERMES_TEMPLATE):
+    """`source`'s tokenizer with a chat template that renders tools (Qwen2.5's Hermes one unless told)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source)
-    tokenizer.chat_template = HERMES_TEMPLATE
+    tokenizer.chat_template = template
     return tokenizer
 
 
@@ -279,11 +296,16 @@ def gateway_url(tmp_path_factory):
     from hf2triton import host
     from tests.helpers import make_workflow, tiny_llama
 
-    path = tiny_llama(tmp_path_factory.mktemp("tools-model") / "tiny-tools", 1024)  # room for the tools in its prompt
+    root = tmp_path_factory.mktemp("tools-models")
+    path = tiny_llama(root / "hermes", 1024)  # room for the tools in its prompt
+    shutil.copytree(path, root / "llama3")  # the same weights, with Llama 3.1's way of calling
     hermes_tokenizer(path).save_pretrained(path)
-    entry = {"name": "chat", "source": str(path), "task": "text-generation", "max_batch_size": 4}
-    entry["generation"] = {"max_new_tokens": 8, "max_sequences": 4, "tool_parser": "hermes"}
-    workflow = make_workflow(tmp_path_factory.mktemp("tools"), [entry])
+    hermes_tokenizer(path, LLAMA3_TEMPLATE).save_pretrained(root / "llama3")
+    entries = []
+    for name, parser in (("chat", "hermes"), ("chat3", "llama3_json")):
+        entry = {"name": name, "source": str(root / parser.split("_")[0]), "task": "text-generation", "max_batch_size": 4}
+        entries.append({**entry, "generation": {"max_new_tokens": 8, "max_sequences": 4, "tool_parser": parser}})
+    workflow = make_workflow(tmp_path_factory.mktemp("tools"), entries)
     workflow.config["openai"] = {"enabled": True, "port": host.free_ports(1)[0]}
     workflow.run("serve")
     yield f"http://127.0.0.1:{workflow.config['openai']['port']}/v1"
@@ -315,6 +337,28 @@ def test_openai_client_gets_a_forced_call_whole_and_streamed(gateway_url):
         final = stream.get_final_completion()
     assert final.choices[0].finish_reason == "tool_calls"
     check_call(final.choices[0].message.tool_calls[0], names=("get_time",))
+
+
+@pytest.mark.integration
+def test_llama3_json_calls_stream_as_openai_deltas(gateway_url):
+    """The llama3_json model's forced call (a JSON schema constraint), streamed: the first delta of the call carries
+    its index, id, type, name and arguments "", the next ones fragments of the arguments, the last the finish reason."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=gateway_url, api_key="x")
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    chunks = list(client.chat.completions.create(model="chat3", messages=ASK, tools=TOOLS, tool_choice=named, stream=True, **FORCED))
+    deltas = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
+    first, rest = deltas[0], deltas[1:]
+    assert first.index == 0 and first.id.startswith("call_") and first.type == "function"
+    assert first.function.name == "get_weather" and first.function.arguments == ""
+    assert all(d.index == 0 and d.id is None and d.function.name is None for d in rest)
+    arguments = json.loads("".join(d.function.arguments for d in rest))
+    assert set(arguments) == {"city", "unit"} and arguments["city"] in ("Paris", "Tokyo")
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    answer = client.chat.completions.create(model="chat3", messages=ASK, tools=TOOLS, tool_choice=named, **FORCED)
+    check_call(answer.choices[0].message.tool_calls[0], names=("get_weather",))
+    assert answer.choices[0].message.content is None
 
 
 @pytest.mark.integration
