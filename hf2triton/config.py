@@ -276,6 +276,12 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
             )
         if ".." in model["revision"].split("/"):
             raise UserError(f"config.models[{index}].revision = {model['revision']!r}: '..' not allowed", "use a branch, tag or commit")
+        parser = model.get("generation", {}).get("tool_parser", "none")
+        if parser != "none" and model["task"] != "text-generation":
+            raise UserError(
+                f"config.models[{index}].generation.tool_parser = {parser!r}: only for task text-generation (task is {model['task']})",
+                "remove generation.tool_parser (tool calling needs a chat model's template)",
+            )
         # the schema says 0..100; sampling needs 0 (greedy) or >= MIN_TEMPERATURE (1e-45 would give NaN)
         temperature = model.get("generation", {}).get("temperature", 0)
         if temperature_problem(float(temperature)):

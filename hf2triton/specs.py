@@ -92,6 +92,7 @@ class GenerationSpec:
     max_new_tokens_limit: int = DEFAULTS.max_new_tokens_limit
     time_limit_s: float = DEFAULTS.time_limit_s
     max_n: int = DEFAULTS.max_n
+    tool_parser: str = DEFAULTS.tool_parser
 
 
 # vllm.max_model_len's schema maximum: a model whose config claims more context is served with this much

@@ -44,7 +44,7 @@ def test_sampling_parameters_map_to_model_inputs():
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"logit_bias": {"1": 5}}, "logit_bias"),  # tools: tests/test_tools.py
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 2.5}, "max_tokens"),
         ({"temperature": True}, "temperature"),
@@ -335,7 +335,10 @@ def test_max_tokens_is_checked_against_the_models_own_limit_and_stream_must_be_a
         generation_options({"stream": "yes"})
     assert info.value.param == "stream" and "true or false" in info.value.message
     with pytest.raises(ApiError, match=r"developer"):
+        chat_messages({"messages": [{"role": "function", "content": "x"}]})  # OpenAI's deprecated role
+    with pytest.raises(ApiError, match=r"tool_call_id") as info:
         chat_messages({"messages": [{"role": "tool", "content": "x"}]})
+    assert info.value.param == "messages[0].tool_call_id"
 
 
 @pytest.mark.parametrize(

@@ -173,7 +173,8 @@ class Gateway:
             found[name] = ServedModel(
                 name, parameters.task, decoupled, config.max_batch_size, parameters.max_texts_per_request,
                 parameters.backend, device, sum(max(g.count, 1) for g in groups) or 1, parameters.max_new_tokens_limit,
-                parameters.max_sequences if decoupled else 0, parameters.max_n, **embedding_facts(config, parameters),
+                parameters.max_sequences if decoupled else 0, parameters.max_n, tool_parser=parameters.tool_parser,
+                **embedding_facts(config, parameters),
             )  # fmt: skip
         self.models, self.refresh_failed = found, False
 

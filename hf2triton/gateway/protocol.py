@@ -18,7 +18,7 @@ from hf2triton.gateway import structured
 from hf2triton.gateway.errors import ApiError
 from hf2triton.serving import interface
 
-UNSUPPORTED_CHAT = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "audio", "modalities")
+UNSUPPORTED_CHAT = ("logit_bias", "audio", "modalities")  # tools: gateway/tools.py
 FINISH_REASONS = {"stop": "stop", "length": "length", "time": "length", "cancelled": "stop"}  # the model's -> OpenAI's
 
 
@@ -37,6 +37,7 @@ class ServedModel:
     max_new_tokens: int = interface.MAX_NEW_TOKENS_RANGE[1]  # generation: the model's per-request cap (max_new_tokens_limit)
     max_sequences: int = 0  # streaming generation: sequences decoded together (its Triton max_batch_size is 0)
     max_n: int = interface.DEFAULTS.max_n  # generation: samples one request may ask for (`n`)
+    tool_parser: str = interface.DEFAULT_TOOL_PARSER  # generation: how tool calls are read from its answers
     # feature-extraction: its prompt names, its embedding's width, whether it normalises, its Matryoshka widths
     # (interface.ModelParameters: "" none, "any", or "768,512,...")
     prompt_names: tuple[str, ...] = ()
@@ -155,27 +156,78 @@ def sample_count(body: dict[str, Any], served: ServedModel) -> int:
     return _number(body, "n", int, 1, served.max_n) or 1
 
 
-def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def _content(content: Any, param: str) -> Any:
+    """A message's content: a string, or text parts joined (anything else is returned for the caller to refuse)."""
+    if isinstance(content, list):  # content parts: text only
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise ApiError(400, f"{param}: only text parts are supported", param=param)
+        return "".join(p["text"] for p in content)
+    return content
+
+
+def _tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
+    """An assistant message's `tool_calls` as OpenAI sends them back: [{id, type: function, function: {name,
+    arguments: JSON text}}] (the model side hands templates the arguments parsed)."""
+    param = f"messages[{index}].tool_calls"
+    shape = '[{"id": ..., "type": "function", "function": {"name": ..., "arguments": "{...}"}}]'
+    if not isinstance(calls, list) or not calls:
+        raise ApiError(400, f"{param} must be a non-empty list {shape}", param=param)
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(function, dict)
+            or call.get("type", "function") != "function"
+            or not isinstance(call.get("id", ""), str)
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments", ""), str)
+        ):
+            raise ApiError(400, f"{param} must be {shape}, got {json.dumps(call)[:80]}", param=param)
+    return [
+        {
+            "id": call.get("id", ""),
+            "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": call["function"].get("arguments", "{}")},
+        }
+        for call in calls
+    ]
+
+
+def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """`messages`: {role, content} each (developer is system), an assistant's `tool_calls` (its content may then be
+    null) and a tool result's `tool_call_id` (role tool)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     out = []
     for index, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
-        content = message.get("content") if isinstance(message, dict) else None
+        content = _content(message.get("content"), f"messages[{index}].content") if isinstance(message, dict) else None
+        calls = (message.get("tool_calls") or None) if role == "assistant" else None  # [] from some clients: none
         if role == "developer":
             role = "system"
-        if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-                raise ApiError(400, f"messages[{index}].content: only text parts are supported", param=f"messages[{index}].content")
-            content = "".join(p["text"] for p in content)
+        if calls is not None and content is None:
+            content = ""
         if role not in interface.CHAT_ROLES or not isinstance(content, str):
             raise ApiError(
                 400,
                 f"messages[{index}] must have a role ({', '.join((*interface.CHAT_ROLES, 'developer'))}) and text content",
                 param=f"messages[{index}]",
             )
-        out.append({"role": role, "content": _text(content, f"messages[{index}].content")})
+        item: dict[str, Any] = {"role": role, "content": _text(content, f"messages[{index}].content")}
+        if calls is not None:
+            item["tool_calls"] = _tool_calls(calls, index)
+        if role == "tool":
+            call = message.get("tool_call_id")
+            if not isinstance(call, str) or not call:
+                raise ApiError(
+                    400,
+                    f"messages[{index}] (role tool) needs 'tool_call_id': the id of the call it answers",
+                    param=f"messages[{index}].tool_call_id",
+                )
+            item["tool_call_id"] = call
+        if isinstance(message.get("name"), str) and role == "tool":
+            item["name"] = message["name"]
+        out.append(item)
     return out
 
 
@@ -365,23 +417,28 @@ def total_usage(finals: list[dict[str, Any]], samples: int) -> dict[str, int]:
     return usage({"prompt_tokens": prompt, "completion_tokens": sum(final.get("completion_tokens", 0) for final in finals)})
 
 
-def completion_answer(head: dict[str, Any], chat: bool, choices: list[tuple[str, dict, dict | None]], samples: int = 1) -> dict[str, Any]:
-    """The whole answer: `choices` = (text, final info, logprobs object or None) in index order."""
+def completion_answer(
+    head: dict[str, Any], chat: bool, choices: list[tuple[str | dict, dict, dict | None]], samples: int = 1
+) -> dict[str, Any]:
+    """The whole answer: `choices` = (text -- or, chat, the message's fields: content and tool_calls --, final info,
+    logprobs object or None) in index order."""
     out = []
     for index, (answer, final, logprobs) in enumerate(choices):
         ending = {"finish_reason": final.get("finish_reason"), "logprobs": logprobs}
-        content = {"message": {"role": "assistant", "content": answer}} if chat else {"text": answer}
+        fields = answer if isinstance(answer, dict) else {"content": answer}
+        content = {"message": {"role": "assistant", **fields}} if chat else {"text": answer}
         out.append({"index": index, **content, **ending})
     return {**head, "choices": out, "usage": total_usage([final for _, final, _ in choices], samples)}
 
 
 def completion_chunk(
-    head: dict[str, Any], chat: bool, piece: str, info: dict | None, role: bool = False, index: int = 0, logprobs: dict | None = None
+    head: dict[str, Any], chat: bool, piece: str | dict, info: dict | None, role: bool = False, index: int = 0, logprobs: dict | None = None
 ) -> dict[str, Any]:
-    """One streamed event of choice `index`: a piece of text (with its tokens' log-probabilities when asked), the
-    finish reason on the last one."""
+    """One streamed event of choice `index`: a piece of text (chat: or a delta's fields, e.g. its tool_calls), with
+    its tokens' log-probabilities when asked, the finish reason on the last one."""
     if chat:
-        delta = {"role": "assistant", "content": piece} if role else ({"content": piece} if piece else {})
+        fields = piece if isinstance(piece, dict) else ({"content": piece} if piece or role else {})
+        delta = {"role": "assistant", **fields} if role else fields
         choice = {"index": index, "delta": delta, "finish_reason": info and info["finish_reason"], "logprobs": logprobs}
     else:
         choice = {"index": index, "text": piece, "finish_reason": info and info["finish_reason"], "logprobs": logprobs}

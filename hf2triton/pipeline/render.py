@@ -20,7 +20,7 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory
 from hf2triton.integrity import write_manifest
 from hf2triton.serving import pooling
-from hf2triton.serving.interface import FEATURE_EXTRACTION, NO_STRIDE, ModelParameters
+from hf2triton.serving.interface import DEFAULT_TOOL_PARSER, FEATURE_EXTRACTION, NO_STRIDE, ModelParameters
 from hf2triton.serving.runtimes import runtime_module
 from hf2triton.serving.tasks import ENGINES, batcher_module
 from hf2triton.specs import VLLM_MAX_MODEL_LEN, ServingValues, VllmSpec, from_param
@@ -205,11 +205,31 @@ def check_stride_fits(serving: ServingValues, pretrained: str) -> None:
         )
 
 
+def check_tool_template(serving: ServingValues, pretrained: str) -> None:
+    """Refuse generation.tool_parser for a model whose chat template does not render tools (it never names `tools`):
+    every request with tools would be refused."""
+    parser = serving.generation.tool_parser if serving.generation else DEFAULT_TOOL_PARSER
+    if parser == DEFAULT_TOOL_PARSER:
+        return
+    from transformers import AutoTokenizer
+
+    template = AutoTokenizer.from_pretrained(pretrained).chat_template
+    sources = template.values() if isinstance(template, dict) else [template or ""]
+    if not any("tools" in source for source in sources):
+        raise UserError(
+            f"model {serving.name}: generation.tool_parser = {parser!r}, but its chat template "
+            f"{'does not render tools' if template else 'is missing'} (it never mentions `tools`)",
+            f"give {serving.name} a model whose tokenizer_config.json has a chat template with tool support, "
+            "or remove generation.tool_parser",
+        )
+
+
 def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir: str = "", trt_engine: str = "") -> Path:
     """Write the model's repository directory `output` (config.pbtxt + 1/model.py and the serving modules beside it)
     atomically."""
     check_generation_fits(serving, pretrained)
     check_stride_fits(serving, pretrained)
+    check_tool_template(serving, pretrained)
     if serving.execution_env:
         check_vllm_env(serving.execution_env)
     parameters = model_parameters_for(serving, pretrained, onnx_dir, trt_engine)

@@ -166,29 +166,95 @@ def embedding_options(raw: Any, prompt_names: tuple[str, ...]) -> dict[str, Any]
     return {name: value}
 
 
-def chat_prompt(tokenizer, messages_json: list[str]) -> str:
-    """The chat template over `messages` (one JSON list of {"role", "content"}), ready for the answer."""
-    if not getattr(tokenizer, "chat_template", None):
+def chat_prompt(tokenizer, messages_json: list[str], tools_json: list[str] | None = None) -> str:
+    """The chat template over `messages` (one JSON list of {"role", "content"}) and `tools` (one JSON list of OpenAI
+    tool objects, or None), ready for the answer."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
         raise RequestError(f"this model has no chat template: send '{interface.TEXT}' instead of '{interface.MESSAGES}'")
     messages = chat_messages(messages_json)
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    tools = chat_tools(tools_json) if tools_json is not None else None
+    # a template that never names `tools` would drop them silently: the model would answer as if it had none
+    sources = template.values() if isinstance(template, dict) else [template]
+    if tools and not any("tools" in source for source in sources):
+        raise RequestError(
+            f"the chat template of model {tokenizer.name_or_path} does not render tools (it never mentions `tools`): "
+            "give the model a chat template with tool support (its tokenizer_config.json's chat_template) or send no tools"
+        )
+    import jinja2  # transformers' template engine: a template's raise_exception() and errors are the request's
 
-
-def chat_messages(messages_json: list[str]) -> list[dict[str, str]]:
-    """`messages` (one JSON list of {"role", "content"} per request) checked: role and content of each."""
-    if len(messages_json) != 1:
-        raise RequestError(f"'{interface.MESSAGES}' takes one JSON list per request, got {len(messages_json)}")
     try:
-        messages = json.loads(messages_json[0])
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    except jinja2.TemplateError as err:
+        raise RequestError(f"the chat template refused the messages: {err}") from None
+
+
+def _one_json(values: list[str], name: str) -> Any:
+    if len(values) != 1:
+        raise RequestError(f"'{name}' takes one JSON list per request, got {len(values)}")
+    try:
+        return json.loads(values[0])
     except ValueError as err:
-        raise RequestError(f"'{interface.MESSAGES}' is not valid JSON ({err})") from None
+        raise RequestError(f"'{name}' is not valid JSON ({err})") from None
+
+
+def chat_tools(tools_json: list[str]) -> list[dict[str, Any]]:
+    """`tools` (one JSON list of {"type": "function", "function": {"name", ...}} per request) checked."""
+    tools = _one_json(tools_json, interface.TOOLS)
+    shape = '{"type": "function", "function": {"name": ..., "parameters": {...}}}'
+    if not isinstance(tools, list):
+        raise RequestError(f"'{interface.TOOLS}' must be a JSON list of {shape}")
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type") != "function" or not isinstance(function.get("name"), str):
+            raise RequestError(f"tools[{index}] must be {shape}, got {str(tool)[:80]}")
+    return tools
+
+
+def _tool_calls(calls: Any, index: int) -> list[dict[str, Any]]:
+    """An assistant message's tool calls as chat templates expect them: each function's `arguments` a dict (OpenAI
+    sends its JSON text; vLLM hands templates the parsed object too); text that is no JSON object stays as it is."""
+    if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls):
+        raise RequestError(
+            f'messages[{index}].tool_calls must be a list of {{"id", "type": "function", "function": {{"name", "arguments"}}}}'
+        )
+    out = []
+    for call in calls:
+        function = dict(call["function"])
+        if isinstance(function.get("arguments"), str):
+            try:
+                parsed = json.loads(function["arguments"])
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict):
+                function["arguments"] = parsed
+        out.append({**call, "function": function})
+    return out
+
+
+def chat_messages(messages_json: list[str]) -> list[dict[str, Any]]:
+    """`messages` (one JSON list of {"role", "content"} per request) checked: role and content of each; an assistant's
+    `tool_calls` (its content may then be null), a tool result's `tool_call_id` and `name`, kept for the template."""
+    messages = _one_json(messages_json, interface.MESSAGES)
     if not isinstance(messages, list) or not messages:
         raise RequestError(f"'{interface.MESSAGES}' must be a non-empty JSON list of {{role, content}}")
+    out = []
     for index, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in interface.CHAT_ROLES or not isinstance(message.get("content"), str):
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if calls and message.get("role") == "assistant" and content is None:
+            content = ""
+        if not isinstance(message, dict) or message.get("role") not in interface.CHAT_ROLES or not isinstance(content, str):
             roles = "/".join(interface.CHAT_ROLES)
             raise RequestError(f'messages[{index}] must be {{"role": {roles}, "content": a string}}, got {str(message)[:80]}')
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+        item: dict[str, Any] = {"role": message["role"], "content": content}
+        if calls:
+            item["tool_calls"] = _tool_calls(calls, index)
+        for key in ("tool_call_id", "name"):
+            if isinstance(message.get(key), str):
+                item[key] = message[key]
+        out.append(item)
+    return out
 
 
 def sampling_values(raw: dict[str, Any], options: dict[str, Any], params: Any) -> dict[str, Any]:
@@ -272,11 +338,19 @@ def token_id_prompt(raw: np.ndarray, vocabulary: int) -> list[int]:
 
 
 def prompt_ids(
-    engine: Any, text: np.ndarray | None, messages: np.ndarray | None, max_bytes: int, max_new_tokens: int, ids: np.ndarray | None = None
+    engine: Any,
+    text: np.ndarray | None,
+    messages: np.ndarray | None,
+    max_bytes: int,
+    max_new_tokens: int,
+    ids: np.ndarray | None = None,
+    tools: np.ndarray | None = None,
 ) -> list[int]:
     """A streaming request's prompt as token ids, from `text` (the engine's chat template applied as configured),
-    `messages` (the engine's `chat_prompt`) or `ids` (as they are); the engine checks that it and max_new_tokens fit
-    its context."""
+    `messages` with `tools` (the engine's `chat_prompt`) or `ids` (as they are); the engine checks that it and
+    max_new_tokens fit its context."""
+    if tools is not None and messages is None:
+        raise RequestError(f"'{interface.TOOLS}' goes with '{interface.MESSAGES}' (the chat template renders them)")
     if (text is not None) + (messages is not None) + (ids is not None) != 1:
         raise RequestError(
             f"send one of '{interface.TEXT}', '{interface.MESSAGES}' (a JSON list of {{role, content}}) or '{interface.PROMPT_IDS}'"
@@ -291,7 +365,8 @@ def prompt_ids(
             raise RequestError(f"a streaming model takes one prompt per request, got {len(texts)}")
         prompt = engine.prompt(texts[0])
     else:
-        prompt = engine.chat_prompt(decode_texts(messages, max_bytes))
+        tools_json = decode_texts(tools, max_bytes) if tools is not None else None
+        prompt = engine.chat_prompt(decode_texts(messages, max_bytes), tools_json)
     ids = engine.token_ids(prompt)
     engine.check_length(len(ids), max_new_tokens)
     return ids

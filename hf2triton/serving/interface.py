@@ -27,7 +27,16 @@ SEED = "seed"
 STOP = "stop"
 STREAM = "stream"
 MESSAGES = "messages"  # chat form: a JSON list of {"role", "content"}, instead of text
-CHAT_ROLES = ("system", "user", "assistant")
+# "tool": a tool's result ({"role": "tool", "tool_call_id", "content"}); an assistant message may carry "tool_calls"
+# ([{"id", "type": "function", "function": {"name", "arguments"}}], arguments a JSON object or its JSON text)
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+# Tool calling: TOOLS (BYTES [1], with MESSAGES) a JSON list of OpenAI tool objects ({"type": "function", "function":
+# {"name", "description", "parameters"}}) handed to the chat template (`apply_chat_template(..., tools=...)`); the
+# model's template must render them. Tool calls are parsed from the text by the gateway, with the model's
+# generation.tool_parser (TOOL_PARSERS; "none": tools are refused).
+TOOLS = "tools"
+TOOL_PARSERS = ("none", "hermes", "llama3_json")
+DEFAULT_TOOL_PARSER = "none"
 FINISH_REASON = "finish_reason"
 PROMPT_TOKENS = "prompt_tokens"
 COMPLETION_TOKENS = "completion_tokens"
@@ -153,6 +162,7 @@ STREAMING_OPTIONS = (
     Tensor(LOGPROBS, "INT32", optional=True),
     Tensor(PROMPT_LOGPROBS, "BOOL", optional=True),
     Tensor(PROMPT_IDS, "INT64", (-1,), optional=True),
+    Tensor(TOOLS, "BYTES", optional=True),
     Tensor(GUIDED, "BYTES", optional=True),
 )
 STREAMING_OUTPUTS = (
@@ -237,6 +247,7 @@ class ModelParameters:
     max_new_tokens_limit: int = 1024  # per-request cap
     time_limit_s: float = 300.0  # per-request generation time limit
     max_n: int = 8  # samples of one prompt an OpenAI request may ask for (`n`; each a sequence of its own)
+    tool_parser: str = DEFAULT_TOOL_PARSER  # how the gateway reads tool calls in this model's answers (TOOL_PARSERS)
     # backend vllm (runtimes/vllm.py): vLLM's engine settings as render resolved them (the config's vllm block)
     gpu_memory_utilization: float = 0.5  # fraction of the whole GPU the engine takes
     max_model_len: int = 0  # prompt + answer tokens per sequence (rendered: the served context)
@@ -271,6 +282,7 @@ class ModelParameters:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
             if self.streaming:
                 keys += ["max_queue", "max_new_tokens_limit", "time_limit_s", "max_n"]
+                keys += ["tool_parser"] if self.tool_parser != DEFAULT_TOOL_PARSER else []
                 keys += VLLM_KEYS if self.backend == "vllm" else ["max_sequences", "max_prefill_tokens"]  # whose batcher
         return tuple(keys)
 

@@ -198,8 +198,9 @@ class TritonPythonModel:
             raw = {name: self._optional(request, name) for name in names}
             sampling = sequences.Sampling(**inputs.sampling_values(raw, options, self.params))
             self._check_logprobs(sampling)
-            text, messages, ids = (self._optional(request, name) for name in (interface.TEXT, interface.MESSAGES, interface.PROMPT_IDS))
-            prompt_ids = inputs.prompt_ids(self.engine, text, messages, self.max_bytes, options[interface.MAX_NEW_TOKENS], ids)
+            names = (interface.TEXT, interface.MESSAGES, interface.PROMPT_IDS, interface.TOOLS)
+            text, messages, ids, tools = (self._optional(request, name) for name in names)
+            prompt_ids = inputs.prompt_ids(self.engine, text, messages, self.max_bytes, options[interface.MAX_NEW_TOKENS], ids, tools)
             stream_flag = self._optional(request, interface.STREAM)
             stream = bool(stream_flag.reshape(-1)[0]) if stream_flag is not None else True
         except inputs.RequestError as err:

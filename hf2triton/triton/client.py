@@ -243,7 +243,7 @@ def input_arrays(
         if value is None:
             continue
         tensor = OPTION_TENSORS[name]
-        if name in (interface.MESSAGES, interface.GUIDED):  # the chat form, instead of text; a grammar {"kind", "value"}
+        if name in (interface.MESSAGES, interface.TOOLS, interface.GUIDED):  # JSON: the chat form, its tools, a constraint
             arrays.append((name, tensor.datatype, np.array([json.dumps(value, ensure_ascii=False).encode("utf-8")], dtype=np.object_)))
             continue
         if name == interface.STOP:

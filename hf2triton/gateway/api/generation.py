@@ -14,12 +14,13 @@ from typing import Any, NamedTuple
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from hf2triton.gateway import protocol
+from hf2triton.gateway import protocol, tools
 from hf2triton.gateway.backend import Gateway, bound_texts, gateway_of
 from hf2triton.gateway.boundary import KEY, peer
 from hf2triton.gateway.errors import ApiError, triton_error
 from hf2triton.gateway.protocol import FINISH_REASONS, ServedModel
 from hf2triton.gateway.responses import TextEvents, event_stream, sse, unless_client_leaves
+from hf2triton.gateway.tool_parsers import ToolStream, called, tool_message
 from hf2triton.serving import interface
 from hf2triton.triton import client
 
@@ -135,10 +136,28 @@ async def merged(streams: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _choices(body: dict[str, Any], served: ServedModel, chat: bool) -> tuple[list, list[dict[str, Any]], int]:
-    """The request's choices in index order -- each prompt `n` times -- as (prompts, options per choice, n). Samples
-    of one prompt differ: with a `seed`, sample i takes seed + i."""
+def _tool_options(body: dict[str, Any], served: ServedModel, options: dict[str, Any]) -> tools.ToolRequest:
+    """A chat request's tools (interface.TOOLS, for the template) and, for a forced call, its constraint (GUIDED)."""
+    request = tools.tool_request(body, served)
+    if request.tools:
+        options[interface.TOOLS] = request.tools
+    constraint = tools.guided(request, served.tool_parser)
+    if constraint is not None:
+        if interface.GUIDED in options:
+            message = (
+                "'tool_choice' required or a named function constrains the answer already: send no 'response_format' "
+                "(nor guided_* / structured_outputs) with it"
+            )
+            raise ApiError(400, message, param="tool_choice")
+        options[interface.GUIDED] = constraint
+    return request
+
+
+def _choices(body: dict[str, Any], served: ServedModel, chat: bool) -> tuple[list, list[dict[str, Any]], int, tools.ToolRequest | None]:
+    """The request's choices in index order -- each prompt `n` times -- as (prompts, options per choice, n, the chat's
+    tools). Samples of one prompt differ: with a `seed`, sample i takes seed + i."""
     options = protocol.generation_options(body, served.max_new_tokens, chat=chat)
+    tool_request = _tool_options(body, served, options) if chat else None
     prompts = [protocol.chat_messages(body)] if chat else protocol.completion_prompts(body)
     if served.task == interface.TEXT2TEXT and options.get(interface.PROMPT_LOGPROBS):
         message = "'echo' is not supported for text2text-generation models: an encoder's input has no log-probabilities"
@@ -151,14 +170,16 @@ def _choices(body: dict[str, Any], served: ServedModel, chat: bool) -> tuple[lis
     bound_texts(served, len(prompts) * samples, "n" if samples > 1 else "prompt")
     seed = options.get(interface.SEED)
     per_sample = [options if seed is None else {**options, interface.SEED: (seed + i) % interface.SEED_RANGE[1]} for i in range(samples)]
-    return [p for p in prompts for _ in range(samples)], [per_sample[i % samples] for i in range(len(prompts) * samples)], samples
+    choices = [per_sample[i % samples] for i in range(len(prompts) * samples)]
+    return [p for p in prompts for _ in range(samples)], choices, samples, tool_request
 
 
 async def completion(request: Request, chat: bool):
     gateway = gateway_of(request)
     body = await protocol.read_body(request)
     served = await gateway.model(body, interface.GENERATIVE_TASKS)
-    prompts, options, samples = _choices(body, served, chat)
+    prompts, options, samples, tool_request = _choices(body, served, chat)
+    parser = served.tool_parser if tool_request is not None and tool_request.parses else None
     reported = bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
     shapes = [protocol.ChoiceLogprobs(chat, reported) for _ in prompts]
     head = protocol.completion_head(chat, served.name)
@@ -174,7 +195,10 @@ async def completion(request: Request, chat: bool):
                 texts[index].append(text)
                 logprobs[index].append(found)
                 finals[index] = piece.final or finals[index]
-            return [("".join(texts[i]), finals[i], shapes[i].merged(logprobs[i])) for i in range(len(prompts))]
+            answers = [("".join(texts[i]), finals[i], shapes[i].merged(logprobs[i])) for i in range(len(prompts))]
+            if parser is None:
+                return answers
+            return [(*tool_message(parser, text, final), found) for text, final, found in answers]
 
         collected = await unless_client_leaves(request, collect())
         if collected is None:  # nobody reads this answer
@@ -192,8 +216,28 @@ async def completion(request: Request, chat: bool):
     middles = {}  # per choice: its plain middle pieces rendered around a marker (responses.TextEvents)
     started: set[int] = set()
 
+    calls = [ToolStream(parser) for _ in prompts] if parser is not None else []
+
+    def tool_events(index: int, text: str, final: dict | None, logprobs: dict | None) -> bytes:
+        """A piece of a choice whose text is read for tool calls: its deltas (text that may become a call held back);
+        the finish reason "tool_calls" once a call went out (unless the answer was cut)."""
+        deltas = calls[index].feed(text) + (calls[index].finish() if final is not None else [])
+        if final is not None and calls[index].called:
+            final = called(final)
+        if final is not None or (logprobs is not None and not deltas):
+            deltas.append({})  # the finish reason (and log-probabilities whose text is held back) on a delta of its own
+        events = []
+        for number, delta in enumerate(deltas):
+            role = index not in started
+            started.add(index)
+            last = final if number == len(deltas) - 1 else None
+            events.append(sse(protocol.completion_chunk(head, chat, delta, last, role, index, logprobs if number == 0 else None)))
+        return b"".join(events)
+
     def piece_event(index: int, piece: Piece) -> bytes:
         text, logprobs = shapes[index].piece(piece.text, piece.logprobs)
+        if calls:
+            return tool_events(index, text, piece.final, logprobs)
         role = index not in started
         started.add(index)
         if role or piece.final is not None or not text or piece.logprobs is not None:

@@ -33,9 +33,10 @@ class GenerationEngine(Engine):
             return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
         return text
 
-    def chat_prompt(self, messages_json: list[str]) -> str:
-        """A chat request's prompt: the chat template over its messages (a streaming request's `messages`)."""
-        return chat_prompt(self.tokenizer, messages_json)
+    def chat_prompt(self, messages_json: list[str], tools_json: list[str] | None = None) -> str:
+        """A chat request's prompt: the chat template over its messages and tools (a streaming request's `messages`
+        and `tools`)."""
+        return chat_prompt(self.tokenizer, messages_json, tools_json)
 
     def token_ids(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]  # the template (if any) holds them

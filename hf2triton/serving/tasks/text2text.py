@@ -34,8 +34,10 @@ class Text2TextEngine(GenerationEngine):
     def prompt(self, text: str) -> str:
         return text
 
-    def chat_prompt(self, messages_json: list[str]) -> str:
+    def chat_prompt(self, messages_json: list[str], tools_json: list[str] | None = None) -> str:
         """A chat request's input: its last user message (an encoder-decoder model has no conversation format)."""
+        if tools_json is not None:
+            raise RequestError(f"'{interface.TOOLS}': a text2text model has no chat template to render tools")
         users = [m["content"] for m in chat_messages(messages_json) if m["role"] == "user"]
         if not users:
             raise RequestError(f"'{interface.MESSAGES}' has no user message: a text2text model answers the last one")
