@@ -140,6 +140,7 @@ class ModelSpec:
     generation: GenerationSpec | None = None  # text-generation models only
     vllm: VllmSpec | None = None  # backend vllm only
     stride: int = DEFAULTS.stride  # token-classification: window overlap of long texts (token_classification.stride)
+    max_image_pixels: int = DEFAULTS.max_image_pixels  # image tasks: width x height of one image at most
 
     @property
     def is_generation(self) -> bool:
@@ -338,6 +339,7 @@ class ServingValues:
     generation: GenerationSpec | None
     vllm: VllmSpec | None = None
     stride: int = DEFAULTS.stride
+    max_image_pixels: int = DEFAULTS.max_image_pixels
     execution_env: str = ""  # backend vllm: the absolute path of the venv Triton runs its stub in (EXECUTION_ENV_PATH)
 
 

@@ -6,6 +6,7 @@ feature-extraction's (sentence-transformers is not installed): its encode() re-w
 from __future__ import annotations
 
 import functools
+import io
 import json
 import math
 from pathlib import Path
@@ -13,10 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from hf2triton.pipeline.image_probes import ZERO_SHOT_LABELS, probe_images
 from hf2triton.serving import interface
 
 # The pipeline's JSON per task: (served output tensor, what one item of its list is called in the report)
-JSON_ANSWERS = {interface.TOKEN_CLASSIFICATION: (interface.ENTITIES, "entities"), interface.FILL_MASK: (interface.CANDIDATES, "candidates")}
+JSON_ANSWERS = {
+    interface.TOKEN_CLASSIFICATION: (interface.ENTITIES, "entities"),
+    interface.FILL_MASK: (interface.CANDIDATES, "candidates"),
+    **{task: (interface.LABELS, "labels") for task in interface.IMAGE_TASKS},  # per image its labels (image_probes.py)
+}
 MASK = "{mask}"  # fill-mask probes: replaced by the model's own mask token
 
 
@@ -85,17 +91,38 @@ def pipeline_candidates(
     return _as_served([answers] if len(texts) == 1 else answers)  # one text: the pipeline answers its list alone
 
 
+def pipeline_image_answers(
+    task: str, model_dir: str, images: list[bytes], device: str = "cpu", dtype: str = "auto", **options: Any
+) -> dict[str, np.ndarray]:
+    """`transformers.pipeline(task)` over `images` (encoded; opened with Pillow, the pipeline converts them) in-process,
+    one JSON list of {label, score} per image (BYTES, as served). `options`: the pipeline's (top_k, function_to_apply;
+    candidate_labels, hypothesis_template)."""
+    from PIL import Image
+
+    if task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION:
+        options.setdefault(interface.CANDIDATE_LABELS, list(ZERO_SHOT_LABELS))
+        options[interface.CANDIDATE_LABELS] = list(options[interface.CANDIDATE_LABELS])
+    pictures = [Image.open(io.BytesIO(image)) for image in images]
+    answers = _pipeline(task, model_dir, device, dtype)(pictures, **options)
+    return {interface.LABELS: _as_served(answers)}
+
+
 def pipeline_answers(
     task: str, model_dir: str, texts: list[str], device: str, dtype: str, stride: int = interface.NO_STRIDE
 ) -> dict[str, np.ndarray]:
     """The pipeline's default answer for a JSON-answer task, as the served output tensor (a tagger: with its stride)."""
     if task == interface.TOKEN_CLASSIFICATION:
         return {JSON_ANSWERS[task][0]: pipeline_entities(model_dir, texts, device, dtype=dtype, stride=stride)}
+    if task in interface.IMAGE_TASKS:  # `texts`: encoded images
+        return pipeline_image_answers(task, model_dir, texts, device, dtype)
     return {JSON_ANSWERS[task][0]: pipeline_candidates(model_dir, texts, device, dtype=dtype)}
 
 
 def probe_texts(task: str, model_dir: str, probes: list[str]) -> list[str]:
-    """Validation's probes for the model: fill-mask's with the tokenizer's own mask token."""
+    """Validation's probes for the model: fill-mask's with the tokenizer's own mask token; an image task's synthetic
+    images (encoded, in place of the texts)."""
+    if task in interface.IMAGE_TASKS:
+        return probe_images()
     if task != interface.FILL_MASK:
         return probes
     from transformers import AutoTokenizer

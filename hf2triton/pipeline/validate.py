@@ -22,6 +22,7 @@ from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
 from hf2triton.gateway.process import require_api_key
+from hf2triton.pipeline.image_probes import validation_options
 from hf2triton.pipeline.pipeline_answers import (
     JSON_ANSWERS,
     compare_embeddings,
@@ -128,10 +129,10 @@ def infer(
     triton, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...], options: dict[str, Any] | None = None
 ) -> tuple[dict[str, np.ndarray], float]:
     if options is None:
-        ranking = {interface.QUERY: RANKING_QUERY} if task == interface.TEXT_RANKING else None
+        ranking = {interface.QUERY: RANKING_QUERY} if task == interface.TEXT_RANKING else validation_options(task)
         options = VALIDATION_OPTIONS if task in GENERATIVE_TASKS else ranking
     started = time.perf_counter()
-    result = triton.infer(name, client.build_inputs(client_module, texts, options))
+    result = triton.infer(name, client.build_inputs(client_module, texts, options, primary=interface.primary_input(task)))
     elapsed_ms = (time.perf_counter() - started) * 1000
     return {o: result.as_numpy(o) for o in outputs}, elapsed_ms
 
@@ -455,7 +456,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         "parity": parity,
         "latency_ms": {"http": round(http_ms, 1), "grpc": round(grpc_ms, 1)},
         "sample": {
-            "input": texts[0],
+            "input": texts[0] if isinstance(texts[0], str) else f"an image of {len(texts[0])} bytes",
             "output": sample[0].decode() if sample.dtype == np.object_ else [round(float(x), 5) for x in sample[:4]],
         },
         "checks": checks,

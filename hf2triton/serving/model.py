@@ -122,12 +122,15 @@ class TritonPythonModel:
         else:
             print(message, flush=True)
 
-    def _parse(self, request) -> tuple[list[str], dict[str, Any]]:
-        tensor = pb_utils.get_input_tensor_by_name(request, interface.TEXT)
+    def _parse(self, request) -> tuple[list[Any], dict[str, Any]]:
+        primary = interface.primary_input(self.task)
+        tensor = pb_utils.get_input_tensor_by_name(request, primary)
         if tensor is None:
-            raise inputs.RequestError(f"input '{interface.TEXT}' is missing")
+            raise inputs.RequestError(f"input '{primary}' is missing")
         values = tensor.as_numpy()
         inputs.check_request_size(values, self.params)
+        if self.task in interface.IMAGE_TASKS:  # decoded images (bounded in pixels before decoding) instead of texts
+            return self._parse_images(request, values)
         texts = inputs.decode_texts(values, self.max_bytes)
         options: dict[str, Any] = {}
         if self.task in interface.GENERATIVE_TASKS:
@@ -149,6 +152,18 @@ class TritonPythonModel:
         elif self.task == interface.FEATURE_EXTRACTION:  # requests with the same prompt share one pass
             options = inputs.embedding_options(self._optional(request, interface.PROMPT_NAME), self.engine.prompt_names)
         return texts, options
+
+    def _parse_images(self, request, values: np.ndarray) -> tuple[list[Any], dict[str, Any]]:
+        """An image task's request: its options first (cheap), then its images decoded; requests with the same options
+        share one pass."""
+        if self.task == interface.IMAGE_CLASSIFICATION:
+            raw = (self._optional(request, interface.TOP_K), self._optional(request, interface.FUNCTION_TO_APPLY))
+            options = inputs.image_classification_options(*raw)
+        else:
+            raw = (self._optional(request, interface.CANDIDATE_LABELS), self._optional(request, interface.HYPOTHESIS_TEMPLATE))
+            options = inputs.zero_shot_image_options(*raw, self.max_bytes)
+            self.engine.check_labels(options[interface.CANDIDATE_LABELS], options[interface.HYPOTHESIS_TEMPLATE])
+        return self.engine.decode(values), options
 
     # ------------------------------------------------------------------ streaming generation (decoupled)
 
@@ -270,7 +285,7 @@ class TritonPythonModel:
                 continue
             groups.setdefault(tuple(sorted(options.items())), []).append((index, texts))
         for options, members in groups.items():
-            all_texts = [text for _, texts in members for text in texts]
+            all_texts = [text for _, texts in members for text in texts]  # (or decoded images)
             try:
                 outputs = self.engine.run(all_texts, **dict(options))
             except Exception as err:  # noqa: BLE001 - one failed pass must not take the stub down
