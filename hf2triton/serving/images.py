@@ -4,8 +4,9 @@ with Pillow as transformers' pipelines read theirs (`load_image`: EXIF orientati
 The size is bounded before any pixel is decoded: `Image.open` reads the header only, so an image whose width x height
 exceeds max_image_pixels (a decompression bomb: a few kilobytes of PNG that decode to gigabytes) is refused from its
 header. Pillow's own bomb guard (Image.MAX_IMAGE_PIXELS) is set to the same bound, for formats whose frames differ in
-size from the header's. Only the common still-image formats are opened (no EPS/PDF-like decoders on the server). A
-problem with one image raises RequestError: its request gets the error, the rest of the batch is unaffected.
+size from the header's (beyond twice the bound it refuses an image from its header itself). Only the common still-image
+formats are opened (no EPS/PDF-like decoders on the server). A problem with one image raises RequestError: its request
+gets the error, the rest of the batch is unaffected.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ def decode_image(raw: Any, max_pixels: int, index: int = 0) -> Any:
         raise RequestError(f"image {index}: input 'image' must be BYTES (the encoded image file), got {type(raw).__name__}")
     if not raw:
         raise RequestError(f"image {index} is empty: send the bytes of a PNG or JPEG file")
-    Image.MAX_IMAGE_PIXELS = max_pixels  # Pillow's bomb guard: DecompressionBombError at 2x, a warning (made an error) at 1x
+    Image.MAX_IMAGE_PIXELS = max_pixels  # Pillow's bomb guard: DecompressionBombError beyond 2x (a warning beyond 1x)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # 1x-2x: refused below, naming the size
             image = Image.open(io.BytesIO(bytes(raw)), formats=FORMATS)
             width, height = image.size
             if width * height > max_pixels:
@@ -44,8 +45,8 @@ def decode_image(raw: Any, max_pixels: int, index: int = 0) -> Any:
             return image.convert("RGB")  # decodes
     except RequestError:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise RequestError(f"image {index} refused: {err}") from None
+    except Image.DecompressionBombError as err:  # over 2x the bound: Pillow refuses it from the header itself
+        raise RequestError(f"image {index} is more than max_image_pixels={max_pixels} ({err}): send a smaller image") from None
     except UnidentifiedImageError:
         head = bytes(raw[:16])
         raise RequestError(
