@@ -266,7 +266,7 @@ def _cli(workflow, *args: str) -> subprocess.CompletedProcess:
 def test_served_image_models_validate_and_answer_as_the_pipeline(served, image_models, tmp_path):
     for name in ("vit", "clip", "siglip"):
         checks = passed_checks(served, name, {"http equals grpc", "served equals in-process"})
-        assert "labels of 3 texts as transformers' pipeline" in checks["served equals in-process"]["detail"]
+        assert "labels of 3 images as transformers' pipeline" in checks["served equals in-process"]["detail"]
     gateway = json.loads((served.directory / "results" / "validation" / "gateway.json").read_text())
     assert gateway["ok"] and {c["name"] for c in gateway["checks"]} == {f"{n}: predict equals Triton" for n in ("vit", "clip", "siglip")}
     images = [*probe_images(), encoded(synthetic_image(40, 24, 3), "JPEG")]  # 4 images (PNG and JPEG) in one request

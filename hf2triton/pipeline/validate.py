@@ -200,7 +200,8 @@ def compare_outputs(task: str, served: dict[str, np.ndarray], reference: dict[st
         return result["ok"], detail
     if task in JSON_ANSWERS:
         differing = f"; texts differing: {result['texts_differing']}" if result["texts_differing"] else ""
-        detail = f"{result['entities']} {JSON_ANSWERS[task][1]} of {result['texts']} texts as transformers' pipeline"
+        rows = "images" if task in interface.IMAGE_TASKS else "texts"
+        detail = f"{result['entities']} {JSON_ANSWERS[task][1]} of {result['texts']} {rows} as transformers' pipeline"
         detail += f"; max score diff {result['max_score_diff']:.2e}"
         return result["ok"], detail + differing
     return result["ok"], f"served {result['served']!r} vs in-process {result['reference']!r}"
@@ -404,7 +405,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     task = params.task
     if rendered.model_transaction_policy.decoupled:
         return validate_streaming(settings, name, rendered, checks)
-    texts = probe_texts(task, params.model_dir, PROBES[task][: rendered.max_batch_size or None])  # one request fits max_batch_size
+    texts = probe_texts(task, params.model_dir, PROBES.get(task, []))[: rendered.max_batch_size or None]  # one request fits
     outputs = tuple(o.name for o in rendered.output)
     before = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
     try:
