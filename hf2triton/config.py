@@ -214,7 +214,7 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
             )
         if model["backend"] in ("onnx", "tensorrt") and model["task"] in TORCH_ONLY_TASKS:
             raise UserError(
-                f"config.models[{index}].backend = {model['backend']!r}: not yet for {model['task']} (no ONNX export yet)",
+                f"config.models[{index}].backend = {model['backend']!r}: not yet for {model['task']}, torch only (no ONNX export)",
                 "use backend torch for it: backend: python",
             )
         if model["backend"] == "tensorrt" and model["task"] in NO_TENSORRT_TASKS:
