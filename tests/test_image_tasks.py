@@ -343,3 +343,43 @@ def test_served_image_models_validate_and_answer_as_the_pipeline(served, image_m
     assert refused.returncode != 0 and "--labels" in refused.stdout + refused.stderr
     missing = _cli(served, "vit", str(tmp_path / "nothing.png"))
     assert missing.returncode != 0 and "cannot read" in missing.stdout + missing.stderr
+
+
+@pytest.mark.integration
+def test_the_playground_classifies_a_picked_image(served, tmp_path):
+    """The Images view in headless Chromium: a picked file is shown and classified by the zero-shot model; its labels
+    (markup in one stays text) with score bars equal the predict endpoint's answer; no console errors."""
+    from selenium.webdriver.support.ui import Select
+
+    from tests.browser import console_errors, fill, start_chromium, text_of, wait_for
+
+    browser = start_chromium()
+    try:
+        port = served.config["openai"]["port"]
+        browser.get(f"http://127.0.0.1:{port}/playground/")
+        tab = 'button[data-view="images"]'
+        wait_for(browser, lambda: browser.execute_script(f"return !document.querySelector('{tab}').hidden"))
+        browser.find_element("css selector", tab).click()
+        Select(browser.find_element("id", "images-model")).select_by_value("clip")
+        fill(browser, "images-labels", "red, <b>blue</b>")
+        path = tmp_path / "picked.png"
+        path.write_bytes(probe_images()[0])
+        browser.find_element("id", "images-file").send_keys(str(path))
+        wait_for(
+            browser, lambda: (browser.execute_script("return document.getElementById('images-preview').src") or "").startswith("blob:")
+        )
+        browser.find_element("id", "images-send").click()
+        wait_for(browser, lambda: len(browser.find_elements("css selector", "#images-labels-out li")) == 2)
+        shown = [
+            (item.find_element("css selector", ".token").text, float(item.get_attribute("data-score")))
+            for item in browser.find_elements("css selector", "#images-labels-out li")
+        ]
+        expected = json.loads(
+            _infer_labels(served, "http", "clip", probe_images()[:1], {interface.CANDIDATE_LABELS: ["red", "<b>blue</b>"]})[0]
+        )
+        assert shown == [(item["label"], item["score"]) for item in expected], (shown, expected)
+        assert not browser.find_elements("css selector", "#images-labels-out b") and "picked.png" in text_of(browser, "#images-note")
+        assert len(browser.find_elements("css selector", "#images-labels-out .bar-fill")) == 2
+        assert not console_errors(browser), console_errors(browser)
+    finally:
+        browser.quit()
