@@ -371,6 +371,11 @@ def _check_tune(cfg: dict) -> None:
                 f"remove {name!r} from tune.models (its running batch is generation.max_sequences; `make bench` measures it), "
                 "or set its generation.streaming: false",
             )
+        if names[name]["task"] in IMAGE_TASKS:
+            raise UserError(
+                f"config.tune.models: {name!r} is an image model ({names[name]['task']}); tune's loads are texts (not yet images)",
+                f"remove {name!r} from tune.models",
+            )
     for key, (low, high) in TUNE_BOUNDS.items():
         for value in tune[key]:
             if not low <= value <= high:
