@@ -308,6 +308,21 @@ def test_served_image_models_validate_and_answer_as_the_pipeline(served, image_m
     ):
         with pytest.raises(tritonclient.utils.InferenceServerException, match=message.replace("(", r"\(")):
             _infer_labels(served, "grpc", "vit", [bad])
+    # concurrent requests (Triton batches their rows): a bad image fails its own request only
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(image: bytes) -> str:
+        try:
+            return _infer_labels(served, "http", "vit", [image])[0].decode()
+        except tritonclient.utils.InferenceServerException as err:
+            return f"error: {err}"
+
+    sent = [*images, b"GIF89a broken", *images]
+    with ThreadPoolExecutor(len(sent)) as pool:
+        answers = list(pool.map(one, sent))
+    assert answers[len(images)].startswith("error: ") and "image 0" in answers[len(images)], answers[len(images)]
+    good = [answer.encode() for index, answer in enumerate(answers) if index != len(images)]
+    _same(np.array(good, dtype=np.object_), pipeline_image_answers(IC, str(image_models["vit"]), [*images, *images]))
     with pytest.raises(tritonclient.utils.InferenceServerException, match="input 'candidate_labels' is missing"):
         _infer_labels(served, "http", "clip", images[:1])
     _same(_infer_labels(served, "http", "vit", images[:1]), pipeline_image_answers(IC, str(image_models["vit"]), images[:1]))
