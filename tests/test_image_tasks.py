@@ -123,6 +123,23 @@ def test_engines_equal_the_pipeline_in_process(image_models):
         assert (abs(sum(scores) - 1) < 1e-5) == (name == "clip")  # softmax over the labels; SigLIP: sigmoid per label
 
 
+def test_zero_shot_embeddings_equal_the_model_in_process(image_models):
+    """CLIP's and SigLIP's image and text features, normalised, as served (batched) and each row alone in-process."""
+    from hf2triton.pipeline.pipeline_answers import compare_embeddings, dual_encoder_embeddings
+    from hf2triton.serving.tasks.vision import ZeroShotImageEngine
+
+    texts = ["a red square", "x", "a long text " * 40]  # the last: CLIP's cut to its 64-token context
+    for name in ("clip", "siglip"):
+        engine = ZeroShotImageEngine(str(image_models[name]))
+        for rows, kind in ((probe_images(), "images"), (texts, "texts")):
+            served = engine.run(rows, embed=kind)
+            reference = dual_encoder_embeddings(str(image_models[name]), rows, kind == "texts")
+            assert compare_embeddings(served, reference, 0.99999)["ok"], (name, kind)
+            assert served[interface.PROMPT_TOKENS].tolist() == reference[interface.PROMPT_TOKENS].tolist()
+            assert np.allclose(np.linalg.norm(served[interface.EMBEDDING], axis=1), 1, atol=1e-5)
+        assert engine.run(texts, embed="texts")[interface.PROMPT_TOKENS].tolist()[-1] == 64
+
+
 def _png_header_only(width: int, height: int) -> bytes:
     """A PNG whose header claims width x height over one tiny compressed row: a decompression bomb's shape."""
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
@@ -174,6 +191,8 @@ def test_request_options():
 
 
 def test_config_refuses_onnx_and_renders_the_image_interface(image_models, tmp_path):
+    from tritonclient.grpc import model_config_pb2 as mc
+
     from hf2triton.config import load_config
     from hf2triton.errors import UserError
     from hf2triton.pipeline.render import render_model, serving_files
@@ -195,12 +214,19 @@ def test_config_refuses_onnx_and_renders_the_image_interface(image_models, tmp_p
         files = {str(p).split("serving/")[-1] for p in serving_files(serving)}
         assert {"tasks/vision.py", "images.py"} <= files and "runtimes/onnxruntime.py" not in files
         config = read_model_config(render_model(str(tmp_path / task), serving, str(image_models[model])) / "config.pbtxt")
-        options = [t.name for t in (interface.IMAGE_CLASSIFICATION_OPTIONS if task == IC else interface.ZERO_SHOT_IMAGE_OPTIONS)]
-        assert [(t.name, t.data_type, t.optional) for t in config.input] == [
-            ("image", 13, False),
-            *((name, config.input[1 + i].data_type, True) for i, name in enumerate(options)),
-        ]
-        assert [(t.name, list(t.dims)) for t in config.output] == [("labels", [1])]
+        if task == IC:
+            inputs_ = [("image", "TYPE_STRING", False), ("top_k", "TYPE_INT32", True), ("function_to_apply", "TYPE_STRING", True)]
+            outputs = [("labels", [1])]
+        else:  # labels, or embeddings of images (embed true) or of texts
+            inputs_ = [
+                ("image", "TYPE_STRING", True),
+                ("candidate_labels", "TYPE_STRING", True),
+                ("hypothesis_template", "TYPE_STRING", True),
+            ]
+            inputs_ += [("text", "TYPE_STRING", True), ("embed", "TYPE_BOOL", True)]
+            outputs = [("labels", [1]), ("embedding", [-1]), ("prompt_tokens", [1])]
+        assert [(t.name, mc.DataType.Name(t.data_type), t.optional) for t in config.input] == inputs_
+        assert [(t.name, list(t.dims)) for t in config.output] == outputs
         assert config.parameters["max_image_pixels"].string_value == "5000" and "cuda_graphs" not in config.parameters
 
 
@@ -281,10 +307,14 @@ def _cli(workflow, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.integration
 def test_served_image_models_validate_and_answer_as_the_pipeline(served, image_models, tmp_path):
     for name in ("vit", "clip", "siglip"):
-        checks = passed_checks(served, name, {"http equals grpc", "served equals in-process"})
+        required = {"http equals grpc", "served equals in-process"} | ({"embeddings equal in-process"} if name != "vit" else set())
+        checks = passed_checks(served, name, required)
         assert "labels of 3 images as transformers' pipeline" in checks["served equals in-process"]["detail"]
     gateway = json.loads((served.directory / "results" / "validation" / "gateway.json").read_text())
-    assert gateway["ok"] and {c["name"] for c in gateway["checks"]} == {f"{n}: predict equals Triton" for n in ("vit", "clip", "siglip")}
+    expected = {f"{n}: predict equals Triton" for n in ("vit", "clip", "siglip")} | {
+        f"{n}: embeddings equal Triton" for n in ("clip", "siglip")
+    }
+    assert gateway["ok"] and {c["name"] for c in gateway["checks"]} == expected, gateway
     images = [*probe_images(), encoded(synthetic_image(40, 24, 3), "JPEG")]  # 4 images (PNG and JPEG) in one request
     for protocol in ("http", "grpc"):
         _same(
@@ -414,3 +444,40 @@ def test_the_playground_classifies_a_picked_image(served, tmp_path):
         assert not console_errors(browser), console_errors(browser)
     finally:
         browser.quit()
+
+
+@pytest.mark.integration
+def test_served_zero_shot_model_embeds_texts_and_images(served, image_models):
+    """/v1/embeddings of a CLIP model: texts and images (data URLs) in one list, each vector the model's own features
+    (normalised), in order; the image's and the texts' similarities rank the labels as the zero-shot answer does."""
+    from hf2triton.pipeline.pipeline_answers import compare_embeddings, dual_encoder_embeddings
+
+    image = probe_images()[1]
+    url = "data:image/jpeg;base64," + base64.b64encode(image).decode()
+    labels = ["red", "blue", "a green thing"]
+    texts = [interface.DEFAULT_HYPOTHESIS_TEMPLATE.format(label) for label in labels]
+    body = {
+        "model": "clip",
+        "input": [texts[0], {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": texts[1]}, texts[2]],
+    }
+    status, text = client.http_post(f"http://127.0.0.1:{served.config['openai']['port']}/v1/embeddings", body=body, timeout=60)
+    assert status == 200, text
+    answer = json.loads(text)
+    vectors = np.array([d["embedding"] for d in answer["data"]], dtype=np.float32)
+    reference_texts = dual_encoder_embeddings(str(image_models["clip"]), texts, True)
+    reference_image = dual_encoder_embeddings(str(image_models["clip"]), [image], False)[interface.EMBEDDING]
+    assert compare_embeddings({interface.EMBEDDING: vectors[[0, 2, 3]]}, reference_texts, 0.9999)["ok"]
+    assert compare_embeddings({interface.EMBEDDING: vectors[[1]]}, {interface.EMBEDDING: reference_image}, 0.9999)["ok"]
+    assert answer["usage"]["prompt_tokens"] == int(reference_texts[interface.PROMPT_TOKENS].sum())
+    ranked = [labels[i] for i in np.argsort(-(vectors[[0, 2, 3]] @ vectors[1]))]
+    zero_shot = json.loads(_infer_labels(served, "http", "clip", [image], {interface.CANDIDATE_LABELS: labels})[0])
+    assert ranked == [item["label"] for item in zero_shot]
+    for bad, message in (
+        ({"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}, "fetches no URLs"),
+        ({"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}, "is not an image"),
+        ({"type": "audio"}, "must be a text or"),
+    ):
+        status, text = client.http_post(
+            f"http://127.0.0.1:{served.config['openai']['port']}/v1/embeddings", body={"model": "clip", "input": [bad]}, timeout=60
+        )
+        assert status == 400 and message in json.loads(text)["error"]["message"], text

@@ -94,6 +94,28 @@ def image_predict_check(base: str, http_url: str, name: str, task: str, key: str
     return check(f"{name}: predict equals Triton", served == direct, f"{len(images)} images, {sum(map(len, direct))} labels (Triton)")
 
 
+def dual_embeddings_check(base: str, http_url: str, name: str, key: str | None) -> dict[str, Any]:
+    """A zero-shot image model's POST /v1/embeddings of a text and an image (a data URL), in that order: each vector
+    Triton's own (within float32 rounding)."""
+    import base64
+
+    from hf2triton.pipeline.image_probes import probe_images
+
+    image = probe_images()[0]
+    text_vector = _triton_rows(http_url, name, TEXTS[:1], None, interface.EMBEDDING)
+    image_vector = _triton_rows(http_url, name, [image], {interface.EMBED: True}, interface.EMBEDDING, interface.IMAGE)
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    body = {"model": name, "input": [TEXTS[0], {"type": "image_url", "image_url": {"url": url}}]}
+    data = _answer(f"{base}/embeddings", body, key)["data"]
+    served = [np.asarray(d["embedding"], dtype=np.float32) for d in data]
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(served, (text_vector, image_vector)))
+    return check(
+        f"{name}: embeddings equal Triton",
+        len(served) == 2 and diff <= 1e-6,
+        f"a text and an image, {served[0].size} dims, max diff {diff:.1e}",
+    )
+
+
 def embeddings_check(base: str, http_url: str, name: str, facts: dict[str, Any], key: str | None) -> dict[str, Any]:
     """POST /v1/embeddings equals Triton's own embedding (within float32 rounding): plain, with the model's first
     prompt_name, and for a Matryoshka model `dimensions` (its smallest width): Triton's vector cut, normalised again
@@ -141,6 +163,8 @@ def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dic
                 checks.append(predict_check(base, http_url, name, key))
             elif facts["task"] in interface.IMAGE_TASKS:
                 checks.append(image_predict_check(base, http_url, name, facts["task"], key))
+                if facts["task"] == interface.ZERO_SHOT_IMAGE_CLASSIFICATION:
+                    checks.append(dual_embeddings_check(base, http_url, name, key))
         except Exception as err:  # noqa: BLE001 - a failed check, reported
             checks.append(check(f"{name}: gateway", False, f"{type(err).__name__}: {err}"))
     return {"ok": all(c["ok"] for c in checks), "base_url": base, "checks": checks, "checked_at": time.time()}

@@ -20,25 +20,23 @@ OPTIONS = {
 IMAGE_KEYS = ("image_bytes", "b64", "image", "data")
 
 
-def _image(instance: Any, index: int) -> bytes:
-    """One instance's image bytes."""
+def _image(instance: Any, index: int, field: str = "instances") -> bytes:
+    """One instance's image bytes (`field`: the request's field it came in, for the errors)."""
     value = instance
     if isinstance(value, dict):
         value = next((value[key] for key in IMAGE_KEYS if key in value), None)
         if isinstance(value, dict):  # {"image_bytes": {"b64": ...}}
             value = value.get("b64")
     if not isinstance(value, str) or not value:
-        raise ApiError(
-            400, f'instances[{index}] must hold an image: {{"image_bytes": {{"b64": "<base64 of a PNG or JPEG>"}}}}', param="instances"
-        )
+        raise ApiError(400, f'{field}[{index}] must hold an image: {{"image_bytes": {{"b64": "<base64 of a PNG or JPEG>"}}}}', param=field)
     if value.startswith("data:"):
         head, _, value = value.partition(",")
         if ";base64" not in head:
-            raise ApiError(400, f"instances[{index}]: a data URL must be base64 (data:image/png;base64,...)", param="instances")
+            raise ApiError(400, f"{field}[{index}]: a data URL must be base64 (data:image/png;base64,...)", param=field)
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        raise ApiError(400, f"instances[{index}]: the image is not valid base64", param="instances") from None
+        raise ApiError(400, f"{field}[{index}]: the image is not valid base64", param=field) from None
 
 
 def _option(task: str, key: str, value: Any) -> Any:
@@ -81,3 +79,36 @@ def image_requests(body: dict[str, Any], task: str) -> list[tuple[dict[str, Any]
         group[1].append(index)
         group[2].append(_image(instance, index))
     return list(groups.values())
+
+
+def embedding_items(body: dict[str, Any]) -> list[tuple[str, Any]]:
+    """/v1/embeddings' `input` for a zero-shot image model (CLIP, SigLIP): a string or a list of items, each a text
+    (a string, or {"type": "text", "text": ...}) or an image ({"type": "image_url", "image_url": {"url":
+    "data:image/png;base64,..."}}, as OpenAI's chat messages carry images); [("text", str) | ("image", bytes)]. The
+    gateway fetches nothing: an http(s) URL is refused."""
+    value = body.get("input")
+    items = [value] if isinstance(value, (str, dict)) else value
+    if not isinstance(items, list) or not items:
+        raise ApiError(400, "'input' must be a string, an item or a non-empty list of them", param="input")
+    found: list[tuple[str, Any]] = []
+    for index, item in enumerate(items):
+        text = item if isinstance(item, str) else item.get("text") if isinstance(item, dict) and item.get("type") == "text" else None
+        if isinstance(text, str):
+            if not text.strip():
+                raise ApiError(400, f"input[{index}] is an empty text", param="input")
+            found.append(("text", text))
+            continue
+        url = item.get("image_url") if isinstance(item, dict) and item.get("type") == "image_url" else None
+        url = url.get("url") if isinstance(url, dict) else url
+        if not isinstance(url, str):
+            raise ApiError(
+                400,
+                f'input[{index}] must be a text or {{"type": "image_url", "image_url": {{"url": "data:image/png;base64,..."}}}}',
+                param="input",
+            )
+        if not url.startswith("data:"):
+            raise ApiError(
+                400, f"input[{index}]: the gateway fetches no URLs; send the image as a data URL (data:image/png;base64,...)", param="input"
+            )
+        found.append(("image", _image(url, index, "input")))
+    return found

@@ -107,6 +107,46 @@ def pipeline_image_answers(
     return {interface.LABELS: _as_served(answers)}
 
 
+@functools.lru_cache(maxsize=1)
+def _dual_encoder(model_dir: str, device: str, dtype: str):
+    from transformers import AutoImageProcessor, AutoModelForZeroShotImageClassification, AutoTokenizer
+
+    from hf2triton.serving.runtimes.pytorch import torch_dtype
+
+    model = AutoModelForZeroShotImageClassification.from_pretrained(model_dir, dtype=torch_dtype(dtype, device)).to(device).eval()
+    return model, AutoImageProcessor.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+
+
+def dual_encoder_embeddings(
+    model_dir: str, rows: list[Any], texts: bool, device: str = "cpu", dtype: str = "auto"
+) -> dict[str, np.ndarray]:
+    """A zero-shot model's embeddings' reference, each row alone in-process: an image (encoded) opened as the pipeline
+    opens it (EXIF orientation, RGB) through the image processor and `get_image_features`, or a text tokenised as
+    the pipeline tokenises its hypotheses (SigLIP: padded to 64 tokens; CLIP: cut to its context) through
+    `get_text_features`; L2-normalised (as served: embedding FP32, prompt_tokens)."""
+    import torch
+    from PIL import Image, ImageOps
+
+    model, processor, tokenizer = _dual_encoder(model_dir, device, dtype)
+    siglip = "siglip" in model.config.model_type
+    context = model.config.text_config.max_position_embeddings
+    vectors, tokens = [], []
+    for row in rows:
+        with torch.inference_mode():
+            if texts:
+                length = {"padding": "max_length", "max_length": 64} if siglip else {"max_length": context}
+                batch = tokenizer([row], return_tensors="pt", truncation=True, **length).to(device)
+                features = model.get_text_features(**batch)
+                tokens.append(int(batch["attention_mask"].sum()) if "attention_mask" in batch else len(tokenizer(row)["input_ids"]))
+            else:
+                image = ImageOps.exif_transpose(Image.open(io.BytesIO(row))).convert("RGB")
+                pixels = processor(images=[image], return_tensors="pt")["pixel_values"].to(device=device, dtype=model.dtype)
+                features = model.get_image_features(pixel_values=pixels)
+                tokens.append(0)
+        vectors.append(torch.nn.functional.normalize(features.float(), dim=-1)[0].cpu().numpy())
+    return {interface.EMBEDDING: np.stack(vectors).astype(np.float32), interface.PROMPT_TOKENS: np.array(tokens, dtype=np.int32)}
+
+
 def pipeline_answers(
     task: str, model_dir: str, texts: list[str], device: str, dtype: str, stride: int = interface.NO_STRIDE
 ) -> dict[str, np.ndarray]:

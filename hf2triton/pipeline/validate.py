@@ -22,6 +22,7 @@ from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
 from hf2triton.gateway.process import require_api_key
+from hf2triton.pipeline.image_checks import embeddings_check
 from hf2triton.pipeline.image_probes import validation_options
 from hf2triton.pipeline.pipeline_answers import (
     JSON_ANSWERS,
@@ -434,6 +435,8 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         checks.append(top_k_check(rendered, name, http_client, texts))
     if task == interface.FEATURE_EXTRACTION:
         checks += [c for c in [prompts_check(rendered, name, http_client, texts)] if c]
+    if task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION:  # its embedding requests (images, texts)
+        checks.append(embeddings_check(http_client, name, params.model_dir, reference_device(rendered), params.dtype, COSINE_FLOOR))
     if task in GENERATIVE_TASKS and params.temperature > 0:
         checks.append(sampling_check(http_client, name, texts[:1], params.temperature))
     backend = params.backend

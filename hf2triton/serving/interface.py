@@ -76,6 +76,10 @@ CANDIDATE_LABELS = "candidate_labels"
 HYPOTHESIS_TEMPLATE = "hypothesis_template"
 DEFAULT_HYPOTHESIS_TEMPLATE = "This is a photo of {}."  # the pipeline's
 MAX_CANDIDATE_LABELS = 256
+# zero-shot-image-classification models embed too: a request with EMBED true gets per image its EMBEDDING (the model's
+# image features, L2-normalised: what its logits compare), and one with TEXT rows instead of IMAGE per text its text
+# features (normalised; PROMPT_TOKENS: its tokens), the vectors CLIP / SigLIP score against each other
+EMBED = "embed"
 
 FEATURE_EXTRACTION = "feature-extraction"
 CLASSIFICATION = "text-classification"
@@ -166,8 +170,10 @@ TEXT_RANKING_OPTIONS = (Tensor(QUERY, "BYTES", optional=True),)
 EMBEDDING_OPTIONS = (Tensor(PROMPT_NAME, "BYTES", optional=True),)  # absent: the model's default_prompt_name, else none
 IMAGE_TENSOR = Tensor(IMAGE, "BYTES")
 IMAGE_CLASSIFICATION_OPTIONS = (Tensor(TOP_K, "INT32", optional=True), Tensor(FUNCTION_TO_APPLY, "BYTES", optional=True))
-# candidate_labels: needed, declared optional as the query is (model.py's error names it)
+# candidate_labels: needed to classify, declared optional as the query is (model.py's error names it)
 ZERO_SHOT_IMAGE_OPTIONS = (Tensor(CANDIDATE_LABELS, "BYTES", optional=True), Tensor(HYPOTHESIS_TEMPLATE, "BYTES", optional=True))
+# its embedding requests: images with EMBED true, or texts (TEXT instead of IMAGE: so IMAGE is optional there too)
+ZERO_SHOT_EMBEDDING_INPUTS = (Tensor(TEXT, "BYTES", optional=True), Tensor(EMBED, "BOOL", optional=True))
 
 
 STREAMING_OPTIONS = (
@@ -200,7 +206,7 @@ def task_inputs(task: str, streaming: bool = False) -> tuple[Tensor, ...]:
     if task == IMAGE_CLASSIFICATION:
         return (IMAGE_TENSOR, *IMAGE_CLASSIFICATION_OPTIONS)
     if task == ZERO_SHOT_IMAGE_CLASSIFICATION:
-        return (IMAGE_TENSOR, *ZERO_SHOT_IMAGE_OPTIONS)
+        return (Tensor(IMAGE, "BYTES", optional=True), *ZERO_SHOT_IMAGE_OPTIONS, *ZERO_SHOT_EMBEDDING_INPUTS)
     if task == TOKEN_CLASSIFICATION:
         return (TEXT_TENSOR, *TOKEN_CLASSIFICATION_OPTIONS)
     if task == FILL_MASK:
@@ -230,6 +236,8 @@ def task_outputs(task: str, embedding_dim: int | None = None, streaming: bool = 
         return (Tensor(CANDIDATES, "BYTES"),)
     if task == TEXT_RANKING:  # per document its relevance score, and its pair's tokens (usage)
         return (Tensor(SCORE, "FP32"), Tensor(PROMPT_TOKENS, "INT32"))
+    if task == ZERO_SHOT_IMAGE_CLASSIFICATION:  # labels, or (an embedding request) the vectors and a text's tokens
+        return (Tensor(LABELS, "BYTES"), Tensor(EMBEDDING, "FP32", (embedding_dim or -1,)), Tensor(PROMPT_TOKENS, "INT32"))
     if task in IMAGE_TASKS:  # a JSON list of {label, score} per image
         return (Tensor(LABELS, "BYTES"),)
     return (Tensor(TEXT_OUTPUT, "BYTES"),)

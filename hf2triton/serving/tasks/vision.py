@@ -105,8 +105,10 @@ class ImageClassificationEngine(ImageEngine):
 
 
 class ZeroShotImageEngine(ImageEngine):
-    """zero-shot-image-classification: each image against the request's labels in its template (CLIP, SigLIP)."""
+    """zero-shot-image-classification: each image against the request's labels in its template (CLIP, SigLIP); and
+    the embeddings those scores compare: images' or texts' features, L2-normalised."""
 
+    outputs = (interface.LABELS, interface.EMBEDDING, interface.PROMPT_TOKENS)
     auto_class = interface.AUTO_CLASSES[interface.ZERO_SHOT_IMAGE_CLASSIFICATION]
     pipeline_class = "ZeroShotImageClassificationPipeline"
 
@@ -119,10 +121,16 @@ class ZeroShotImageEngine(ImageEngine):
         text_config = getattr(config, "text_config", None)
         self.max_text_tokens = int(getattr(text_config, "max_position_embeddings", 0) or 0)
 
+    def tokenized(self, sequences: list[str], truncate: bool = False):
+        """Texts tokenised as the pipeline tokenises its hypotheses (`truncate`: CLIP's cut to its text context)."""
+        options = SIGLIP_TEXT if self.siglip else {"padding": True}
+        if truncate and not self.siglip and self.max_text_tokens:
+            options = {**options, "truncation": True, "max_length": self.max_text_tokens}
+        return self.tokenizer(sequences, return_tensors="pt", **options)
+
     def texts(self, labels: tuple[str, ...], template: str):
         """The labels in the template, tokenised as the pipeline does (a label too long for the text model: refused)."""
-        sequences = [template.format(label) for label in labels]
-        batch = self.tokenizer(sequences, return_tensors="pt", **(SIGLIP_TEXT if self.siglip else {"padding": True}))
+        batch = self.tokenized([template.format(label) for label in labels])
         if self.max_text_tokens and batch["input_ids"].shape[1] > self.max_text_tokens:
             longest = max(labels, key=len)
             raise RequestError(
@@ -140,8 +148,12 @@ class ZeroShotImageEngine(ImageEngine):
         images: list[Any],
         candidate_labels: tuple[str, ...] = (),
         hypothesis_template: str = interface.DEFAULT_HYPOTHESIS_TEMPLATE,
+        embed: str = "",
         **_: Any,
     ) -> dict[str, np.ndarray]:
+        """Per image its labels; `embed` "images": per image its embedding, "texts": `images` are texts, per text its."""
+        if embed:
+            return self.embeddings(images, embed == "texts")
         images = self.as_images(images)
         labels = list(candidate_labels)
         text = self.texts(candidate_labels, hypothesis_template)
@@ -149,3 +161,19 @@ class ZeroShotImageEngine(ImageEngine):
             logits = self.model(**text, pixel_values=self.pixels(images)).logits_per_image.float().cpu()
         rows = [self.pipeline.postprocess({"candidate_labels": labels, "logits": logits[i : i + 1]}) for i in range(len(images))]
         return self.answers(rows)
+
+    def embeddings(self, rows: list[Any], texts: bool) -> dict[str, np.ndarray]:
+        """The model's image or text features (texts: tokenised as its hypotheses are, CLIP's cut to its context),
+        L2-normalised as its logits normalise them, and each text's tokens (an image: 0)."""
+        torch = self.torch
+        with torch.inference_mode():
+            if texts:
+                batch = self.tokenized(rows, truncate=True).to(self.device)
+                features = self.model.get_text_features(**batch)
+                mask = batch["attention_mask"] if "attention_mask" in batch else batch["input_ids"] != self.tokenizer.pad_token_id
+                tokens = mask.sum(dim=1).cpu().numpy().astype(np.int32)
+            else:
+                features = self.model.get_image_features(pixel_values=self.pixels(self.as_images(rows)))
+                tokens = np.zeros(len(rows), dtype=np.int32)
+            vectors = torch.nn.functional.normalize(features.float(), dim=-1).cpu().numpy()
+        return {interface.EMBEDDING: vectors.astype(np.float32), interface.PROMPT_TOKENS: tokens}
