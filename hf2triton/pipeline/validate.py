@@ -135,7 +135,8 @@ def infer(
     started = time.perf_counter()
     result = triton.infer(name, client.build_inputs(client_module, texts, options, primary=interface.primary_input(task)))
     elapsed_ms = (time.perf_counter() - started) * 1000
-    return {o: result.as_numpy(o) for o in outputs}, elapsed_ms
+    found = {o: result.as_numpy(o) for o in outputs}  # a zero-shot image model answers labels, not its embedding outputs
+    return {o: value for o, value in found.items() if value is not None}, elapsed_ms
 
 
 def _texts(values: np.ndarray) -> list[str]:
@@ -416,8 +417,9 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         hints = "; ".join(p.fix for p in explain(str(err)))
         checks.append(check("inference", False, f"{type(err).__name__}: {err}" + (f" -- fix: {hints}" if hints else "")))
         return {"ok": False, "checks": checks}
-    checks.append(check("http inference", True, f"{len(texts)} texts in {http_ms:.1f} ms"))
-    checks.append(check("grpc inference", True, f"{len(texts)} texts in {grpc_ms:.1f} ms"))
+    unit = "images" if task in interface.IMAGE_TASKS else "texts"
+    checks.append(check("http inference", True, f"{len(texts)} {unit} in {http_ms:.1f} ms"))
+    checks.append(check("grpc inference", True, f"{len(texts)} {unit} in {grpc_ms:.1f} ms"))
     same, detail = outputs_equal(http_out, grpc_out)
     checks.append(check("http equals grpc", same, detail))
     started = time.perf_counter()
