@@ -210,7 +210,7 @@ def bench_model_step(
     (`scratch`: a declared output directory for the streaming model's static baseline server and the bench's own
     gateway). The gateway users talk to is never started, stopped or re-pointed here: with openai.enabled the
     gateway's cost is measured on a private one (gateway_cost.private_gateway)."""
-    if model["task"] in IMAGE_TASKS:  # before anything is started
+    if model.get("task") in IMAGE_TASKS:  # before anything is started
         raise UserError(
             f"model {name}: `make bench` does not measure image models yet ({model['task']}: its loads are texts)",
             "bench with a config without it: make bench CONFIG=other.yaml",
