@@ -74,6 +74,21 @@ def test_top_k_option():
         inputs.fill_mask_options(np.array([[1], [2]], dtype=np.int32))
 
 
+def test_candidates_tied_in_score_may_come_in_either_order_and_either_may_be_cut_off():
+    """float16 on a GPU rounds many small probabilities of a vocabulary to one value (the H200's top_k 50 check failed
+    on such a tie, 2026-12-05): the candidates' order among ties, and which tied one the top-k keeps, are not the model's."""
+
+    def candidates(*pairs):
+        return [[{"score": score, "token": token} for token, score in pairs]]
+
+    served = candidates((1, 0.5), (2, 0.1), (3, 0.1))
+    assert compare_entities(served, candidates((1, 0.5), (3, 0.1), (2, 0.1)), ranked=True)["ok"]
+    assert compare_entities(served, candidates((1, 0.5), (3, 0.1), (4, 0.1)), ranked=True)["ok"]  # 2 and 4 tie at the cut
+    assert not compare_entities(served, candidates((1, 0.5), (3, 0.1), (2, 0.1)))["ok"]  # entities: order is the text's
+    assert not compare_entities(served, candidates((1, 0.5), (3, 0.3), (2, 0.1)), ranked=True)["ok"]
+    assert not compare_entities(served, candidates((9, 0.5), (2, 0.1), (3, 0.1)), ranked=True)["ok"]
+
+
 def test_config_takes_fill_mask_on_python_and_onnx_and_renders_its_interface(masked_lms, tmp_path):
     (tmp_path / "config").mkdir()
     assert_onnx_task_backends(tmp_path / "config", interface.FILL_MASK, int8=True)

@@ -25,13 +25,14 @@ MARKUP = '<img src=x onerror="window.__ran=1">'
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """One serve of the three models with the OpenAI gateway (max_batch_size 4: 6 pairs of one query are 2 requests)."""
+def served(tmp_path_factory, tiny_models):
+    """One serve of the four models with the OpenAI gateway (max_batch_size 4: 6 pairs of one query are 2 requests)."""
     models = tmp_path_factory.mktemp("models")
     entries = [
         {"name": "tag", "source": str(tiny_tagger(models / "tag")), "task": interface.TOKEN_CLASSIFICATION, "max_batch_size": 4},
         {"name": "fill", "source": str(tiny_masked_lm(models / "fill")), "task": interface.FILL_MASK, "max_batch_size": 4},
         {"name": "rank", "source": str(tiny_reranker(models / "rank")), "task": interface.TEXT_RANKING, "max_batch_size": 4},
+        {"name": "cls", "source": str(tiny_models[interface.CLASSIFICATION]), "task": interface.CLASSIFICATION, "max_batch_size": 4},
     ]
     workflow = make_workflow(tmp_path_factory.mktemp("tasks-workflow"), entries)
     workflow.config["openai"] = {"enabled": True, "port": host.free_ports(1)[0]}
@@ -136,7 +137,7 @@ def browser():
 
 
 @pytest.mark.integration
-def test_the_playground_shows_entities_candidates_and_a_ranking_with_markup_as_text(served, browser, tmp_path):
+def test_the_playground_shows_labels_entities_candidates_and_a_ranking_with_markup_as_text(served, browser, tmp_path):
     """The task views against the real gateway: the entities highlighted exactly at the spans :predict answers (markup in
     the text shown literally, never run), fill-mask's candidates in the model's order with their filled sequences, the
     documents ranked best first as /v1/rerank ranks them; no console errors, no request leaving the gateway."""
@@ -148,7 +149,20 @@ def test_the_playground_shows_entities_candidates_and_a_ranking_with_markup_as_t
     shown = browser.execute_script(
         "return [...document.querySelectorAll('#tabs button[data-view]')].filter(b => !b.hidden).map(b => b.dataset.view)"
     )
-    assert {"entities", "fill-mask", "rerank"} <= set(shown), shown
+    assert {"classify", "entities", "fill-mask", "rerank"} <= set(shown), shown
+    # classify: each line's label and score, as :predict answers them; markup shown as text
+    lines = ["I loved this film.", MARKUP]
+    browser.find_element("css selector", "#tabs button[data-view=classify]").click()
+    fill(browser, "classify-input", "\n".join(lines))
+    browser.find_element("id", "classify-send").click()
+    wait_for(browser, lambda: len(browser.find_elements("css selector", "#classify-results li")) == len(lines))
+    labels = post(served, "/v1/models/cls:predict", {"instances": lines})[1]["predictions"]
+    listed = browser.execute_script(
+        "return [...document.querySelectorAll('#classify-results li')].map(li => [li.dataset.label, Number(li.dataset.score), "
+        "li.querySelector('.sequence').textContent]);"
+    )
+    assert listed == [[a["label"], a["score"], line] for a, line in zip(labels, lines)], listed
+    assert browser.execute_script("return window.__ran") is None and not browser.find_elements("css selector", "#classify img")
     # entities: each highlighted span is the text between the entity's offsets; the whole text reads as typed
     text = f"{MARKUP} {TAGGED} Ünïcode 🙂 Berlin"
     browser.find_element("css selector", "#tabs button[data-view=entities]").click()

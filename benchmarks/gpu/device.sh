@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu/device.sh setup                       join + verify the pieces, build the venv /tmp/v
 #   bash benchmarks/gpu/device.sh serve [SNAKEMAKE ARGS]      snakemake --cores 1 serve (config.yaml + e.g. --configfile)
 #   bash benchmarks/gpu/device.sh bench [SNAKEMAKE ARGS]      snakemake --cores 1 bench, results to $OUT/bench.tar.gz
+#   bash benchmarks/gpu/device.sh tasks                       issue 43 (after setup): benchmarks/tasks/ built and benched there
+#                                                             with benchmarks/h200/tasks-overlay.yaml -> $OUT/bench.tar.gz
 #   bash benchmarks/gpu/device.sh bench-model MODEL            one model's bench cells (results/bench/MODEL.json; a config
 #                                                             of three 8-instance models outlasts one 10-minute call)
 #   bash benchmarks/gpu/device.sh replicas [ARGS]             (after serve) issue 26: replica two on ports 81xx, one vs two
@@ -50,7 +52,7 @@ COMPARE=${COMPARE:-results/vllm-compare}  # where serve_with and load write (tor
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for the ratio goals alone)
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
-step=${1:?stash|setup|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
+step=${1:?stash|setup|tasks|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
 join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
   python3 - "$1" <<'PY'
@@ -144,6 +146,12 @@ serve | bench)
     tar -czf "$OUT/$step-logs.tar.gz" results/logs .hf2triton/server/*.log 2>/dev/null || true
   fi
   exit $rc
+  ;;
+tasks)  # issue 43 (after setup): the task benchmark's models built there from the carried MiniLM and SmolLM2 wheels,
+  # served with benchmarks/h200/tasks-overlay.yaml and benched against pipeline(task) on the GPU -> $OUT/bench.tar.gz
+  export HF2TRITON_CONFIG=benchmarks/tasks/config.yaml
+  "$VENV/bin/python" benchmarks/tasks/build_models.py
+  exec bash "$0" bench --configfile benchmarks/h200/tasks-overlay.yaml "${@:2}"
   ;;
 bench-model)
   export PATH="$VENV/bin:$PATH"

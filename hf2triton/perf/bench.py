@@ -325,7 +325,7 @@ def bench_streaming_model(
         from hf2triton.pipeline.validate import reference_device
 
         device = reference_device(config)
-        pipeline = pipeline_generation(params.task, params.model_dir, device, plans[max(plans)], counter, PIPELINE_BATCHES)
+        pipeline = pipeline_generation(params.task, params.model_dir, device, params.dtype, plans[max(plans)], counter, PIPELINE_BATCHES)
 
     def measure(variant_urls: dict[str, str], stream: bool) -> list[dict[str, Any]]:
         cells = []
@@ -412,7 +412,7 @@ def bench_served_model(
         from hf2triton.pipeline.validate import reference_device
 
         batches = sorted({*PIPELINE_BATCHES, big})
-        raw["pipeline"] = pipeline_throughput(task, params.model_dir, reference_device(config), load, batches, bench.seconds)
+        raw["pipeline"] = pipeline_throughput(task, params.model_dir, reference_device(config), params.dtype, load, batches, bench.seconds)
     counter = None
     if task in GENERATIVE_TASKS:
         from transformers import AutoTokenizer

@@ -75,14 +75,19 @@ def _masked(text: str, mask: str) -> str:
     return " ".join(words)
 
 
-def _pipeline(task: str, model_dir: str, device: str):
+def _pipeline(task: str, model_dir: str, device: str, dtype: str):
+    """`pipeline(task)` on the served device in the served dtype (float16 on a GPU: a float32 pipeline would be the
+    slower yardstick)."""
     from transformers import pipeline
 
+    from hf2triton.serving.runtimes.pytorch import torch_dtype
+
+    common = {"model": model_dir, "device": device, "dtype": torch_dtype(dtype, device)}
     if task == interface.TEXT_RANKING:  # a cross-encoder: the pair's one logit through sigmoid, as CrossEncoder answers
-        return pipeline("text-classification", model=model_dir, device=device, function_to_apply="sigmoid")
+        return pipeline("text-classification", function_to_apply="sigmoid", **common)
     if task == interface.TOKEN_CLASSIFICATION:
-        return pipeline(task, model=model_dir, device=device, aggregation_strategy=interface.DEFAULT_AGGREGATION_STRATEGY)
-    return pipeline(task, model=model_dir, device=device)
+        return pipeline(task, aggregation_strategy=interface.DEFAULT_AGGREGATION_STRATEGY, **common)
+    return pipeline(task, **common)
 
 
 def _inputs(load: TaskLoad) -> list[Any]:
@@ -90,10 +95,12 @@ def _inputs(load: TaskLoad) -> list[Any]:
     return [{"text": query, "text_pair": text} for text in load.texts] if query is not None else list(load.texts)
 
 
-def pipeline_throughput(task: str, model_dir: str, device: str, load: TaskLoad, sizes: list[int], seconds: float) -> dict[str, Any]:
+def pipeline_throughput(
+    task: str, model_dir: str, device: str, dtype: str, load: TaskLoad, sizes: list[int], seconds: float
+) -> dict[str, Any]:
     """Items/s of `pipeline(task)` in this process: batch 1 = one call per text (the pipeline's own loop), batch B =
     `pipe(chunk of B, batch_size=B)`; each cell a closed loop of at least MIN_SECONDS and MIN_CALLS."""
-    pipe = _pipeline(task, model_dir, device)
+    pipe = _pipeline(task, model_dir, device, dtype)
     inputs = _inputs(load)
     cells = {}
     for batch in sizes:
@@ -119,11 +126,11 @@ def _cell(batch: int, items: int, elapsed: float, latencies: list[float]) -> dic
 
 
 def pipeline_generation(
-    task: str, model_dir: str, device: str, plan: list[tuple[bytes, int]], count_tokens, batches: tuple[int, ...]
+    task: str, model_dir: str, device: str, dtype: str, plan: list[tuple[bytes, int]], count_tokens, batches: tuple[int, ...]
 ) -> dict[str, Any]:
     """Generated tokens/s of `pipeline(task)` (text2text-generation) over the bench's prompts, greedy: batch 1 = one
     call per prompt with its own max_new_tokens, batch B = chunks of B (max_new_tokens: the chunk's largest)."""
-    pipe = _pipeline(task, model_dir, device)
+    pipe = _pipeline(task, model_dir, device, dtype)
     prompts = [(prompt.decode(), max_new_tokens) for prompt, max_new_tokens in plan]
     pipe(prompts[0][0], max_new_tokens=4, do_sample=False)  # warm-up
     cells = {}

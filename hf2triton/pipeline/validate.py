@@ -158,7 +158,8 @@ def compare(task: str, served: dict[str, np.ndarray], reference: dict[str, np.nd
         return compare_scores(served, reference)
     if task in JSON_ANSWERS:  # the pipeline's JSON per text
         output = JSON_ANSWERS[task][0]
-        return compare_entities(entity_lists(served[output]), entity_lists(reference[output]))
+        ranked = task in (interface.FILL_MASK, *interface.IMAGE_TASKS)  # lists sorted by score: ties in either order
+        return compare_entities(entity_lists(served[output]), entity_lists(reference[output]), ranked=ranked)
     text_s, text_r = _texts(served[interface.TEXT_OUTPUT]), _texts(reference[interface.TEXT_OUTPUT])
     same = sum(x == y for x, y in zip(text_s, text_r))
     return {"ok": same == len(text_r), "prompts": len(text_r), "greedy_identical": same, "served": text_s, "reference": text_r}
@@ -335,7 +336,7 @@ def top_k_check(rendered: mc.ModelConfig, name: str, http_client, texts: list[st
         except Exception as err:  # noqa: BLE001 - reported as a failed check
             return check("top_k equals the pipeline", False, f"top_k {top_k}: {type(err).__name__}: {err}")
         reference = pipeline_candidates(params.model_dir, texts, reference_device(rendered), top_k, params.dtype)
-        result = compare_entities(entity_lists(served.as_numpy(interface.CANDIDATES)), entity_lists(reference))
+        result = compare_entities(entity_lists(served.as_numpy(interface.CANDIDATES)), entity_lists(reference), ranked=True)
         ok = ok and result["ok"]
         figures = f"top_k {top_k}: {result['entities']} candidates, max score diff {result['max_score_diff']:.2e}"
         details.append(figures + ("" if result["ok"] else " FAIL"))

@@ -1,5 +1,6 @@
 // hf2triton playground: the views of the tasks that answer one JSON per text (app.js has the page, the key and chat):
-// entities (token-classification), fill mask, rerank (text-ranking), images (image-classification, zero-shot). Every text from a model or the user is written
+// classify (text-classification), entities (token-classification), fill mask, rerank (text-ranking), images
+// (image-classification, zero-shot-image-classification). Every text from a model or the user is written
 // with textContent (app.js's el), never as HTML; entity spans are cut from the text at the model's character offsets.
 "use strict";
 
@@ -41,6 +42,17 @@ async function showing(button, work) {  // one request at a time per view, its e
     button.disabled = false;
   }
 }
+
+// ---------------------------------------------------------------- classify
+
+$("classify-send").addEventListener("click", () => showing($("classify-send"), async () => {
+  const texts = $("classify-input").value.split("\n").map((t) => t.trim()).filter(Boolean);
+  if (!texts.length) return;
+  const labels = await predict($("classify-model").value, { instances: texts });
+  $("classify-results").replaceChildren(...labels.map((answer, i) => el("li", { "data-label": answer.label, "data-score": String(answer.score) },
+    el("span", { className: "token", text: answer.label }), scoreBar(answer.score), el("span", { className: "score", text: answer.score.toFixed(4) }),
+    el("span", { className: "sequence", text: texts[i] }))));
+}));
 
 // ---------------------------------------------------------------- entities
 
