@@ -365,7 +365,11 @@ def test_served_image_models_validate_and_answer_as_the_pipeline(served, image_m
         return status, json.loads(text)
 
     b64 = [base64.b64encode(image).decode() for image in images]
-    body = {"instances": [{"image_bytes": {"b64": b64[0]}}, {"b64": b64[1]}, f"data:image/png;base64,{b64[2]}"], "parameters": {"top_k": 2}}
+    wrapped = "\n".join(b64[1][i : i + 76] for i in range(0, len(b64[1]), 76))  # as `base64` writes it without -w0
+    body = {
+        "instances": [{"image_bytes": {"b64": b64[0]}}, {"b64": wrapped}, f"data:image/png;base64,{b64[2]}"],
+        "parameters": {"top_k": 2},
+    }
     status, answer = predict("vit", body)
     assert status == 200 and answer["predictions"] == [
         json.loads(row) for row in _infer_labels(served, "http", "vit", images[:3], {interface.TOP_K: 2})

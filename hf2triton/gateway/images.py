@@ -34,7 +34,7 @@ def _image(instance: Any, index: int, field: str = "instances") -> bytes:
         if ";base64" not in head:
             raise ApiError(400, f"{field}[{index}]: a data URL must be base64 (data:image/png;base64,...)", param=field)
     try:
-        return base64.b64decode(value, validate=True)
+        return base64.b64decode("".join(value.split()), validate=True)  # line breaks (`base64` without -w0) allowed
     except (binascii.Error, ValueError):
         raise ApiError(400, f"{field}[{index}]: the image is not valid base64", param=field) from None
 
