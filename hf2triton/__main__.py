@@ -8,6 +8,8 @@
                                                        fill-mask: the pipeline's JSON, --aggregation-strategy, --top-k;
                                                        a reranker: --query, the TEXTs are its documents;
                                                        an embedder: --prompt-name, one of its prompts)
+    python -m hf2triton infer MODEL IMAGE_FILE...      an image model: each file's labels (--top-k, --function-to-apply;
+                                                       zero-shot: --labels 'cat,dog' and --hypothesis-template)
     python -m hf2triton chat MODEL                     a conversation with a streaming generation model
     python -m hf2triton embed MODEL TEXT...            embeddings as JSON (--prompt-name: one of the model's prompts)
     python -m hf2triton key                            where the client key is (curl needs it), never the key
@@ -24,7 +26,7 @@ import signal
 import sys
 
 from hf2triton.errors import UserError, exit_on_user_error
-from hf2triton.serving.interface import AGGREGATION_STRATEGIES
+from hf2triton.serving.interface import AGGREGATION_STRATEGIES, FUNCTIONS_TO_APPLY
 
 
 def positive_int(text: str) -> int:
@@ -86,7 +88,19 @@ def main(argv: list[str] | None = None) -> int:
                 "token-classification: tokens shared by the windows of a text longer than the context (-1: truncate; default the model's)"
             )
             command.add_argument("--stride", type=int, help=windows)
-            command.add_argument("--top-k", type=positive_int, help="fill-mask: candidates per text (1-50, default 5)")
+            command.add_argument(
+                "--top-k",
+                type=positive_int,
+                help="fill-mask: candidates per text (1-50, default 5); image-classification: labels per image (default 5)",
+            )
+            command.add_argument(
+                "--function-to-apply", choices=FUNCTIONS_TO_APPLY, help="image-classification: the pipeline's score function"
+            )
+            command.add_argument("--labels", help="zero-shot-image-classification: the candidate labels, comma-separated")
+            command.add_argument(
+                "--hypothesis-template",
+                help="zero-shot-image-classification: the text each label goes in (default 'This is a photo of {}.')",
+            )
             command.add_argument("--query", help="text-ranking: the query the TEXTs (documents) are scored against")
         if name in ("infer", "embed"):
             prompt = "feature-extraction: the model's prompt to start each TEXT with (e.g. query; default: its default_prompt_name)"

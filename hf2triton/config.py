@@ -15,7 +15,7 @@ import jsonschema
 import yaml
 
 from hf2triton.errors import UserError
-from hf2triton.serving.interface import GENERATIVE_TASKS, TASK_ALIASES, TEMPERATURES_ALLOWED, TEXT2TEXT, temperature_problem
+from hf2triton.serving.interface import GENERATIVE_TASKS, IMAGE_TASKS, TASK_ALIASES, TEMPERATURES_ALLOWED, TEXT2TEXT, temperature_problem
 from hf2triton.specs import ProjectSpec, parse_source, project_spec
 from hf2triton.task_inference import infer_entry_task
 
@@ -160,7 +160,7 @@ def _schema_error_line(error: jsonschema.ValidationError) -> UserError:
     return UserError(f"{_key_path(path)} = {value}: not allowed", f"use {_allowed(error)}")
 
 
-TORCH_ONLY_TASKS = (TEXT2TEXT,)  # no ONNX export yet
+TORCH_ONLY_TASKS = (TEXT2TEXT, *IMAGE_TASKS)  # no ONNX export yet
 # exported to ONNX (ONNX Runtime), but never built into a TensorRT engine: none has run on a GPU for these tasks
 NO_TENSORRT_TASKS = ("token-classification", "fill-mask", "text-ranking")
 # dynamic int8 moves their scores past the parity gate's 1e-3 (measured, tiny tagger / reranker: 0.045 / 0.066)
@@ -214,8 +214,8 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
             )
         if model["backend"] in ("onnx", "tensorrt") and model["task"] in TORCH_ONLY_TASKS:
             raise UserError(
-                f"config.models[{index}].backend = {model['backend']!r}: {model['task']} is served by torch only (no ONNX export yet)",
-                "use backend: python for it",
+                f"config.models[{index}].backend = {model['backend']!r}: not yet for {model['task']}, torch only (no ONNX export)",
+                "use backend torch for it: backend: python",
             )
         if model["backend"] == "tensorrt" and model["task"] in NO_TENSORRT_TASKS:
             raise UserError(
@@ -376,6 +376,11 @@ def _check_tune(cfg: dict) -> None:
                 f"config.tune.models: {name!r} streams (continuous batching), and tune sweeps the dynamic batching of static models",
                 f"remove {name!r} from tune.models (its running batch is generation.max_sequences; `make bench` measures it), "
                 "or set its generation.streaming: false",
+            )
+        if names[name]["task"] in IMAGE_TASKS:
+            raise UserError(
+                f"config.tune.models: {name!r} is an image model ({names[name]['task']}); tune's loads are texts (not yet images)",
+                f"remove {name!r} from tune.models",
             )
     for key, (low, high) in TUNE_BOUNDS.items():
         for value in tune[key]:

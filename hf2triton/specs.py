@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hf2triton.errors import UserError
-from hf2triton.serving.interface import DEFAULTS, GENERATION, GENERATIVE_TASKS
+from hf2triton.serving.interface import DEFAULTS, GENERATION, GENERATIVE_TASKS, IMAGE_TASKS
 
 # ---------------------------------------------------------------- what a model's `source:` string means
 # a hub repository, a local directory or .gguf file, or a file shipped inside an installed Python package
@@ -141,6 +141,7 @@ class ModelSpec:
     generation: GenerationSpec | None = None  # text-generation models only
     vllm: VllmSpec | None = None  # backend vllm only
     stride: int = DEFAULTS.stride  # token-classification: window overlap of long texts (token_classification.stride)
+    max_image_pixels: int = DEFAULTS.max_image_pixels  # image tasks: width x height of one image at most
 
     @property
     def is_generation(self) -> bool:
@@ -275,8 +276,9 @@ class ProjectSpec:
         raise UserError(f"no model named {name!r} in config", "use one of " + ", ".join(self.names))
 
     def tuned_models(self) -> list[ModelSpec]:
-        """The models `tune` sweeps: tune.models, or every model except text-generation ones."""
-        names = self.tune.models or tuple(m.name for m in self.models if not m.is_generation)
+        """The models `tune` sweeps: tune.models, or every model except text-generation ones and image ones (its loads
+        are texts)."""
+        names = self.tune.models or tuple(m.name for m in self.models if not m.is_generation and m.task not in IMAGE_TASKS)
         return [self.model(name) for name in names]
 
 
@@ -339,6 +341,7 @@ class ServingValues:
     generation: GenerationSpec | None
     vllm: VllmSpec | None = None
     stride: int = DEFAULTS.stride
+    max_image_pixels: int = DEFAULTS.max_image_pixels
     execution_env: str = ""  # backend vllm: the absolute path of the venv Triton runs its stub in (EXECUTION_ENV_PATH)
 
 

@@ -31,9 +31,11 @@ from hf2triton.serving.interface import (
     FEATURE_EXTRACTION,
     FILL_MASK,
     GENERATION,
+    IMAGE_CLASSIFICATION,
     TASKS,
     TEXT_RANKING,
     TOKEN_CLASSIFICATION,
+    ZERO_SHOT_IMAGE_CLASSIFICATION,
 )
 from hf2triton.specs import Source
 
@@ -51,6 +53,8 @@ TASK_OF_PIPELINE_TAG = {
     "text2text-generation": TEXT2TEXT_GENERATION,
     "summarization": TEXT2TEXT_GENERATION,
     "translation": TEXT2TEXT_GENERATION,
+    "image-classification": IMAGE_CLASSIFICATION,
+    "zero-shot-image-classification": ZERO_SHOT_IMAGE_CLASSIFICATION,
 }
 
 # architecture class name suffixes -> tasks, the most specific first (GPT2LMHeadModel is a generator, not a *Model);
@@ -63,8 +67,12 @@ TASK_OF_ARCHITECTURE_SUFFIX = (
     ("LMHeadModel", GENERATION),
     ("ForTokenClassification", TOKEN_CLASSIFICATION),
     ("ForMaskedLM", FILL_MASK),
+    ("ForImageClassification", IMAGE_CLASSIFICATION),
+    ("ForImageClassificationWithTeacher", IMAGE_CLASSIFICATION),  # DeiT's distilled classifier
     ("Model", FEATURE_EXTRACTION),
 )
+# image-text dual encoders (a *Model suffix, but not text embedders): zero-shot image classification, as the hub tags them
+ZERO_SHOT_IMAGE_ARCHITECTURES = ("CLIPModel", "SiglipModel")
 SEQUENCE_CLASSIFICATION = "ForSequenceClassification"
 CROSS_ENCODER_KEY = "sbert_ce_default_activation_function"  # written into config.json by sentence-transformers' CrossEncoder
 README_BYTES = 64 * 1024  # the front matter is at the top; a long model card is not read whole
@@ -118,6 +126,8 @@ def sequence_classification_task(config: dict[str, Any], evidence: Evidence) -> 
 
 
 def architecture_task(architecture: str, config: dict[str, Any], evidence: Evidence) -> str:
+    if architecture in ZERO_SHOT_IMAGE_ARCHITECTURES:
+        return ZERO_SHOT_IMAGE_CLASSIFICATION
     if architecture.endswith(SEQUENCE_CLASSIFICATION):
         return sequence_classification_task(config, evidence)
     for suffix, task in TASK_OF_ARCHITECTURE_SUFFIX:

@@ -109,8 +109,8 @@ def test_sentence_transformers_files_and_model_card(models, tmp_path):
         "feature-extraction",
         f"sentence-transformers files (modules.json) in {uncarded}",
     )
-    carded = _copy(models["encoder"], tmp_path / "carded", README__md="---\nlicense: mit\npipeline_tag: image-classification\n---\n# x\n")
-    with pytest.raises(TaskUnclear, match="pipeline_tag 'image-classification'"):
+    carded = _copy(models["encoder"], tmp_path / "carded", README__md="---\nlicense: mit\npipeline_tag: object-detection\n---\n# x\n")
+    with pytest.raises(TaskUnclear, match="pipeline_tag 'object-detection'"):
         infer_task(directory_evidence(carded))
 
 

@@ -140,7 +140,8 @@ class Gateway:
 
         bound_texts(served, len(texts), param)
         chunk = served.max_batch_size or len(texts)
-        batches = [client.build_inputs(grpcclient, texts[i : i + chunk], options) for i in range(0, len(texts), chunk)]
+        primary = interface.primary_input(served.task)  # an image model's rows are its images
+        batches = [client.build_inputs(grpcclient, texts[i : i + chunk], options, primary=primary) for i in range(0, len(texts), chunk)]
         return await self.infer(served.name, batches)
 
     async def refresh(self) -> None:

@@ -1,7 +1,7 @@
 """What `serve` checks once the gateway is up (results/validation/gateway.{json,md}): chat through the gateway
 (one answer and streamed) equals Triton's own streamed answer; embeddings through it equal Triton's (also with a
 prompt_name, and for a Matryoshka model cut to its smallest width); a reranker's /v1/rerank and /v1/score scores equal
-Triton's; a tagger's /v1/models/{model}:predict equals Triton's own JSON."""
+Triton's; a tagger's and an image model's /v1/models/{model}:predict equals Triton's own JSON."""
 
 from __future__ import annotations
 
@@ -43,11 +43,14 @@ def _streamed_chat(base: str, model: str, key: str | None) -> str:
     return "".join(c["delta"].get("content") or "" for event in events for c in event.get("choices", []))
 
 
-def _triton_rows(http_url: str, name: str, texts: list[str], options: dict[str, Any] | None, output: str) -> np.ndarray:
-    """Triton's own answer (`output`, one row per text) to one request over HTTP."""
+def _triton_rows(
+    http_url: str, name: str, texts: list[str] | list[bytes], options: dict[str, Any] | None, output: str, primary: str = interface.TEXT
+) -> np.ndarray:
+    """Triton's own answer (`output`, one row per text; `primary`: the input they go in) to one request over HTTP."""
     import tritonclient.http as httpclient
 
-    return client.http_client(http_url).infer(name, client.build_inputs(httpclient, texts, options)).as_numpy(output).reshape(-1)
+    inputs = client.build_inputs(httpclient, texts, options, primary=primary)
+    return client.http_client(http_url).infer(name, inputs).as_numpy(output).reshape(-1)
 
 
 def rerank_checks(base: str, http_url: str, name: str, key: str | None) -> list[dict[str, Any]]:
@@ -74,6 +77,43 @@ def predict_check(base: str, http_url: str, name: str, key: str | None) -> dict[
     served = _answer(f"{base}/models/{name}:predict", {"instances": TEXTS}, key)["predictions"]
     detail = f"{sum(len(entities) for entities in direct)} entities in {len(TEXTS)} texts (Triton)"
     return check(f"{name}: predict equals Triton", served == direct, detail)
+
+
+def image_predict_check(base: str, http_url: str, name: str, task: str, key: str | None) -> dict[str, Any]:
+    """POST /v1/models/{name}:predict of validation's probe images (KServe's {"image_bytes": {"b64"}}): per image
+    exactly the labels Triton answers."""
+    import base64
+
+    from hf2triton.pipeline.image_probes import probe_images, validation_options
+
+    images, options = probe_images(), validation_options(task)
+    direct = [json.loads(row) for row in _triton_rows(http_url, name, images, options, interface.LABELS, interface.IMAGE)]
+    instances = [{"image_bytes": {"b64": base64.b64encode(image).decode()}} for image in images]
+    body = {"instances": instances, **({"parameters": options} if options else {})}
+    served = _answer(f"{base}/models/{name}:predict", body, key)["predictions"]
+    return check(f"{name}: predict equals Triton", served == direct, f"{len(images)} images, {sum(map(len, direct))} labels (Triton)")
+
+
+def dual_embeddings_check(base: str, http_url: str, name: str, key: str | None) -> dict[str, Any]:
+    """A zero-shot image model's POST /v1/embeddings of a text and an image (a data URL), in that order: each vector
+    Triton's own (within float32 rounding)."""
+    import base64
+
+    from hf2triton.pipeline.image_probes import probe_images
+
+    image = probe_images()[0]
+    text_vector = _triton_rows(http_url, name, TEXTS[:1], None, interface.EMBEDDING)
+    image_vector = _triton_rows(http_url, name, [image], {interface.EMBED: True}, interface.EMBEDDING, interface.IMAGE)
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    body = {"model": name, "input": [TEXTS[0], {"type": "image_url", "image_url": {"url": url}}]}
+    data = _answer(f"{base}/embeddings", body, key)["data"]
+    served = [np.asarray(d["embedding"], dtype=np.float32) for d in data]
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(served, (text_vector, image_vector)))
+    return check(
+        f"{name}: embeddings equal Triton",
+        len(served) == 2 and diff <= 1e-6,
+        f"a text and an image, {served[0].size} dims, max diff {diff:.1e}",
+    )
 
 
 def embeddings_check(base: str, http_url: str, name: str, facts: dict[str, Any], key: str | None) -> dict[str, Any]:
@@ -121,6 +161,10 @@ def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dic
                 checks.extend(rerank_checks(base, http_url, name, key))
             elif facts["task"] == interface.TOKEN_CLASSIFICATION:
                 checks.append(predict_check(base, http_url, name, key))
+            elif facts["task"] in interface.IMAGE_TASKS:
+                checks.append(image_predict_check(base, http_url, name, facts["task"], key))
+                if facts["task"] == interface.ZERO_SHOT_IMAGE_CLASSIFICATION:
+                    checks.append(dual_embeddings_check(base, http_url, name, key))
         except Exception as err:  # noqa: BLE001 - a failed check, reported
             checks.append(check(f"{name}: gateway", False, f"{type(err).__name__}: {err}"))
     return {"ok": all(c["ok"] for c in checks), "base_url": base, "checks": checks, "checked_at": time.time()}

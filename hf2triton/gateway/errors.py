@@ -48,7 +48,7 @@ def triton_error(err: Exception, model: str = "") -> ApiError:
     lowered = text.lower()
     if "busy" in lowered or "exceeds the maximum queue size" in lowered:
         return ApiError(429, text, "rate_limit_error", code="busy")
-    if "max_input_bytes" in lowered or "max_texts_per_request" in lowered or "max_request_bytes" in lowered:
+    if any(limit in lowered for limit in ("max_input_bytes", "max_texts_per_request", "max_request_bytes", "max_image_pixels")):
         return ApiError(413, text, code="too_large")
     if "unavailable" in lowered or any(words in lowered for words in (*UNREACHABLE, "stream removed")):
         return unavailable(text)

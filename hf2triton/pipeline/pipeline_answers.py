@@ -6,6 +6,7 @@ feature-extraction's (sentence-transformers is not installed): its encode() re-w
 from __future__ import annotations
 
 import functools
+import io
 import json
 import math
 from pathlib import Path
@@ -13,10 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from hf2triton.pipeline.image_probes import ZERO_SHOT_LABELS, probe_images
 from hf2triton.serving import interface
 
 # The pipeline's JSON per task: (served output tensor, what one item of its list is called in the report)
-JSON_ANSWERS = {interface.TOKEN_CLASSIFICATION: (interface.ENTITIES, "entities"), interface.FILL_MASK: (interface.CANDIDATES, "candidates")}
+JSON_ANSWERS = {
+    interface.TOKEN_CLASSIFICATION: (interface.ENTITIES, "entities"),
+    interface.FILL_MASK: (interface.CANDIDATES, "candidates"),
+    **{task: (interface.LABELS, "labels") for task in interface.IMAGE_TASKS},  # per image its labels (image_probes.py)
+}
 SCORE_TOLERANCE = 1e-3  # served scores vs the pipeline's
 MASK = "{mask}"  # fill-mask probes: replaced by the model's own mask token
 
@@ -104,17 +110,78 @@ def pipeline_candidates(
     return _as_served([answers] if len(texts) == 1 else answers)  # one text: the pipeline answers its list alone
 
 
+def pipeline_image_answers(
+    task: str, model_dir: str, images: list[bytes], device: str = "cpu", dtype: str = "auto", **options: Any
+) -> dict[str, np.ndarray]:
+    """`transformers.pipeline(task)` over `images` (encoded; opened with Pillow, the pipeline converts them) in-process,
+    one JSON list of {label, score} per image (BYTES, as served). `options`: the pipeline's (top_k, function_to_apply;
+    candidate_labels, hypothesis_template)."""
+    from PIL import Image
+
+    if task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION:
+        options.setdefault(interface.CANDIDATE_LABELS, list(ZERO_SHOT_LABELS))
+        options[interface.CANDIDATE_LABELS] = list(options[interface.CANDIDATE_LABELS])
+    pictures = [Image.open(io.BytesIO(image)) for image in images]
+    answers = _pipeline(task, model_dir, device, dtype)(pictures, **options)
+    return {interface.LABELS: _as_served(answers)}
+
+
+@functools.lru_cache(maxsize=1)
+def _dual_encoder(model_dir: str, device: str, dtype: str):
+    from transformers import AutoImageProcessor, AutoModelForZeroShotImageClassification, AutoTokenizer
+
+    from hf2triton.serving.runtimes.pytorch import torch_dtype
+
+    model = AutoModelForZeroShotImageClassification.from_pretrained(model_dir, dtype=torch_dtype(dtype, device)).to(device).eval()
+    return model, AutoImageProcessor.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+
+
+def dual_encoder_embeddings(
+    model_dir: str, rows: list[Any], texts: bool, device: str = "cpu", dtype: str = "auto"
+) -> dict[str, np.ndarray]:
+    """A zero-shot model's embeddings' reference, each row alone in-process: an image (encoded) opened as the pipeline
+    opens it (EXIF orientation, RGB) through the image processor and `get_image_features`, or a text tokenised as
+    the pipeline tokenises its hypotheses (SigLIP: padded to 64 tokens; CLIP: cut to its context) through
+    `get_text_features`; L2-normalised (as served: embedding FP32, prompt_tokens)."""
+    import torch
+    from PIL import Image, ImageOps
+
+    model, processor, tokenizer = _dual_encoder(model_dir, device, dtype)
+    siglip = "siglip" in model.config.model_type
+    context = model.config.text_config.max_position_embeddings
+    vectors, tokens = [], []
+    for row in rows:
+        with torch.inference_mode():
+            if texts:
+                length = {"padding": "max_length", "max_length": 64} if siglip else {"max_length": context}
+                batch = tokenizer([row], return_tensors="pt", truncation=True, **length).to(device)
+                features = model.get_text_features(**batch)
+                tokens.append(int(batch["attention_mask"].sum()) if "attention_mask" in batch else len(tokenizer(row)["input_ids"]))
+            else:
+                image = ImageOps.exif_transpose(Image.open(io.BytesIO(row))).convert("RGB")
+                pixels = processor(images=[image], return_tensors="pt")["pixel_values"].to(device=device, dtype=model.dtype)
+                features = model.get_image_features(pixel_values=pixels)
+                tokens.append(0)
+        vectors.append(torch.nn.functional.normalize(features.float(), dim=-1)[0].cpu().numpy())
+    return {interface.EMBEDDING: np.stack(vectors).astype(np.float32), interface.PROMPT_TOKENS: np.array(tokens, dtype=np.int32)}
+
+
 def pipeline_answers(
     task: str, model_dir: str, texts: list[str], device: str, dtype: str, stride: int = interface.NO_STRIDE
 ) -> dict[str, np.ndarray]:
     """The pipeline's default answer for a JSON-answer task, as the served output tensor (a tagger: with its stride)."""
     if task == interface.TOKEN_CLASSIFICATION:
         return {JSON_ANSWERS[task][0]: pipeline_entities(model_dir, texts, device, dtype=dtype, stride=stride)}
+    if task in interface.IMAGE_TASKS:  # `texts`: encoded images
+        return pipeline_image_answers(task, model_dir, texts, device, dtype)
     return {JSON_ANSWERS[task][0]: pipeline_candidates(model_dir, texts, device, dtype=dtype)}
 
 
 def probe_texts(task: str, model_dir: str, probes: list[str]) -> list[str]:
-    """Validation's probes for the model: fill-mask's with the tokenizer's own mask token."""
+    """Validation's probes for the model: fill-mask's with the tokenizer's own mask token; an image task's synthetic
+    images (encoded, in place of the texts)."""
+    if task in interface.IMAGE_TASKS:
+        return probe_images()
     if task != interface.FILL_MASK:
         return probes
     from transformers import AutoTokenizer

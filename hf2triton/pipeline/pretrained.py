@@ -14,7 +14,15 @@ from typing import Any
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory, free_bytes, human_bytes, tree_size
 from hf2triton.integrity import write_manifest
-from hf2triton.serving.interface import AUTO_CLASSES, CLASSIFICATION, FILL_MASK, TEXT_RANKING, TOKEN_CLASSIFICATION
+from hf2triton.serving.interface import (
+    AUTO_CLASSES,
+    CLASSIFICATION,
+    FILL_MASK,
+    IMAGE_CLASSIFICATION,
+    IMAGE_TASKS,
+    TEXT_RANKING,
+    TOKEN_CLASSIFICATION,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +44,9 @@ HEADS = {
     FILL_MASK: "a masked-language-model head (architectures *ForMaskedLM)",
     CLASSIFICATION: "a sequence-classification head (architectures *ForSequenceClassification)",
     TEXT_RANKING: "a cross-encoder's one-label head (architectures *ForSequenceClassification, one label)",
+    IMAGE_CLASSIFICATION: "an image-classification head (architectures *ForImageClassification)",
 }
+IMAGE_ONLY_TASKS = (IMAGE_CLASSIFICATION,)  # no tokenizer: the image processor alone prepares the input
 
 
 def check_head(model, task: str, model_name: str) -> None:
@@ -64,16 +74,25 @@ def check_head(model, task: str, model_name: str) -> None:
         )
 
 
-def load_source_model(path: Path, gguf_file: str | None, task: str):
-    """Load model and tokenizer with transformers (GGUF through gguf_file=); `model.loading_info` says which weights
-    the checkpoint lacked (check_head)."""
-    from transformers import AutoTokenizer
+def load_preprocessors(path: Path, task: str, kwargs: dict[str, Any]) -> list[Any]:
+    """What prepares the model's input, saved next to it: the tokenizer (not for an image classifier), and for the
+    image tasks the image processor (preprocessor_config.json: resize, crop, normalisation)."""
+    from transformers import AutoImageProcessor, AutoTokenizer
 
+    found = [] if task in IMAGE_ONLY_TASKS else [AutoTokenizer.from_pretrained(path, **kwargs)]
+    if task in IMAGE_TASKS:
+        found.append(AutoImageProcessor.from_pretrained(path))
+    return found
+
+
+def load_source_model(path: Path, gguf_file: str | None, task: str):
+    """Load model and its preprocessors (tokenizer, image processor) with transformers (GGUF through gguf_file=);
+    `model.loading_info` says which weights the checkpoint lacked (check_head)."""
     kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
     if gguf_file:
         log.info("loading GGUF %s (dequantising to float32: ~45 s for 135M parameters on 2 cores)", gguf_file)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        preprocessors = load_preprocessors(path, task, kwargs)
         checked = task in HEADS  # which weights the checkpoint lacked: asked only where a head is checked
         loaded = auto_model_class(task).from_pretrained(path, dtype="auto", output_loading_info=checked, **kwargs)
         model, loading_info = loaded if checked else (loaded, {"missing_keys": []})
@@ -90,7 +109,7 @@ def load_source_model(path: Path, gguf_file: str | None, task: str):
             del model.config.quantization_config
         model.is_quantized = False
     model.loading_info = loading_info
-    return model, tokenizer
+    return model, preprocessors
 
 
 def module_dirs(source_dir: Path) -> list[str]:
@@ -114,7 +133,8 @@ def pretrained_step(record: str, task: str, output: str, name: str = "") -> dict
     fetched = json.loads(Path(record).read_text())
     source_dir = Path(fetched["path"])
     started = time.monotonic()
-    model, tokenizer = load_source_model(source_dir, fetched.get("gguf_file"), task)
+    model, preprocessors = load_source_model(source_dir, fetched.get("gguf_file"), task)
+    tokenizer = None if task in IMAGE_ONLY_TASKS else preprocessors[0]
     check_head(model, task, name or fetched["source"])
     log.info(
         "loaded %s (%s, %.1fM parameters) in %.1f s",
@@ -132,7 +152,8 @@ def pretrained_step(record: str, task: str, output: str, name: str = "") -> dict
         )
     with atomic_directory(output) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        for preprocessor in preprocessors:
+            preprocessor.save_pretrained(tmp)
         if not fetched.get("gguf_file"):
             for name in SENTENCE_TRANSFORMERS_FILES:
                 if (source_dir / name).is_file():

@@ -22,6 +22,8 @@ from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
 from hf2triton.gateway.process import require_api_key
+from hf2triton.pipeline.image_checks import embeddings_check
+from hf2triton.pipeline.image_probes import validation_options
 from hf2triton.pipeline.pipeline_answers import (
     JSON_ANSWERS,
     compare_embeddings,
@@ -128,12 +130,13 @@ def infer(
     triton, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...], options: dict[str, Any] | None = None
 ) -> tuple[dict[str, np.ndarray], float]:
     if options is None:
-        ranking = {interface.QUERY: RANKING_QUERY} if task == interface.TEXT_RANKING else None
+        ranking = {interface.QUERY: RANKING_QUERY} if task == interface.TEXT_RANKING else validation_options(task)
         options = VALIDATION_OPTIONS if task in GENERATIVE_TASKS else ranking
     started = time.perf_counter()
-    result = triton.infer(name, client.build_inputs(client_module, texts, options))
+    result = triton.infer(name, client.build_inputs(client_module, texts, options, primary=interface.primary_input(task)))
     elapsed_ms = (time.perf_counter() - started) * 1000
-    return {o: result.as_numpy(o) for o in outputs}, elapsed_ms
+    found = {o: result.as_numpy(o) for o in outputs}  # a zero-shot image model answers labels, not its embedding outputs
+    return {o: value for o, value in found.items() if value is not None}, elapsed_ms
 
 
 def _texts(values: np.ndarray) -> list[str]:
@@ -155,7 +158,8 @@ def compare(task: str, served: dict[str, np.ndarray], reference: dict[str, np.nd
         return compare_scores(served, reference)
     if task in JSON_ANSWERS:  # the pipeline's JSON per text
         output = JSON_ANSWERS[task][0]
-        return compare_entities(entity_lists(served[output]), entity_lists(reference[output]), ranked=task == interface.FILL_MASK)
+        ranked = task in (interface.FILL_MASK, *interface.IMAGE_TASKS)  # lists sorted by score: ties in either order
+        return compare_entities(entity_lists(served[output]), entity_lists(reference[output]), ranked=ranked)
     text_s, text_r = _texts(served[interface.TEXT_OUTPUT]), _texts(reference[interface.TEXT_OUTPUT])
     same = sum(x == y for x, y in zip(text_s, text_r))
     return {"ok": same == len(text_r), "prompts": len(text_r), "greedy_identical": same, "served": text_s, "reference": text_r}
@@ -199,7 +203,8 @@ def compare_outputs(task: str, served: dict[str, np.ndarray], reference: dict[st
         return result["ok"], detail
     if task in JSON_ANSWERS:
         differing = f"; texts differing: {result['texts_differing']}" if result["texts_differing"] else ""
-        detail = f"{result['entities']} {JSON_ANSWERS[task][1]} of {result['texts']} texts as transformers' pipeline"
+        rows = "images" if task in interface.IMAGE_TASKS else "texts"
+        detail = f"{result['entities']} {JSON_ANSWERS[task][1]} of {result['texts']} {rows} as transformers' pipeline"
         detail += f"; max score diff {result['max_score_diff']:.2e}"
         return result["ok"], detail + differing
     return result["ok"], f"served {result['served']!r} vs in-process {result['reference']!r}"
@@ -403,7 +408,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     task = params.task
     if rendered.model_transaction_policy.decoupled:
         return validate_streaming(settings, name, rendered, checks)
-    texts = probe_texts(task, params.model_dir, PROBES[task][: rendered.max_batch_size or None])  # one request fits max_batch_size
+    texts = probe_texts(task, params.model_dir, PROBES.get(task, []))[: rendered.max_batch_size or None]  # one request fits
     outputs = tuple(o.name for o in rendered.output)
     before = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
     try:
@@ -413,8 +418,9 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         hints = "; ".join(p.fix for p in explain(str(err)))
         checks.append(check("inference", False, f"{type(err).__name__}: {err}" + (f" -- fix: {hints}" if hints else "")))
         return {"ok": False, "checks": checks}
-    checks.append(check("http inference", True, f"{len(texts)} texts in {http_ms:.1f} ms"))
-    checks.append(check("grpc inference", True, f"{len(texts)} texts in {grpc_ms:.1f} ms"))
+    unit = "images" if task in interface.IMAGE_TASKS else "texts"
+    checks.append(check("http inference", True, f"{len(texts)} {unit} in {http_ms:.1f} ms"))
+    checks.append(check("grpc inference", True, f"{len(texts)} {unit} in {grpc_ms:.1f} ms"))
     same, detail = outputs_equal(http_out, grpc_out)
     checks.append(check("http equals grpc", same, detail))
     started = time.perf_counter()
@@ -432,6 +438,8 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         checks.append(top_k_check(rendered, name, http_client, texts))
     if task == interface.FEATURE_EXTRACTION:
         checks += [c for c in [prompts_check(rendered, name, http_client, texts)] if c]
+    if task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION:  # its embedding requests (images, texts)
+        checks.append(embeddings_check(http_client, name, params.model_dir, reference_device(rendered), params.dtype, COSINE_FLOOR))
     if task in GENERATIVE_TASKS and params.temperature > 0:
         checks.append(sampling_check(http_client, name, texts[:1], params.temperature))
     backend = params.backend
@@ -455,7 +463,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         "parity": parity,
         "latency_ms": {"http": round(http_ms, 1), "grpc": round(grpc_ms, 1)},
         "sample": {
-            "input": texts[0],
+            "input": texts[0] if isinstance(texts[0], str) else f"an image of {len(texts[0])} bytes",
             "output": sample[0].decode() if sample.dtype == np.object_ else [round(float(x), 5) for x in sample[:4]],
         },
         "checks": checks,

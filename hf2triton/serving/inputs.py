@@ -370,3 +370,53 @@ def prompt_ids(
     ids = engine.token_ids(prompt)
     engine.check_length(len(ids), max_new_tokens)
     return ids
+
+
+def _one_string(raw: Any, name: str, max_bytes: int) -> str:
+    values = {_utf8(v, name, name, max_bytes, f"max_input_bytes={max_bytes}") for v in np.asarray(raw).reshape(-1)}
+    if len(values) != 1:
+        raise RequestError(f"{name} must hold one value per request")
+    return values.pop()
+
+
+def image_classification_options(raw_top_k: Any, raw_function: Any) -> dict[str, Any]:
+    """An image-classification request's `top_k` (labels per image, default the pipeline's 5; more than the model has:
+    all of them, as the pipeline) and `function_to_apply` (the pipeline's: default, sigmoid, softmax, none)."""
+    top_k = interface.DEFAULT_IMAGE_TOP_K
+    if raw_top_k is not None:
+        top_k = _one_value(raw_top_k, interface.TOP_K, int, interface.IMAGE_TOP_K_RANGE)
+    function = "default"
+    if raw_function is not None:
+        function = _one_string(raw_function, interface.FUNCTION_TO_APPLY, 64).strip().lower()
+        if function not in interface.FUNCTIONS_TO_APPLY:
+            allowed = ", ".join(interface.FUNCTIONS_TO_APPLY)
+            raise RequestError(f"{interface.FUNCTION_TO_APPLY}={function!r} is not allowed: use one of {allowed}")
+    return {interface.TOP_K: top_k, interface.FUNCTION_TO_APPLY: function}
+
+
+def zero_shot_image_options(raw_labels: Any, raw_template: Any, max_bytes: int) -> dict[str, Any]:
+    """A zero-shot-image-classification request's `candidate_labels` (needed: a JSON list of 1..MAX_CANDIDATE_LABELS
+    distinct, non-empty strings; a tuple, so requests with the same labels share one pass) and `hypothesis_template`
+    (default the pipeline's "This is a photo of {}."; it must hold `{}`, where each label goes)."""
+    name = interface.CANDIDATE_LABELS
+    if raw_labels is None:
+        raise RequestError(f"input '{name}' is missing: send the labels to choose from as a JSON list of strings")
+    text = _one_string(raw_labels, name, max_bytes)
+    try:
+        labels = json.loads(text)
+    except ValueError:
+        labels = None
+    if not isinstance(labels, list) or not labels or not all(isinstance(label, str) and label.strip() for label in labels):
+        raise RequestError(f'{name} must be a JSON list of non-empty strings, e.g. ["cat", "dog"]; got {text[:80]!r}')
+    if len(labels) > interface.MAX_CANDIDATE_LABELS:
+        raise RequestError(f"{name} holds {len(labels)} labels, more than {interface.MAX_CANDIDATE_LABELS}: split the request")
+    template = interface.DEFAULT_HYPOTHESIS_TEMPLATE
+    if raw_template is not None:
+        template = _one_string(raw_template, interface.HYPOTHESIS_TEMPLATE, max_bytes)
+        if "{}" not in template:
+            raise RequestError(f"{interface.HYPOTHESIS_TEMPLATE}={template[:80]!r} must hold {{}} where each label goes")
+        try:
+            template.format("x")
+        except (IndexError, KeyError, ValueError):
+            raise RequestError(f"{interface.HYPOTHESIS_TEMPLATE}={template[:80]!r}: only one {{}} and no other braces") from None
+    return {name: tuple(labels), interface.HYPOTHESIS_TEMPLATE: template}

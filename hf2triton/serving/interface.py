@@ -78,6 +78,24 @@ DEFAULT_FILL_MASK_TOP_K = 5  # the pipeline's
 QUERY = "query"
 # feature-extraction: which of the model's prompts (config_sentence_transformers.json) starts every text of a request
 PROMPT_NAME = "prompt_name"
+# image tasks: IMAGE (BYTES) the encoded image (PNG, JPEG, ...) per row instead of text; per image LABELS, the JSON list
+# of {label, score} transformers' pipeline answers (best first). image-classification: option TOP_K (IMAGE_TOP_K_RANGE,
+# default the pipeline's 5) and FUNCTION_TO_APPLY (the pipeline's: default by the model's labels, sigmoid, softmax,
+# none); zero-shot-image-classification: CANDIDATE_LABELS (a JSON list of strings, needed) and HYPOTHESIS_TEMPLATE
+IMAGE = "image"
+LABELS = "labels"
+FUNCTION_TO_APPLY = "function_to_apply"
+FUNCTIONS_TO_APPLY = ("default", "sigmoid", "softmax", "none")
+IMAGE_TOP_K_RANGE = (1, 1000)
+DEFAULT_IMAGE_TOP_K = 5  # the pipeline's
+CANDIDATE_LABELS = "candidate_labels"
+HYPOTHESIS_TEMPLATE = "hypothesis_template"
+DEFAULT_HYPOTHESIS_TEMPLATE = "This is a photo of {}."  # the pipeline's
+MAX_CANDIDATE_LABELS = 256
+# zero-shot-image-classification models embed too: a request with EMBED true gets per image its EMBEDDING (the model's
+# image features, L2-normalised: what its logits compare), and one with TEXT rows instead of IMAGE per text its text
+# features (normalised; PROMPT_TOKENS: its tokens), the vectors CLIP / SigLIP score against each other
+EMBED = "embed"
 
 FEATURE_EXTRACTION = "feature-extraction"
 CLASSIFICATION = "text-classification"
@@ -86,7 +104,21 @@ TOKEN_CLASSIFICATION = "token-classification"  # noqa: S105 - a task name
 FILL_MASK = "fill-mask"
 TEXT_RANKING = "text-ranking"
 TEXT2TEXT = "text2text-generation"  # encoder-decoder models (T5, BART, Marian)
-TASKS = (FEATURE_EXTRACTION, CLASSIFICATION, GENERATION, TOKEN_CLASSIFICATION, FILL_MASK, TEXT_RANKING, TEXT2TEXT)
+IMAGE_CLASSIFICATION = "image-classification"
+ZERO_SHOT_IMAGE_CLASSIFICATION = "zero-shot-image-classification"  # CLIP, SigLIP
+TASKS = (
+    FEATURE_EXTRACTION,
+    CLASSIFICATION,
+    GENERATION,
+    TOKEN_CLASSIFICATION,
+    FILL_MASK,
+    TEXT_RANKING,
+    TEXT2TEXT,
+    IMAGE_CLASSIFICATION,
+    ZERO_SHOT_IMAGE_CLASSIFICATION,
+)
+# the tasks whose rows are images (IMAGE), not texts
+IMAGE_TASKS = (IMAGE_CLASSIFICATION, ZERO_SHOT_IMAGE_CLASSIFICATION)
 # the tasks that generate text: the same options, streaming and OpenAI endpoints
 GENERATIVE_TASKS = (GENERATION, TEXT2TEXT)
 # transformers' pipeline names for what a text2text model does: accepted in a config, served as TEXT2TEXT
@@ -105,6 +137,8 @@ AUTO_CLASSES = {
     FILL_MASK: "AutoModelForMaskedLM",
     TEXT_RANKING: "AutoModelForSequenceClassification",  # one label: the relevance logit
     TEXT2TEXT: "AutoModelForSeq2SeqLM",
+    IMAGE_CLASSIFICATION: "AutoModelForImageClassification",
+    ZERO_SHOT_IMAGE_CLASSIFICATION: "AutoModelForZeroShotImageClassification",
 }
 
 # Limits every request option must respect (the config schema's bounds are the same).
@@ -150,6 +184,12 @@ FILL_MASK_OPTIONS = (Tensor(TOP_K, "INT32", optional=True),)  # candidates per t
 # without it gets model.py's error naming it (inputs.text_ranking_options), not Triton's generic one
 TEXT_RANKING_OPTIONS = (Tensor(QUERY, "BYTES", optional=True),)
 EMBEDDING_OPTIONS = (Tensor(PROMPT_NAME, "BYTES", optional=True),)  # absent: the model's default_prompt_name, else none
+IMAGE_TENSOR = Tensor(IMAGE, "BYTES")
+IMAGE_CLASSIFICATION_OPTIONS = (Tensor(TOP_K, "INT32", optional=True), Tensor(FUNCTION_TO_APPLY, "BYTES", optional=True))
+# candidate_labels: needed to classify, declared optional as the query is (model.py's error names it)
+ZERO_SHOT_IMAGE_OPTIONS = (Tensor(CANDIDATE_LABELS, "BYTES", optional=True), Tensor(HYPOTHESIS_TEMPLATE, "BYTES", optional=True))
+# its embedding requests: images with EMBED true, or texts (TEXT instead of IMAGE: so IMAGE is optional there too)
+ZERO_SHOT_EMBEDDING_INPUTS = (Tensor(TEXT, "BYTES", optional=True), Tensor(EMBED, "BOOL", optional=True))
 
 
 STREAMING_OPTIONS = (
@@ -174,8 +214,17 @@ STREAMING_OUTPUTS = (
 )
 
 
+def primary_input(task: str) -> str:
+    """The tensor a task's rows are sent in: IMAGE for the image tasks, else TEXT."""
+    return IMAGE if task in IMAGE_TASKS else TEXT
+
+
 def task_inputs(task: str, streaming: bool = False) -> tuple[Tensor, ...]:
     check_task(task)
+    if task == IMAGE_CLASSIFICATION:
+        return (IMAGE_TENSOR, *IMAGE_CLASSIFICATION_OPTIONS)
+    if task == ZERO_SHOT_IMAGE_CLASSIFICATION:
+        return (Tensor(IMAGE, "BYTES", optional=True), *ZERO_SHOT_IMAGE_OPTIONS, *ZERO_SHOT_EMBEDDING_INPUTS)
     if task == TOKEN_CLASSIFICATION:
         return (TEXT_TENSOR, *TOKEN_CLASSIFICATION_OPTIONS)
     if task == FILL_MASK:
@@ -205,6 +254,10 @@ def task_outputs(task: str, embedding_dim: int | None = None, streaming: bool = 
         return (Tensor(CANDIDATES, "BYTES"),)
     if task == TEXT_RANKING:  # per document its relevance score, and its pair's tokens (usage)
         return (Tensor(SCORE, "FP32"), Tensor(PROMPT_TOKENS, "INT32"))
+    if task == ZERO_SHOT_IMAGE_CLASSIFICATION:  # labels, or (an embedding request) the vectors and a text's tokens
+        return (Tensor(LABELS, "BYTES"), Tensor(EMBEDDING, "FP32", (embedding_dim or -1,)), Tensor(PROMPT_TOKENS, "INT32"))
+    if task in IMAGE_TASKS:  # a JSON list of {label, score} per image
+        return (Tensor(LABELS, "BYTES"),)
     return (Tensor(TEXT_OUTPUT, "BYTES"),)
 
 
@@ -263,6 +316,8 @@ class ModelParameters:
     prompt_names: str = ""
     normalize: bool = True
     matryoshka_dimensions: str = ""
+    # image tasks: an image's width x height at most, checked from its header before it is decoded
+    max_image_pixels: int = 25_000_000
 
     def relevant(self) -> tuple[str, ...]:
         keys = ["task", "backend", "model_dir", "dtype", "num_threads", "max_input_bytes", "max_texts_per_request", "max_request_bytes"]
@@ -272,12 +327,15 @@ class ModelParameters:
             keys.append("trt_engine")
         # encoders; torch decoding (a text2text model's batcher takes no graphs)
         graphed = self.task not in GENERATIVE_TASKS or (self.task == GENERATION and self.streaming and self.backend == "python")
+        graphed = graphed and self.task not in IMAGE_TASKS  # the image engines run no graphs
         if graphed and self.backend in ("python", "onnx"):
             keys.append("cuda_graphs")
         if self.task == TOKEN_CLASSIFICATION:
             keys.append("stride")
         if self.task == FEATURE_EXTRACTION:
             keys += ["prompt_names", "normalize", "matryoshka_dimensions"]
+        if self.task in IMAGE_TASKS:
+            keys.append("max_image_pixels")
         if self.task in GENERATIVE_TASKS:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
             if self.streaming:

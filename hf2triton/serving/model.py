@@ -122,7 +122,9 @@ class TritonPythonModel:
         else:
             print(message, flush=True)
 
-    def _parse(self, request) -> tuple[list[str], dict[str, Any]]:
+    def _parse(self, request) -> tuple[list[Any], dict[str, Any]]:
+        if self.task in interface.IMAGE_TASKS:  # decoded images (bounded in pixels before decoding) instead of texts
+            return self._parse_images(request)
         tensor = pb_utils.get_input_tensor_by_name(request, interface.TEXT)
         if tensor is None:
             raise inputs.RequestError(f"input '{interface.TEXT}' is missing")
@@ -149,6 +151,29 @@ class TritonPythonModel:
         elif self.task == interface.FEATURE_EXTRACTION:  # requests with the same prompt share one pass
             options = inputs.embedding_options(self._optional(request, interface.PROMPT_NAME), self.engine.prompt_names)
         return texts, options
+
+    def _parse_images(self, request) -> tuple[list[Any], dict[str, Any]]:
+        """An image task's request: its options first (cheap), then its images decoded; requests with the same options
+        share one pass. A zero-shot model's embedding requests: images with `embed` true, or texts."""
+        images, texts = self._optional(request, interface.IMAGE), self._optional(request, interface.TEXT)
+        if self.task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION and texts is not None and images is None:
+            inputs.check_request_size(texts, self.params)
+            return inputs.decode_texts(texts, self.max_bytes), {interface.EMBED: "texts"}
+        if images is None or texts is not None:
+            either = f" (or '{interface.TEXT}' for text embeddings)" if self.task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION else ""
+            raise inputs.RequestError(f"send the encoded images in input '{interface.IMAGE}'{either}")
+        inputs.check_request_size(images, self.params)
+        embed = self._optional(request, interface.EMBED)
+        if self.task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION and embed is not None and bool(np.asarray(embed).reshape(-1).any()):
+            return self.engine.decode(images), {interface.EMBED: "images"}
+        if self.task == interface.IMAGE_CLASSIFICATION:
+            raw = (self._optional(request, interface.TOP_K), self._optional(request, interface.FUNCTION_TO_APPLY))
+            options = inputs.image_classification_options(*raw)
+        else:
+            raw = (self._optional(request, interface.CANDIDATE_LABELS), self._optional(request, interface.HYPOTHESIS_TEMPLATE))
+            options = inputs.zero_shot_image_options(*raw, self.max_bytes)
+            self.engine.check_labels(options[interface.CANDIDATE_LABELS], options[interface.HYPOTHESIS_TEMPLATE])
+        return self.engine.decode(images), options
 
     # ------------------------------------------------------------------ streaming generation (decoupled)
 
@@ -274,7 +299,7 @@ class TritonPythonModel:
                 continue
             groups.setdefault(tuple(sorted(options.items())), []).append((index, texts))
         for options, members in groups.items():
-            all_texts = [text for _, texts in members for text in texts]
+            all_texts = [text for _, texts in members for text in texts]  # (or decoded images)
             try:
                 outputs = self.engine.run(all_texts, **dict(options))
             except Exception as err:  # noqa: BLE001 - one failed pass must not take the stub down
@@ -286,7 +311,8 @@ class TritonPythonModel:
             start = 0
             for index, texts in members:
                 end = start + len(texts)
-                tensors = [pb_utils.Tensor(name, _rows(outputs[name][start:end])) for name in self.engine.outputs]
+                # the outputs this pass made (a zero-shot model's embedding request: not its labels)
+                tensors = [pb_utils.Tensor(name, _rows(outputs[name][start:end])) for name in self.engine.outputs if name in outputs]
                 responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
                 start = end
         return responses

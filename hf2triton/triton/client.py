@@ -134,7 +134,8 @@ NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT6
 # fill-mask's top_k is the same tensor (INT32) as streaming generation's
 _OPTIONS = (*interface.GENERATION_OPTIONS, *interface.STREAMING_OPTIONS)
 _OPTIONS += (*interface.TOKEN_CLASSIFICATION_OPTIONS, *interface.FILL_MASK_OPTIONS, *interface.TEXT_RANKING_OPTIONS)
-_OPTIONS += interface.EMBEDDING_OPTIONS
+_OPTIONS += (*interface.EMBEDDING_OPTIONS, *interface.IMAGE_CLASSIFICATION_OPTIONS, *interface.ZERO_SHOT_IMAGE_OPTIONS)
+_OPTIONS += tuple(t for t in interface.ZERO_SHOT_EMBEDDING_INPUTS if t.name != interface.TEXT)  # embed (BOOL)
 OPTION_TENSORS = {t.name: t for t in _OPTIONS}
 
 
@@ -231,18 +232,20 @@ def model_metrics(metrics_url: str, model: str) -> dict[str, float]:
 
 
 def input_arrays(
-    texts: list[bytes] | list[str], options: dict[str, Any] | None = None, one_prompt: bool = False
+    texts: list[bytes] | list[str], options: dict[str, Any] | None = None, one_prompt: bool = False, primary: str = interface.TEXT
 ) -> list[tuple[str, str, np.ndarray]]:
-    """(name, datatype, array) per input tensor: the texts as [n, 1] BYTES, each option (max_new_tokens,
-    temperature, ...) repeated per row as the interface declares it; `one_prompt` (a streaming model): shape [1]
-    per tensor, `stop` a list of strings."""
+    """(name, datatype, array) per input tensor: the texts as [n, 1] BYTES (`primary`: the tensor they go in, IMAGE for
+    an image task's encoded images), each option (max_new_tokens, temperature, ...) repeated per row as the interface
+    declares it; `one_prompt` (a streaming model): shape [1] per tensor, `stop` a list of strings."""
     encoded = [t.encode("utf-8") if isinstance(t, str) else t for t in texts]
     shape = (1,) if one_prompt else (len(encoded), 1)
-    arrays = [(interface.TEXT, interface.TEXT_TENSOR.datatype, np.array(encoded, dtype=np.object_).reshape(shape))] if encoded else []
+    arrays = [(primary, "BYTES", np.array(encoded, dtype=np.object_).reshape(shape))] if encoded else []
     for name, value in (options or {}).items():
         if value is None:
             continue
         tensor = OPTION_TENSORS[name]
+        if name == interface.CANDIDATE_LABELS and not isinstance(value, str):  # a list of labels: its JSON on every row
+            value = json.dumps(list(value), ensure_ascii=False)
         if name in (interface.MESSAGES, interface.TOOLS, interface.GUIDED):  # JSON: the chat form, its tools, a constraint
             arrays.append((name, tensor.datatype, np.array([json.dumps(value, ensure_ascii=False).encode("utf-8")], dtype=np.object_)))
             continue
@@ -259,11 +262,15 @@ def input_arrays(
 
 
 def build_inputs(
-    client_module: Any, texts: list[bytes] | list[str], options: dict[str, Any] | None = None, one_prompt: bool = False
+    client_module: Any,
+    texts: list[bytes] | list[str],
+    options: dict[str, Any] | None = None,
+    one_prompt: bool = False,
+    primary: str = interface.TEXT,
 ) -> list:
     """tritonclient InferInput objects (client_module: tritonclient.http or tritonclient.grpc)."""
     inputs = []
-    for name, datatype, array in input_arrays(texts, options, one_prompt):
+    for name, datatype, array in input_arrays(texts, options, one_prompt, primary):
         tensor = client_module.InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)

@@ -1,5 +1,6 @@
 """The client commands of `python -m hf2triton` against the running server: `models`, `infer MODEL TEXT
-[--stream] [--json]`, `chat MODEL`, `embed MODEL TEXT...`, and `key` (where the client key is, for curl).
+[--stream] [--json]` (an image model: `infer MODEL IMAGE_FILE... [--labels a,b]`), `chat MODEL`, `embed MODEL
+TEXT...`, and `key` (where the client key is, for curl).
 Every command can speak gRPC, so `--grpc HOST:PORT` alone is enough; without it the addresses come from the
 config (--config, default $HF2TRITON_CONFIG or ./config.yaml). `--http` is optional (non-streaming `infer`
 then goes over HTTP).
@@ -108,6 +109,8 @@ def infer(
         raise UserError(f"{model} is a reranker: it scores the TEXTs (documents) against a query", "add --query 'QUERY'")
     if interface.GUIDED in options and not (facts["task"] in interface.GENERATIVE_TASKS and facts["streaming"]):
         raise UserError(f"{model} is not a streaming generation model: --json-schema / --regex need one", "use a streaming model")
+    if facts["task"] in interface.IMAGE_TASKS:  # the arguments are image files
+        texts = image_files(model, facts["task"], texts, options)
     try:
         if facts["task"] in interface.GENERATIVE_TASKS and facts["streaming"]:
             if len(texts) != 1:
@@ -126,7 +129,8 @@ def infer(
 
             triton = client.grpc_client(grpc_url)
         try:
-            result = triton.infer(model, client.build_inputs(module, texts, options or None))
+            inputs = client.build_inputs(module, texts, options or None, primary=interface.primary_input(facts["task"]))
+            result = triton.infer(model, inputs)
         finally:
             triton.close()
     except UserError:
@@ -145,7 +149,24 @@ def infer(
         return {"candidates": [json.loads(v) for v in outputs[interface.CANDIDATES].reshape(-1)]}
     if facts["task"] == interface.TEXT_RANKING:  # per text (document) its relevance to the query
         return {"relevance_scores": [float(v) for v in outputs[interface.SCORE].reshape(-1)]}
+    if facts["task"] in interface.IMAGE_TASKS:  # per image the pipeline's JSON list of {label, score}
+        return {"predictions": [json.loads(v) for v in outputs[interface.LABELS].reshape(-1)]}
     return {"texts": [v.decode() for v in outputs[interface.TEXT_OUTPUT].reshape(-1)]}
+
+
+def image_files(model: str, task: str, paths: list[str], options: dict[str, Any]) -> list[bytes]:
+    """An image task's arguments: image files, read whole (the server decodes and checks them); zero-shot needs --labels."""
+    if task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION and not options.get(interface.CANDIDATE_LABELS):
+        raise UserError(f"{model} classifies images into labels the request names", "add --labels 'cat,dog,a red car'")
+    images = []
+    for path in paths:
+        try:
+            images.append(Path(path).read_bytes())
+        except OSError as err:
+            raise UserError(
+                f"{model} takes image files: cannot read {path!r} ({err.strerror or err})", "pass PNG or JPEG file paths"
+            ) from None
+    return images
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -160,6 +181,8 @@ def summary(result: dict[str, Any]) -> str:
     if "candidates" in result:  # one line per candidate, a blank line between texts
         lines = ["\n".join(f"{c['token_str']!r} ({c['score']:.4f}) {c['sequence']}" for c in each) for each in result["candidates"]]
         return "\n\n".join(lines)
+    if "predictions" in result:  # an image's labels, best first; a blank line between images
+        return "\n\n".join("\n".join(f"{p['label']} ({p['score']:.4f})" for p in each) for each in result["predictions"])
     if "relevance_scores" in result:  # best first: score and the text's position
         ranked = sorted(enumerate(result["relevance_scores"]), key=lambda pair: -pair[1])
         return "\n".join(f"{score:.4f} text {index}" for index, score in ranked)
@@ -177,7 +200,7 @@ def entity_line(entity: dict[str, Any]) -> str:
 def printed_json(result: dict[str, Any]) -> Any:
     """What `infer --json` prints: a tagger's or fill-mask's answer as transformers' pipeline returns it (one text:
     its list of entities / candidates; several: a list per text); other tasks' answers as they are."""
-    for key in ("entities", "candidates"):
+    for key in ("entities", "candidates", "predictions"):
         if key in result:
             return result[key][0] if len(result[key]) == 1 else result[key]
     return result
@@ -197,7 +220,12 @@ def generation_flags(args: Any) -> dict[str, Any]:
         interface.QUERY: getattr(args, "query", None),  # text-ranking: the texts are the documents
         interface.PROMPT_NAME: getattr(args, "prompt_name", None),  # feature-extraction: one of the model's prompts
         interface.GUIDED: guided_flag(getattr(args, "json_schema", None), getattr(args, "regex", None)),  # structured output
+        interface.FUNCTION_TO_APPLY: getattr(args, "function_to_apply", None),  # image-classification
+        interface.HYPOTHESIS_TEMPLATE: getattr(args, "hypothesis_template", None),  # zero-shot-image-classification
     }
+    labels = getattr(args, "labels", None)
+    if labels is not None:  # zero-shot-image-classification: comma-separated
+        flags[interface.CANDIDATE_LABELS] = [label.strip() for label in labels.split(",") if label.strip()]
     return {name: value for name, value in flags.items() if value is not None}
 
 

@@ -18,9 +18,10 @@ PLAYGROUND_FILES = {
     "style.css": (PLAYGROUND / "style.css", "text/css; charset=utf-8"),
     "icon.svg": (PLAYGROUND / "icon.svg", "image/svg+xml"),
 }
-# The page loads nothing but its own files and talks only to this gateway; what a model says is never markup.
+# The page loads nothing but its own files and talks only to this gateway; what a model says is never markup. img-src
+# blob: shows the image the user picked (an object URL of their own file) next to its labels.
 PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' blob:; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",

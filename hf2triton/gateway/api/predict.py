@@ -1,6 +1,7 @@
 """POST /v1/models/{model}:predict: the tasks whose answer is the transformers pipeline's JSON per text
 (token-classification: its entities, fill-mask: its candidates) and text-classification ({label, score}), in KServe's
-V1 protocol as its Hugging Face runtime serves them: {"instances": [texts]} -> {"predictions": [one per text]}."""
+V1 protocol as its Hugging Face runtime serves them: {"instances": [texts]} -> {"predictions": [one per text]}; and the
+image tasks: {"instances": [{"image_bytes": {"b64": ...}}]} -> per image the pipeline's [{label, score}] (gateway/images.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from fastapi import APIRouter, Request
 from hf2triton.gateway import protocol
 from hf2triton.gateway.backend import gateway_of
 from hf2triton.gateway.boundary import KEY
+from hf2triton.gateway.images import image_requests
 from hf2triton.serving import interface
 
 router = APIRouter()
-PREDICT_TASKS = (interface.TOKEN_CLASSIFICATION, interface.FILL_MASK, interface.CLASSIFICATION)
+PREDICT_TASKS = (interface.TOKEN_CLASSIFICATION, interface.FILL_MASK, interface.CLASSIFICATION, *interface.IMAGE_TASKS)
 JSON_OUTPUTS = {interface.TOKEN_CLASSIFICATION: interface.ENTITIES, interface.FILL_MASK: interface.CANDIDATES}
 
 
@@ -27,10 +29,24 @@ def predictions(task: str, result: Any) -> list[Any]:
     return [{"label": label.decode("utf-8"), "score": float(score)} for label, score in zip(labels, scores)]
 
 
+async def image_predictions(gateway: Any, served: Any, body: dict[str, Any]) -> list[Any]:
+    """An image model's predictions: its instances grouped by their options, each group in the model's batches, the
+    answers put back in the instances' order."""
+    answers: list[Any] = [None] * len(body.get("instances") or [])
+    for options, positions, images in image_requests(body, served.task):
+        results = await gateway.infer_texts(served, images, options, "instances")
+        rows = [json.loads(row) for result in results for row in result.as_numpy(interface.LABELS).reshape(-1)]
+        for position, row in zip(positions, rows):
+            answers[position] = row
+    return answers
+
+
 @router.post("/v1/models/{model}:predict", dependencies=KEY)
 async def predict(request: Request, model: str):
     gateway, body = gateway_of(request), await protocol.read_body(request)
     served = await gateway.model({"model": model}, PREDICT_TASKS)
+    if served.task in interface.IMAGE_TASKS:
+        return {"predictions": await image_predictions(gateway, served, body)}
     texts, options = protocol.predict_request(body, served.task)
     results = await gateway.infer_texts(served, texts, options, "instances")
     return {"predictions": [prediction for result in results for prediction in predictions(served.task, result)]}

@@ -1,5 +1,6 @@
 // hf2triton playground: the views of the tasks that answer one JSON per text (app.js has the page, the key and chat):
-// classify (text-classification), entities (token-classification), fill mask, rerank (text-ranking). Every text from a model or the user is written
+// classify (text-classification), entities (token-classification), fill mask, rerank (text-ranking), images
+// (image-classification, zero-shot-image-classification). Every text from a model or the user is written
 // with textContent (app.js's el), never as HTML; entity spans are cut from the text at the model's character offsets.
 "use strict";
 
@@ -117,4 +118,50 @@ $("rerank-send").addEventListener("click", () => showing($("rerank-send"), async
     el("span", { className: "score", text: r.relevance_score.toFixed(4) }), scoreBar(r.relevance_score),
     el("span", { className: "document", text: r.document.text }), el("span", { className: "stats", text: ` (document ${r.index + 1})` }))));
   $("rerank-note").textContent = `${answer.results.length} documents, best first; ${answer.usage.total_tokens} tokens`;
+}));
+
+// ---------------------------------------------------------------- images
+
+let pickedImage = null;  // the File the user dropped or picked
+
+function pickImage(file) {
+  if (!file) return;
+  pickedImage = file;
+  const preview = $("images-preview");
+  if (preview.src) URL.revokeObjectURL(preview.src);
+  preview.src = URL.createObjectURL(file);  // the user's own file, shown beside its labels (img-src blob:)
+  preview.hidden = false;
+  $("images-note").textContent = `${file.name}, ${file.size} bytes`;
+}
+
+function base64Of(file) {  // the file's bytes as base64 (KServe's {"image_bytes": {"b64": ...}})
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(String(reader.result).split(",", 2)[1] || "");
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+$("images-file").addEventListener("change", (event) => pickImage(event.target.files[0]));
+const imageDrop = $("images-drop");
+imageDrop.addEventListener("dragover", (event) => { event.preventDefault(); imageDrop.classList.add("over"); });
+imageDrop.addEventListener("dragleave", () => imageDrop.classList.remove("over"));
+imageDrop.addEventListener("drop", (event) => {
+  event.preventDefault();
+  imageDrop.classList.remove("over");
+  pickImage(event.dataTransfer.files[0]);
+});
+
+$("images-send").addEventListener("click", () => showing($("images-send"), async () => {
+  if (!pickedImage) throw new Error("pick or drop an image first");
+  const model = $("images-model").value;
+  const task = (state.models.find((m) => m.id === model) || {}).task;
+  const parameters = task === "zero-shot-image-classification"
+    ? { candidate_labels: $("images-labels").value.split(",").map((l) => l.trim()).filter(Boolean) }
+    : { top_k: numberOf($("images-top-k")) };
+  const [labels] = await predict(model, { instances: [{ image_bytes: { b64: await base64Of(pickedImage) } }], parameters });
+  $("images-labels-out").replaceChildren(...labels.map((l) => el("li", { "data-score": String(l.score) },
+    el("span", { className: "token", text: l.label }), scoreBar(l.score), el("span", { className: "score", text: l.score.toFixed(4) }))));
+  $("images-note").textContent = `${pickedImage.name}: ${labels.length} labels, best first`;
 }));

@@ -19,6 +19,8 @@ ENGINES = {
     interface.FILL_MASK: ("fill_mask", "FillMaskEngine"),
     interface.TEXT_RANKING: ("text_ranking", "TextRankingEngine"),
     interface.TEXT2TEXT: ("text2text", "Text2TextEngine"),
+    interface.IMAGE_CLASSIFICATION: ("vision", "ImageClassificationEngine"),
+    interface.ZERO_SHOT_IMAGE_CLASSIFICATION: ("vision", "ZeroShotImageEngine"),
 }
 # a streaming model's batcher module (in serving/), by task; the causal one (preallocated cache on a GPU) otherwise
 BATCHERS = {interface.TEXT2TEXT: "batching.seq2seq"}
@@ -54,4 +56,5 @@ def engine_from_parameters(params: interface.ModelParameters, device: str = "cpu
         chat_template=params.chat_template,
         cuda_graphs=params.cuda_graphs,
         stride=params.stride,
+        max_image_pixels=params.max_image_pixels,
     )
