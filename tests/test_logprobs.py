@@ -86,6 +86,42 @@ def test_lm_eval_local_completions_scores_as_its_hf_model_does(served, tiny_mode
     assert difference < 1e-3, (likelihoods, difference)
 
 
+def test_lm_eval_local_chat_completions_generates_as_its_hf_model_does(served, tiny_models, monkeypatch):
+    """Issue 44 #4: lm-eval's generate_until task through local-chat-completions (the gateway applies the model's chat
+    template; greedy, lm-eval's stop strings) gives, answer by answer, what its in-process hf model generates with
+    --apply_chat_template on the same saved model, and the same exact-match score."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = str(tiny_models["text-generation"])
+    tasks = TaskManager(include_path=str(ROOT / "tests" / "data" / "lm_eval"), include_defaults=False)
+    runs = {
+        name: lm_eval.simple_evaluate(
+            model=kind,
+            model_args=args,
+            tasks=["hf2triton_mini_gen"],
+            task_manager=tasks,
+            batch_size=1,
+            log_samples=True,
+            apply_chat_template=True,
+        )  # fmt: skip
+        for name, kind, args in (
+            ("served", "local-chat-completions", f"model=generate,base_url={base_url(served)}/chat/completions,max_retries=1"),
+            ("hf", "hf", f"pretrained={path},dtype=float32,device=cpu"),
+        )
+    }
+    score = {name: run["results"]["hf2triton_mini_gen"]["exact_match,none"] for name, run in runs.items()}
+    answers = {
+        name: [s["resps"][0][0] for s in sorted(run["samples"]["hf2triton_mini_gen"], key=lambda s: s["doc_id"])]
+        for name, run in runs.items()
+    }
+    print(f"lm-eval generate_until exact_match {score}, answers {answers}")
+    assert len(answers["served"]) == 6 and answers["served"] == answers["hf"] and score["served"] == score["hf"]
+
+
 def test_echo_of_token_prompts_with_nothing_generated_is_the_models_log_softmax(served, llm):
     """Issue 44 #2: echo + max_tokens 0 answers each prompt's tokens with their log-probabilities (the first null),
     one choice per prompt in order; max_tokens 0 without echo and echo for a text2text model are 400s."""
