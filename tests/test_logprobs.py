@@ -216,3 +216,49 @@ def test_guidellm_benchmarks_the_gateway(served, tiny_models, tmp_path):
     figures = {name: metrics[name]["successful"]["mean"] for name in names}
     print(f"guidellm: {totals}, {figures}")
     assert totals["errored"] == 0 and totals["successful"] >= 10, (totals, finished.stdout[-3000:])
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from tests.browser import start_chromium
+
+    driver = start_chromium()
+    yield driver
+    driver.quit()
+
+
+def test_the_playground_shows_each_tokens_logprob_on_hover(served, browser, tmp_path):
+    """Issue 44 (playground): with "log-probabilities" on, a chat answer is spans of its text whose hover titles give
+    each token's log-probability and its top alternatives: the spans read as the API's answer, their log-probabilities
+    are the API's for the same greedy request, token by token; no console errors."""
+    import openai
+
+    from tests.browser import console_errors, fill, screenshot, text_of, wait_for
+
+    port = served.config["openai"]["port"]
+    browser.get(f"http://127.0.0.1:{port}/playground/")
+    wait_for(browser, lambda: browser.execute_script("return !document.getElementById('tabs').hidden"))
+    fill(browser, "chat-max-tokens", "6")
+    browser.find_element("id", "chat-logprobs").click()
+    fill(browser, "chat-input", QUESTION[0]["content"])
+    browser.find_element("id", "chat-send").click()
+    wait_for(browser, lambda: "finish:" in (text_of(browser, "#chat-log .message.assistant .stats") or ""))
+    spans = browser.execute_script(
+        "return [...document.querySelectorAll('#chat-log .message.assistant .text span.token')]"
+        ".map(s => [s.textContent, JSON.parse(s.dataset.logprobs), s.title]);"
+    )
+    api = openai.OpenAI(base_url=base_url(served), api_key="unused", max_retries=0, timeout=60)
+    chat = api.chat.completions.create(model="generate", messages=QUESTION, logprobs=True, top_logprobs=5, max_tokens=6, temperature=0)
+    content = chat.choices[0].logprobs.content
+    assert spans and "".join(text for text, _, _ in spans) == chat.choices[0].message.content == text_of(
+        browser, "#chat-log .message.assistant .text"
+    )
+    assert [value for _, values, _ in spans for value in values] == [entry.logprob for entry in content], (spans, content)
+    titles = "\n\n".join(title for _, _, title in spans).split("\n\n")
+    quoted = lambda token: json.dumps(token, ensure_ascii=False)  # noqa: E731 -- as JavaScript's JSON.stringify
+    for title, entry in zip(titles, content, strict=True):  # the token, its logprob, then its 5 alternatives
+        lines = title.split("\n")
+        assert lines[0].startswith(f"{quoted(entry.token)} logprob {entry.logprob:.4f} ") and lines[1] == "top alternatives:"
+        assert lines[2:] == [f"  {quoted(alt.token)} {alt.logprob:.4f}" for alt in entry.top_logprobs], title
+    assert not console_errors(browser)
+    screenshot(browser, "chat-logprobs", tmp_path)

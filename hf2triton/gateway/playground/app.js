@@ -129,7 +129,8 @@ function numberOf(input) {
   return input.value === "" ? undefined : Number(input.value);
 }
 
-// Streams one chat completion; onPiece(text) per content piece. Resolves {ttft_ms, tokens_per_s, finish_reason, usage}.
+// Streams one chat completion; onPiece(text, logprobs) per chunk with text or log-probabilities (logprobs: the chunk's
+// list of {token, logprob, top_logprobs}, or null). Resolves {ttft_ms, tokens_per_s, finish_reason, usage}.
 async function streamChat(body, onPiece, signal) {
   const started = performance.now();
   const response = await api("/v1/chat/completions", { ...body, stream: true, stream_options: { include_usage: true } }, signal);
@@ -157,11 +158,12 @@ async function streamChat(body, onPiece, signal) {
         if (chunk.usage) usage = chunk.usage;
         for (const choice of chunk.choices || []) {
           const piece = (choice.delta && choice.delta.content) || "";
+          const logprobs = (choice.logprobs && choice.logprobs.content) || null;
           if (piece) {
             if (first === null) first = performance.now();
             pieces += 1;
-            onPiece(piece);
           }
+          if (piece || logprobs) onPiece(piece, logprobs);
           if (choice.finish_reason) finish = choice.finish_reason;
         }
       }
@@ -197,6 +199,7 @@ function chatOptions() {
     max_tokens: numberOf($("chat-max-tokens")),
     seed: numberOf($("chat-seed")),
   };
+  if ($("chat-logprobs").checked) Object.assign(options, { logprobs: true, top_logprobs: 5 });
   const stop = $("chat-stop").value.split(",").map((s) => s.trim()).filter(Boolean);
   if (stop.length) options.stop = stop;
   const schema = $("chat-schema").value.trim();
@@ -217,6 +220,47 @@ function chatOptions() {
 function chatMessages() {
   const system = $("chat-system").value.trim();
   return [...(system ? [{ role: "system", content: system }] : []), ...state.history];
+}
+
+// A token's hover text: its log-probability (and probability), then the alternatives the model weighed, most likely first.
+function tokenTitle(entries) {
+  return entries.map((entry) => {
+    const alternatives = (entry.top_logprobs || []).map((alt) => `  ${JSON.stringify(alt.token)} ${alt.logprob.toFixed(4)}`);
+    const head = `${JSON.stringify(entry.token)} logprob ${entry.logprob.toFixed(4)} (p ${Math.exp(entry.logprob).toFixed(3)})`;
+    return [head, ...(alternatives.length ? ["top alternatives:", ...alternatives] : [])].join("\n");
+  }).join("\n\n");
+}
+
+// Shows an answer as it streams, as one span per piece of text with its tokens' log-probabilities on hover: the spans'
+// text is the answer itself (a piece is the text its tokens decoded to; tokens without text of their own, e.g. the end of
+// sequence, join the next piece's span, or the last one's at the end).
+class TokenView {
+  constructor(body) {
+    this.body = body;
+    this.pending = [];
+    this.last = null;
+  }
+
+  add(piece, logprobs) {
+    const entries = [...this.pending, ...(logprobs || [])];
+    if (!piece) {
+      this.pending = entries;
+      return;
+    }
+    this.pending = [];
+    this.last = { span: el("span", { className: "token", text: piece }), entries };
+    this.last.span.dataset.logprobs = JSON.stringify(entries.map((entry) => entry.logprob));
+    this.last.span.title = tokenTitle(entries);
+    this.body.append(this.last.span);
+  }
+
+  finish() {
+    if (!this.pending.length || !this.last) return;
+    this.last.entries.push(...this.pending);
+    this.last.span.dataset.logprobs = JSON.stringify(this.last.entries.map((entry) => entry.logprob));
+    this.last.span.title = tokenTitle(this.last.entries);
+    this.pending = [];
+  }
 }
 
 function addMessage(role, text) {
@@ -244,10 +288,14 @@ $("chat-form").addEventListener("submit", async (event) => {
   $("chat-stop-button").disabled = false;
   let received = "";
   try {
-    const result = await streamChat({ ...chatOptions(), messages: chatMessages() }, (piece) => {
+    const options = chatOptions();
+    const tokens = options.logprobs ? new TokenView(answer.body) : null;
+    const result = await streamChat({ ...options, messages: chatMessages() }, (piece, logprobs) => {
       received += piece;
-      answer.body.textContent = received;
+      if (tokens) tokens.add(piece, logprobs);
+      else answer.body.textContent = received;
     }, controller.signal);
+    if (tokens) tokens.finish();
     stats.textContent = describe(result);
     state.history.push({ role: "assistant", content: received });
   } catch (err) {
