@@ -442,6 +442,40 @@ def test_sampling_arguments_and_finish():
     assert completion_tokens(8, "length", None) == 8 and completion_tokens(0, "abort", None) == 0
 
 
+def vllm_position(*entries: tuple[int, float, int]) -> dict:
+    """One position of vLLM 0.22.1's logprobs as its outputs hold it: {token id: Logprob(logprob, rank, decoded_token)}."""
+    from types import SimpleNamespace
+
+    return {token: SimpleNamespace(logprob=logprob, rank=rank, decoded_token=f"t{token}") for token, logprob, rank in entries}
+
+
+def test_vllm_logprobs_map_to_the_torch_engines_token_logprobs():
+    """Issue 44: LOGPROBS / PROMPT_LOGPROBS -> SamplingParams(logprobs=k, prompt_logprobs=k); vLLM's per-position dicts
+    (the k most likely by rank and the chosen token, whatever its rank) -> TokenLogprob, alternatives most likely first
+    and the chosen token among them only when it is one of the k; the prompt's first position null; max_tokens 0 (the
+    prompt's only) asks vLLM for its minimum of 1."""
+    from hf2triton.serving.batching.sequences import Sampling, Sequence, TokenLogprob
+    from hf2triton.serving.runtimes.vllm import prompt_token_logprobs, sampling_arguments, token_logprobs
+
+    assert "logprobs" not in sampling_arguments(Sampling(max_new_tokens=4)), "nothing asked, nothing computed"
+    chat = sampling_arguments(Sampling(max_new_tokens=4, logprobs=0))
+    assert chat["logprobs"] == 0 and "prompt_logprobs" not in chat
+    echo = sampling_arguments(Sampling(max_new_tokens=0, logprobs=2, prompt_logprobs=True))
+    assert (echo["logprobs"], echo["prompt_logprobs"], echo["max_tokens"]) == (2, 2, 1)
+    positions = [vllm_position((7, -0.1, 1), (3, -2.5, 2)), vllm_position((4, -0.3, 1), (9, -1.9, 2), (5, -6.0, 40))]
+    mapped = token_logprobs([7, 5], positions, 2)
+    assert mapped == [TokenLogprob(7, -0.1, ((7, -0.1), (3, -2.5))), TokenLogprob(5, -6.0, ((4, -0.3), (9, -1.9)))]
+    assert token_logprobs([5], positions[1:], 0) == [TokenLogprob(5, -6.0, ())], "logprobs 0: the chosen token's only"
+    prompt = prompt_token_logprobs([1, 4, 9], [None, positions[1], vllm_position((9, -0.2, 1))], 1)
+    assert prompt == [TokenLogprob(1, None), TokenLogprob(4, -0.3, ((4, -0.3),)), TokenLogprob(9, -0.2, ((9, -0.2),))]
+    sequence = Sequence([1, 4, 9], Sampling(max_new_tokens=2, logprobs=1, prompt_logprobs=True), lambda *_: None)
+    sequence.prompt_logprobs, sequence.logprobs = prompt, mapped
+    payload = json.loads(sequence.take_logprobs(lambda ids: "".join(f"<{i}>" for i in ids)))
+    assert payload["prompt_text"] == "<1><4><9>" and payload["prompt"][0] == {"id": 1, "token": "<1>", "logprob": None, "top": []}
+    top = [{"id": 4, "token": "<4>", "logprob": -0.3}, {"id": 9, "token": "<9>", "logprob": -1.9}]
+    assert payload["tokens"][1] == {"id": 5, "token": "<5>", "logprob": -6.0, "top": top}
+
+
 def test_importing_the_engine_module_does_not_import_vllm():
     code = "import sys, hf2triton.serving.runtimes.vllm; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -454,8 +488,9 @@ class FakeEngine:
     """AsyncLLM's surface: generate() yields DELTA outputs of `pieces` (one token each) every `step_s`; requests
     beyond the first `running` wait `wait_s` first (as beyond max_num_seqs)."""
 
-    def __init__(self, pieces=("a", "b", "c"), reason="length", step_s=0.005, wait_s=0.0, running=0):
+    def __init__(self, pieces=("a", "b", "c"), reason="length", step_s=0.005, wait_s=0.0, running=0, logprobs=False):
         self.pieces, self.reason, self.step_s, self.wait_s, self.running = pieces, reason, step_s, wait_s, running
+        self.logprobs = logprobs  # token `index` at each step, logprob -index; the prompt's in the first output
         self.calls = 0
         self.aborted: list[str] = []
         self.closed: list[str] = []
@@ -472,7 +507,9 @@ class FakeEngine:
                 await asyncio.sleep(self.step_s)
                 last = index == len(self.pieces) - 1
                 completion = SimpleNamespace(text=piece, token_ids=[index], finish_reason=self.reason if last else None, stop_reason=None)
-                yield SimpleNamespace(request_id=request_id, outputs=[completion], finished=last)
+                completion.logprobs = [vllm_position((index, -float(index), 1))] if self.logprobs else None
+                prompt = [None, *(vllm_position((t, -0.5, 1)) for t in prompt[1:])] if self.logprobs and index == 0 else None
+                yield SimpleNamespace(request_id=request_id, outputs=[completion], finished=last, prompt_logprobs=prompt)
         finally:
             self.closed.append(request_id)
 
@@ -553,6 +590,28 @@ def test_generator_streams_pieces_and_finishes():
     finally:
         gen.stop()
     assert engine.shut
+
+
+def test_generator_records_logprobs_and_answers_max_tokens_0_with_the_prompts_only():
+    """The generator puts each output's log-probabilities on the Sequence before its text goes out (model.py's emit
+    sends them as TOKEN_LOGPROBS); max_tokens 0: the prompt's only, vLLM's one token neither sent nor counted."""
+    from hf2triton.serving.batching.sequences import Sampling, Sequence
+
+    gen = generator(FakeEngine(pieces=("Hel", "lo"), reason="stop", logprobs=True))
+    try:
+        for max_new_tokens in (2, 0):
+            client = Client()
+            sequence = Sequence([1, 2, 3], Sampling(max_new_tokens=max_new_tokens, logprobs=0, prompt_logprobs=True), client.emit)
+            gen.submit(sequence)
+            assert client.done.wait(10)
+            assert [(t.id, t.logprob) for t in sequence.prompt_logprobs] == [(1, None), (2, -0.5), (3, -0.5)]
+            if max_new_tokens:
+                assert "".join(client.pieces) == "Hello" and [(t.id, t.logprob) for t in sequence.logprobs] == [(0, 0.0), (1, -1.0)]
+            else:
+                assert "".join(client.pieces) == "" and sequence.logprobs == []
+                assert (client.finish.reason, client.finish.completion_tokens) == ("length", 0)
+    finally:
+        gen.stop()
 
 
 def test_a_slow_sender_gets_pieces_together():

@@ -271,9 +271,7 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=final)
 
     def _check_logprobs(self, sampling) -> None:
-        """Log-probabilities come from the torch batchers; a prompt's only from a decoder-only model's."""
-        if self.params.backend == "vllm" and sampling.wants_logprobs:
-            raise inputs.RequestError(f"'{interface.LOGPROBS}' / '{interface.PROMPT_LOGPROBS}' are not served by backend vllm here")
+        """A prompt's log-probabilities only from a decoder-only model's (the torch batchers and vLLM report the rest)."""
         if self.task == interface.TEXT2TEXT and sampling.prompt_logprobs:
             raise inputs.RequestError(f"'{interface.PROMPT_LOGPROBS}': an encoder-decoder model's input has no log-probabilities")
 

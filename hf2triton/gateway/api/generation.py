@@ -162,10 +162,6 @@ def _choices(body: dict[str, Any], served: ServedModel, chat: bool) -> tuple[lis
     if served.task == interface.TEXT2TEXT and options.get(interface.PROMPT_LOGPROBS):
         message = "'echo' is not supported for text2text-generation models: an encoder's input has no log-probabilities"
         raise ApiError(400, message, param="echo")
-    if served.backend == "vllm" and (interface.LOGPROBS in options or interface.PROMPT_LOGPROBS in options):
-        param = "logprobs" if interface.LOGPROBS in options else "echo"
-        message = f"'{param}' is not supported for backend vllm models here (the torch engine reports log-probabilities)"
-        raise ApiError(400, message, param=param)
     samples = protocol.sample_count(body, served)
     bound_texts(served, len(prompts) * samples, "n" if samples > 1 else "prompt")
     seed = options.get(interface.SEED)

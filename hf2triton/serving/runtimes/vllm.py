@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..batching.sequences import Busy, Finish, add_pending
+from ..batching.sequences import Busy, Finish, TokenLogprob, add_pending
 
 POLL_S = 0.1  # how often the clients of requests that get no output (waiting for a place) are asked if they are gone
 STOP_GRACE_S = 5.0  # finalize(): time for cancelled requests to send their final response
@@ -71,7 +71,7 @@ def sampling_arguments(sampling: Any) -> dict[str, Any]:
     """SamplingParams keywords (without output_kind) for a checked Sampling (hf2triton.serving.batching.sequences). The same meanings: 0 is
     greedy, top_k 0 is off; stop strings end the text before them and are not part of it."""
     return {
-        "max_tokens": sampling.max_new_tokens,
+        "max_tokens": max(1, sampling.max_new_tokens),  # 0 (the prompt's log-probabilities only): vLLM needs >= 1, the generator drops it
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
@@ -79,7 +79,38 @@ def sampling_arguments(sampling: Any) -> dict[str, Any]:
         "stop": list(sampling.stop),
         "include_stop_str_in_output": False,
         "skip_special_tokens": True,
+        **logprobs_arguments(sampling),
     }
+
+
+def logprobs_arguments(sampling: Any) -> dict[str, int]:
+    """SamplingParams' `logprobs` / `prompt_logprobs` (k alternatives per token) for a request that asks. vLLM reports
+    them from the raw logits by default (logprobs_mode raw_logprobs), as the torch engine does."""
+    arguments = {}
+    if sampling.logprobs >= 0:
+        arguments["logprobs"] = sampling.logprobs
+    if sampling.prompt_logprobs:
+        arguments["prompt_logprobs"] = max(sampling.logprobs, 0)
+    return arguments
+
+
+def _position(token_id: int, position: Any, top: int) -> TokenLogprob:
+    """One position of vLLM's logprobs, {token id: Logprob(logprob, rank, decoded_token)} holding the `top` most likely
+    (ranks 1..top) and the chosen token (whatever its rank), as the torch engine's TokenLogprob."""
+    ranked = [(entry.rank, token, float(entry.logprob)) for token, entry in position.items() if entry.rank is not None]
+    best = sorted(item for item in ranked if item[0] <= top)
+    return TokenLogprob(token_id, float(position[token_id].logprob), tuple((token, logprob) for _, token, logprob in best[:top]))
+
+
+def token_logprobs(token_ids: list[int], positions: Any, top: int) -> list[TokenLogprob]:
+    """A CompletionOutput's `logprobs` (one position per token of `token_ids`: with DELTA outputs, the new ones)."""
+    return [_position(token_id, position, top) for token_id, position in zip(token_ids, positions or (), strict=True)]
+
+
+def prompt_token_logprobs(prompt_ids: list[int], positions: Any, top: int) -> list[TokenLogprob]:
+    """A RequestOutput's `prompt_logprobs`: the first position None (nothing precedes the prompt's first token)."""
+    first = [TokenLogprob(prompt_ids[0], None)] if prompt_ids else []
+    return first + [_position(token_id, position, top) for token_id, position in zip(prompt_ids[1:], list(positions)[1:], strict=True)]
 
 
 # interface.GUIDED's kinds -> vLLM's StructuredOutputsParams fields (vLLM compiles them with its own xgrammar)
@@ -226,6 +257,8 @@ class VllmGenerator:
         sequence = stream.sequence
         stream.task = asyncio.current_task()
         generated, reason, stop_reason, message, last = 0, None, None, "", ""
+        echo_only = sequence.sampling.max_new_tokens == 0  # the prompt's log-probabilities only: vLLM's 1 token dropped
+        prompt_done = False  # its log-probabilities recorded (they come with the first output)
         try:
             if stream.cancelled:  # its client left before it started
                 raise asyncio.CancelledError
@@ -234,6 +267,13 @@ class VllmGenerator:
                 async with contextlib.aclosing(self.engine.generate(prompt, sampling, stream.request_id)) as outputs:
                     async for output in outputs:
                         completion = output.outputs[0]
+                        if sequence.sampling.wants_logprobs:  # before the text: its response carries them
+                            prompt_done = self._record_logprobs(sequence, output, completion, echo_only, prompt_done)
+                        if echo_only:
+                            if output.finished:
+                                reason = "length"
+                                break
+                            continue
                         generated += len(completion.token_ids)
                         if output.finished:
                             reason, stop_reason, last = completion.finish_reason, completion.stop_reason, completion.text
@@ -252,6 +292,21 @@ class VllmGenerator:
             self.log(f"hf2triton: {message}")
         finish = Finish(finish_reason(reason), len(sequence.prompt_ids), completion_tokens(generated, reason, stop_reason), message)
         self._post(stream, last, finish)
+
+    @staticmethod
+    def _record_logprobs(sequence: Any, output: Any, completion: Any, echo_only: bool, prompt_done: bool) -> bool:
+        """The output's log-probabilities onto the Sequence, where model.py's emit takes them (Sequence.take_logprobs:
+        the same interface.TOKEN_LOGPROBS JSON as the torch engine's); the prompt's once, from the first output that
+        has them. Returns whether the prompt's are recorded."""
+        sampling = sequence.sampling
+        top = max(sampling.logprobs, 0)
+        prompt = getattr(output, "prompt_logprobs", None)
+        if sampling.prompt_logprobs and prompt and not prompt_done:
+            sequence.prompt_logprobs = prompt_token_logprobs(sequence.prompt_ids, prompt, top)
+            prompt_done = True
+        if sampling.logprobs >= 0 and not echo_only:
+            sequence.logprobs.extend(token_logprobs(list(completion.token_ids), completion.logprobs, top))
+        return prompt_done
 
     def _post(self, stream: _Stream, text: str, finish: Any = None) -> None:
         """Hand a piece (and, at the end, the finish) to the response thread; pieces queued but not yet sent
