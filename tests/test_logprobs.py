@@ -125,6 +125,7 @@ def test_lm_eval_local_chat_completions_generates_as_its_hf_model_does(served, t
     print(f"lm-eval generate_until exact_match {score}, answers {answers}")
     assert len(answers["served"]) == 6 and answers["served"] == answers["hf"] and score["served"] == score["hf"]
     assert len(set(answers["hf"])) > 1, "the answers depend on the question (the prompt reached the model)"
+    assert not any("patent" in answer for answer in answers["served"]), "ended before the stop string, which is left out"
 
 
 def test_echo_of_token_prompts_with_nothing_generated_is_the_models_log_softmax(served, llm):
