@@ -1,7 +1,9 @@
 """Issue 44: log-probabilities, echo and n through the real gateway in front of a real tritonserver serving the tiny
 Llama on the torch continuous batcher -- lm-evaluation-harness's own local-completions client scores a multiple-choice
 task exactly as its in-process `hf` model does on the same saved model, and the official `openai` client gets chat
-log-probabilities (streamed and not) and n samples; every value is checked against the model's own log-softmax."""
+log-probabilities (streamed and not) and n samples; every value is checked against the model's own log-softmax. On the
+same serve, the other clients issue 44 names: lm-eval's local-chat-completions generates as its hf model does, guidellm
+benchmarks the gateway, and the playground shows each token's log-probability on hover (headless Chromium)."""
 
 from __future__ import annotations
 
