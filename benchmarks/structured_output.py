@@ -1,0 +1,190 @@
+"""Issue 44: constrained decoding on the shipped SmolLM2 through the OpenAI gateway (`make serve` first): 20 prompts x 3
+JSON schemas with `response_format: json_schema` -> how many answers parse and validate against their schema, and
+what the mask costs -- generated tokens/s of the same prompts constrained and free, interleaved round by round at each
+concurrency (one run, so the machine's noise falls on both). The load generator shares the machine's cores with the
+server and the gateway.
+
+    .venv/bin/python benchmarks/structured_output.py [--model smollm2] [--concurrency 1 8] [--rounds 2] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hf2triton.config import load_project  # noqa: E402
+
+NAME = {"type": "string", "minLength": 1, "maxLength": 40}
+SCHEMAS = {
+    "person": {
+        "type": "object",
+        "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0, "maximum": 130}, "city": NAME},
+        "required": ["name", "age", "city"],
+        "additionalProperties": False,
+    },
+    "review": {
+        "type": "object",
+        "properties": {
+            "sentiment": {"enum": ["positive", "negative", "neutral"]},
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+            "is_question": {"type": "boolean"},
+        },
+        "required": ["sentiment", "confidence", "is_question"],
+        "additionalProperties": False,
+    },
+    "shopping": {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 3,
+                "items": {
+                    "type": "object",
+                    "properties": {"name": NAME, "quantity": {"type": "integer", "minimum": 1, "maximum": 99}},
+                    "required": ["name", "quantity"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["items"],
+        "additionalProperties": False,
+    },
+}
+SUBJECTS = [
+    "a baker in Lyon", "a retired sailor", "a student of physics", "a nurse in Osaka", "a jazz pianist",
+    "a farmer in Kenya", "a software engineer", "a painter in Madrid", "a chess champion", "a librarian",
+    "a pilot from Oslo", "a chef in Lima", "a marathon runner", "a beekeeper", "a bus driver in Rome",
+    "a violin maker", "a museum guard", "a surfer in Sydney", "a teacher in Quebec", "a mountain guide",
+]  # fmt: skip
+PROMPTS = {
+    "person": "Invent {} and answer with their name, age and city as JSON.",
+    "review": "Someone wrote a short review about {}. Classify its sentiment as JSON.",
+    "shopping": "Write the shopping list of {} as JSON.",
+}
+
+
+def run_cell(client, model: str, requests: list[dict], concurrency: int) -> dict:
+    """All `requests` through `concurrency` clients; generated tokens/s over the cell's wall time."""
+
+    def one(body: dict) -> dict:
+        started = time.perf_counter()
+        answer = client.chat.completions.create(model=model, **body)
+        choice = answer.choices[0]
+        return {
+            "text": choice.message.content,
+            "finish": choice.finish_reason,
+            "tokens": answer.usage.completion_tokens,
+            "seconds": time.perf_counter() - started,
+        }
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        answers = list(pool.map(one, requests))
+    wall = time.perf_counter() - started
+    tokens = sum(a["tokens"] for a in answers)
+    return {
+        "concurrency": concurrency,
+        "requests": len(answers),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / wall, 2),
+        "ms_per_token_p50": round(statistics.median(a["seconds"] / max(a["tokens"], 1) for a in answers) * 1000, 2),
+        "answers": answers,
+    }
+
+
+def validity(cell: dict, kinds: list[str]) -> dict:
+    import jsonschema
+
+    valid, cut, problems = 0, 0, []
+    for answer, kind in zip(cell["answers"], kinds):
+        if answer["finish"] == "length":
+            cut += 1
+            continue
+        try:
+            jsonschema.validate(json.loads(answer["text"]), SCHEMAS[kind])
+            valid += 1
+        except (ValueError, jsonschema.ValidationError) as err:
+            problems.append(f"{kind}: {type(err).__name__}: {str(err)[:120]} in {answer['text'][:120]!r}")
+    return {"valid": valid, "cut_by_max_tokens": cut, "invalid": problems}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="config.yaml")
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    from openai import OpenAI
+
+    project = load_project(args.config)
+    host, key = project.openai.bind_host(project.server.host), os.environ.get(project.openai.api_key_env) or "none"
+    client = OpenAI(base_url=f"http://{host}:{project.openai.port}/v1", api_key=key, timeout=600)
+    kinds = [kind for kind in SCHEMAS for _ in SUBJECTS]
+    messages = [[{"role": "user", "content": PROMPTS[kind].format(subject)}] for kind in SCHEMAS for subject in SUBJECTS]
+    common = {"max_tokens": args.max_tokens, "temperature": 0}
+    constrained = [
+        {
+            "messages": m,
+            "response_format": {"type": "json_schema", "json_schema": {"name": k, "schema": SCHEMAS[k], "strict": True}},
+            **common,
+        }
+        for m, k in zip(messages, kinds)
+    ]
+    free = [{"messages": m, **common} for m in messages]
+    run_cell(client, args.model, constrained[:2], 1)  # warm-up: the grammars' first compile, the first requests
+    cells = []
+    for concurrency in args.concurrency:
+        for round_ in range(args.rounds):
+            for variant, requests in (("constrained", constrained), ("free", free)):
+                cell = run_cell(client, args.model, requests, concurrency)
+                cell.update(variant=variant, round=round_ + 1)
+                if variant == "constrained":
+                    cell["validity"] = validity(cell, kinds)
+                cells.append(cell)
+                extra = f", valid {cell['validity']['valid']}/{len(requests)}" if variant == "constrained" else ""
+                print(
+                    f"c{concurrency} round {round_ + 1} {variant}: {cell['tokens_per_s']} tokens/s, {cell['tokens']} tokens{extra}",
+                    flush=True,
+                )
+    lines = []
+    for concurrency in args.concurrency:
+        rate = {
+            v: [c["tokens_per_s"] for c in cells if c["concurrency"] == concurrency and c["variant"] == v] for v in ("constrained", "free")
+        }
+        per_token = {
+            v: [c["ms_per_token_p50"] for c in cells if c["concurrency"] == concurrency and c["variant"] == v]
+            for v in ("constrained", "free")
+        }
+        ratio = statistics.median(rate["constrained"]) / statistics.median(rate["free"])
+        lines.append(
+            f"c{concurrency}: constrained {statistics.median(rate['constrained'])} vs free {statistics.median(rate['free'])} tokens/s "
+            f"(medians of {args.rounds} rounds) = {ratio:.3f}x; ms per token p50 {statistics.median(per_token['constrained'])} vs "
+            f"{statistics.median(per_token['free'])}"
+        )
+    checked = [c["validity"] for c in cells if c["variant"] == "constrained"]
+    valid, cut = sum(v["valid"] for v in checked), sum(v["cut_by_max_tokens"] for v in checked)
+    total = len(checked) * len(constrained)
+    lines.append(f"valid JSON: {valid}/{total} answers ({cut} cut by max_tokens {args.max_tokens}, {total - valid - cut} invalid)")
+    print("\n".join(lines))
+    if args.out:
+        for cell in cells:
+            cell["answers"] = cell["answers"][:3] + [{"...": f"{len(cell['answers']) - 3} more"}]
+        Path(args.out).write_text(json.dumps({"summary": lines, "schemas": SCHEMAS, "cells": cells}, indent=1) + "\n")
+    return 0 if valid + cut == total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
