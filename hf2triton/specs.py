@@ -86,6 +86,7 @@ class GenerationSpec:
     temperature: float = DEFAULTS.temperature
     chat_template: bool = DEFAULTS.chat_template
     streaming: bool = True  # the config default for backend python (onnx: false)
+    checkpoint_defaults: bool = DEFAULTS.checkpoint_defaults
     max_sequences: int = DEFAULTS.max_sequences
     max_prefill_tokens: int = DEFAULTS.max_prefill_tokens
     max_queue: int = DEFAULTS.max_queue
@@ -125,6 +126,7 @@ class ModelSpec:
     task: str
     revision: str = "main"
     task_inferred_from: str | None = None  # None: config.yaml names the task
+    pipeline_task: str = ""  # text2text: the alias config.yaml names (summarization, translation_en_to_de, ...)
     gguf_file: str | None = None
     backend: str = "python"
     onnx: OnnxSpec = OnnxSpec()
@@ -342,6 +344,7 @@ class ServingValues:
     vllm: VllmSpec | None = None
     stride: int = DEFAULTS.stride
     max_image_pixels: int = DEFAULTS.max_image_pixels
+    pipeline_task: str = ""
     execution_env: str = ""  # backend vllm: the absolute path of the venv Triton runs its stub in (EXECUTION_ENV_PATH)
 
 
