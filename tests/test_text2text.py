@@ -42,8 +42,14 @@ def engine(request, tmp_path_factory) -> Text2TextEngine:
 
 
 def new_batcher(engine: Text2TextEngine, **limits) -> Seq2SeqBatcher:
-    limits = {"max_sequences": DEFAULTS.max_sequences, "max_queue": DEFAULTS.max_queue, "context": engine.max_length, **limits}
-    return Seq2SeqBatcher(engine.model, engine.tokenizer, "cpu", **engine.batcher_options, **limits)
+    limits = {
+        "max_sequences": DEFAULTS.max_sequences,
+        "max_queue": DEFAULTS.max_queue,
+        "context": engine.max_length,
+        **engine.batcher_options,
+        **limits,
+    }
+    return Seq2SeqBatcher(engine.model, engine.tokenizer, "cpu", **limits)
 
 
 def submit(batcher: Seq2SeqBatcher, engine: Text2TextEngine, prompt: str, cancelled=lambda: False, **options) -> Collector:
