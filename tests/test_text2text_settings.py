@@ -42,7 +42,14 @@ def bart_with_settings(directory: Path) -> Path:
 def t5_summarizer(directory: Path) -> Path:
     """Tiny T5 whose task_specific_params name a summarization prefix and settings (as t5-small's do)."""
     tiny_t5(directory)
-    summarize = {"prefix": "summarize: ", "no_repeat_ngram_size": 2, "min_length": 6, "num_beams": 2, "length_penalty": 2.0}
+    summarize = {
+        "prefix": "summarize: ",
+        "no_repeat_ngram_size": 2,
+        "min_length": 6,
+        "num_beams": 2,
+        "length_penalty": 2.0,
+        "max_length": 30,
+    }
     return with_settings(directory, {}, {"summarization": summarize})
 
 
@@ -87,6 +94,7 @@ def test_whole_answers_equal_the_pipeline(bart, tmp_path):
         assert served == reference(prompt, max_new_tokens=12)[0]["summary_text"].strip()
     t5 = Text2TextEngine(str(t5_summarizer(tmp_path / "t5")), pipeline_task="summarization")
     assert (t5.prompt("a text"), t5.beams, t5.step_settings.min_length) == ("summarize: a text", 2, 6)
+    assert t5.checkpoint_max_new_tokens() == 29  # a request's default: max_length less the start token
     summarizer = pipeline("summarization", model=str(tmp_path / "t5"))
     answer = t5.run([PROMPTS[3]], max_new_tokens=12)[interface.TEXT_OUTPUT][0].decode()
     assert answer == summarizer(PROMPTS[3], max_new_tokens=12)[0]["summary_text"].strip()
