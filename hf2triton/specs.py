@@ -159,7 +159,8 @@ class ModelSpec:
         sequences, prefill = (streaming.max_sequences, streaming.max_prefill_tokens) if streaming else (0, 0)
         model = (self.name, self.source, self.task, self.device, self.dtype, self.instances, self.backend, self.max_batch_size)
         vllm_share = self.vllm.gpu_memory_utilization if self.vllm else 0.0
-        return Footprint(*model, sequences, prefill, vllm_share, self.task_inferred_from)
+        defaults = self.generation.checkpoint_defaults if self.generation else DEFAULTS.checkpoint_defaults
+        return Footprint(*model, sequences, prefill, vllm_share, self.task_inferred_from, self.pipeline_task, defaults)
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,8 @@ class Footprint:
     max_prefill_tokens: int = 0  # streaming generation: prompt tokens prefilled at once (0: a whole batch's)
     gpu_memory_utilization: float = 0.0  # backend vllm: the fraction of the GPU its engine takes
     task_inferred_from: str | None = None  # shown by preflight (None: config.yaml names the task)
+    pipeline_task: str = ""  # text2text: preflight names the checkpoint's generation settings (its alias task's)
+    checkpoint_defaults: bool = DEFAULTS.checkpoint_defaults
 
 
 @dataclass(frozen=True)

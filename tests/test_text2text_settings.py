@@ -13,7 +13,7 @@ import pytest
 
 from hf2triton.serving import interface
 from hf2triton.serving.batching.settings import StepSettings
-from hf2triton.serving.tasks.text2text import Text2TextEngine
+from hf2triton.serving.tasks.text2text import CheckpointGeneration, Text2TextEngine
 from hf2triton.triton import client
 from tests.helpers import make_workflow, passed_checks, tiny_bart, tiny_t5
 from tests.test_text2text import PROMPTS, drain, new_batcher, submit
@@ -99,6 +99,8 @@ def test_whole_answers_equal_the_pipeline(bart, tmp_path):
     answer = t5.run([PROMPTS[3]], max_new_tokens=12)[interface.TEXT_OUTPUT][0].decode()
     assert answer == summarizer(PROMPTS[3], max_new_tokens=12)[0]["summary_text"].strip()
     assert "summarize: " not in Text2TextEngine(str(tmp_path / "t5")).prompt("x"), "only under the alias task"
+    # preflight's line, from the saved files alone, names what the loaded engine follows
+    assert CheckpointGeneration.from_files(str(tmp_path / "t5"), "summarization", True).describe() == t5.describe_settings()
 
 
 def test_settings_off_or_unset_cost_nothing(bart, tmp_path):
@@ -137,6 +139,8 @@ def test_served_answers_equal_the_pipeline_and_streams_the_one_beam_answer(serve
     )
     streamed = client.stream_generate(url, "bart", PROMPTS[0], {interface.MAX_NEW_TOKENS: 12})
     assert whole[0] == 200 and whole[1][interface.TEXT_OUTPUT] != streamed["text"], "beams whole, one beam streamed"
+    preflight = json.loads((served.directory / "results" / "preflight.json").read_text())
+    assert any(c["name"] == "t2t:bart" and c["detail"].startswith("t2t: checkpoint generation settings") for c in preflight["checks"])
     log = (served.directory / ".hf2triton" / "server" / "tritonserver.log").read_text()
     assert log.count("t2t: checkpoint generation settings: num_beams 4 (whole answers") == 1
     assert "t2t: checkpoint generation settings: prefix 'summarize: ', num_beams 2" in log

@@ -6,6 +6,8 @@ text-generation."""
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from .. import interface
@@ -31,37 +33,24 @@ class Text2TextEngine(GenerationEngine):
 
     def __init__(self, model_dir: str, **kwargs: Any):
         super().__init__(model_dir, **kwargs)
-        task = self.options.get("pipeline_task") or interface.TEXT2TEXT
-        specific = dict((getattr(self.model.config, "task_specific_params", None) or {}).get(task) or {})
-        self.prefix = specific.pop("prefix", "")  # the pipeline adds it to every input (Text2TextGenerationPipeline)
-        self.task_params = specific
         self.stop_ids = eos_token_ids(self.model, self.tokenizer)
-        use = bool(self.options.get("checkpoint_defaults", interface.DEFAULTS.checkpoint_defaults))
-        self.checkpoint = pipeline_generation_config(self.model, self.tokenizer, specific) if use else None
-        self.beams = int(self.checkpoint.num_beams or 1) if self.checkpoint is not None else 1
-        self.step_settings = StepSettings.read(self.checkpoint, self.stop_ids)
+        self.generation = CheckpointGeneration.read(
+            self.model.generation_config,
+            self.model.config,
+            self.tokenizer.pad_token_id,
+            self.stop_ids,
+            self.options.get("pipeline_task") or "",
+            bool(self.options.get("checkpoint_defaults", interface.DEFAULTS.checkpoint_defaults)),
+        )
+        self.prefix, self.checkpoint = self.generation.prefix, self.generation.config  # the prefix the pipeline adds
+        self.beams, self.step_settings = self.generation.beams, self.generation.step_settings
         self.batcher_options = {"settings": self.step_settings}  # the streamed answers' per-step settings
 
     def describe_settings(self) -> str:
-        """The server log's line: what of the checkpoint's generation config the answers follow."""
-        if self.checkpoint is None:
-            return "t2t: checkpoint generation settings: off (generation.checkpoint_defaults: false)"
-        shown = [f"prefix {self.prefix!r}"] if self.prefix else []
-        shown += [f"num_beams {self.beams} (whole answers; streamed answers decode greedily)"] if self.beams > 1 else []
-        shown += [self.step_settings.describe()] if self.step_settings else []
-        cap = self.checkpoint_max_new_tokens()
-        shown += [f"max_new_tokens {cap} (a request's default)"] if cap else []
-        return "t2t: checkpoint generation settings: " + (", ".join(shown) or "none")
+        return self.generation.describe()
 
     def checkpoint_max_new_tokens(self) -> int | None:
-        """The answer length the checkpoint asks for (its max_new_tokens, or its max_length less the decoder's
-        start token; the alias task's when it names one) when it names one; None: the configured default."""
-        if self.checkpoint is None:
-            return None
-        own = {**self.model.generation_config.to_diff_dict(), **self.task_params}
-        if own.get("max_new_tokens"):
-            return int(own["max_new_tokens"])
-        return int(own["max_length"]) - 1 if own.get("max_length") else None
+        return self.generation.max_new_tokens()
 
     def answers_whole(self, temperature: float) -> bool:
         """A greedy request is answered whole by generate() where the pipeline's config searches beams (beams
@@ -134,18 +123,78 @@ class Text2TextEngine(GenerationEngine):
         return out[:, 1:].tolist()  # after the decoder's start token
 
 
-def pipeline_generation_config(model, tokenizer, task_params: dict):
+@dataclass(frozen=True)
+class CheckpointGeneration:
+    """What of a checkpoint's generation config its answers follow (read once: by the engine at load, by
+    preflight from the saved files): the pipeline's generation config (None: checkpoint_defaults false), the
+    prefix and settings of the alias task's task_specific_params, the per-step settings."""
+
+    own: Any  # the checkpoint's generation config as saved
+    config: Any  # the pipeline's (pipeline_generation_config); None: plain decoding
+    prefix: str = ""
+    task_params: dict = field(default_factory=dict)
+    step_settings: StepSettings | None = None
+
+    @classmethod
+    def read(cls, own, model_config, pad_token_id, eos_ids: set[int], pipeline_task: str, use: bool) -> CheckpointGeneration:
+        specific = dict((getattr(model_config, "task_specific_params", None) or {}).get(pipeline_task or interface.TEXT2TEXT) or {})
+        prefix = specific.pop("prefix", "")  # Text2TextGenerationPipeline adds it to every input
+        config = pipeline_generation_config(own, pad_token_id, specific) if use else None
+        return cls(own, config, prefix, specific, StepSettings.read(config, eos_ids))
+
+    @classmethod
+    def from_files(cls, model_dir: str, pipeline_task: str, use: bool) -> CheckpointGeneration:
+        """From a saved model's config.json and generation_config.json (no weights loaded: preflight)."""
+        from transformers import AutoConfig, GenerationConfig
+
+        model_config = AutoConfig.from_pretrained(model_dir)
+        try:
+            own = GenerationConfig.from_pretrained(model_dir)
+        except OSError:  # none saved: from_pretrained derives it from config.json so
+            own = GenerationConfig.from_model_config(model_config)
+        eos = own.eos_token_id if isinstance(own.eos_token_id, list) else [own.eos_token_id]
+        return cls.read(own, model_config, own.pad_token_id, {e for e in eos if e is not None}, pipeline_task, use)
+
+    @property
+    def beams(self) -> int:
+        return int(self.config.num_beams or 1) if self.config is not None else 1
+
+    def max_new_tokens(self) -> int | None:
+        """The answer length the checkpoint asks for (its max_new_tokens, or its max_length less the decoder's
+        start token; the alias task's when it names one); None: it names none (the configured default applies)."""
+        if self.config is None:
+            return None
+        own = {**self.own.to_diff_dict(), **self.task_params}
+        if own.get("max_new_tokens"):
+            return int(own["max_new_tokens"])
+        return int(own["max_length"]) - 1 if own.get("max_length") else None
+
+    def describe(self) -> str:
+        """The line the server log (and preflight) print: what the answers follow."""
+        if self.config is None:
+            return "t2t: checkpoint generation settings: off (generation.checkpoint_defaults: false)"
+        shown = [f"prefix {self.prefix!r}"] if self.prefix else []
+        shown += [f"num_beams {self.beams} (whole answers; streamed answers decode greedily)"] if self.beams > 1 else []
+        shown += [self.step_settings.describe()] if self.step_settings else []
+        cap = self.max_new_tokens()
+        shown += [f"max_new_tokens {cap} (a request's default)"] if cap else []
+        return "t2t: checkpoint generation settings: " + (", ".join(shown) or "none")
+
+
+def pipeline_generation_config(own, pad_token_id: int | None, task_params: dict):
     """The generation config transformers' Text2TextGenerationPipeline (and Summarization / Translation, its
-    subclasses) hands generate(): its defaults (num_beams 4, max_new_tokens 256) where the checkpoint's
-    generation_config.json leaves generate()'s own, the checkpoint's max_length honoured over the default
-    max_new_tokens, then the alias task's task_specific_params (pipelines/base.py, transformers 4.57)."""
-    from transformers import Text2TextGenerationPipeline
+    subclasses) hands generate() for a checkpoint whose own is `own`: the pipeline's defaults (num_beams 4,
+    max_new_tokens 256) where `own` leaves generate()'s, the checkpoint's max_length honoured over the default
+    max_new_tokens, then the alias task's task_specific_params (pipelines/base.py, transformers 4.57). The merge is
+    transformers' own (_prepare_generation_config, which reads only the model's generation_config here)."""
+    from transformers import GenerationMixin, Text2TextGenerationPipeline
 
     default = Text2TextGenerationPipeline._default_generation_config
-    config, _ = model._prepare_generation_config(generation_config=default, use_model_defaults=True)
+    holder = SimpleNamespace(generation_config=own)
+    config, _ = GenerationMixin._prepare_generation_config(holder, generation_config=default, use_model_defaults=True)
     if default.max_new_tokens is not None and config.max_new_tokens == default.max_new_tokens and config.max_length not in (None, 20):
         config.max_new_tokens = None
     config.update(**task_params)
-    if tokenizer.pad_token_id is not None and config.pad_token_id is None:
-        config.pad_token_id = tokenizer.pad_token_id
+    if pad_token_id is not None and config.pad_token_id is None:
+        config.pad_token_id = pad_token_id
     return config
