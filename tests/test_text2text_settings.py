@@ -15,7 +15,7 @@ from hf2triton.serving import interface
 from hf2triton.serving.batching.settings import StepSettings
 from hf2triton.serving.tasks.text2text import CheckpointGeneration, Text2TextEngine
 from hf2triton.triton import client
-from tests.helpers import make_workflow, passed_checks, tiny_bart, tiny_t5
+from tests.helpers import make_workflow, passed_checks, t5_tokenizer, tiny_bart, tiny_t5
 from tests.test_text2text import PROMPTS, drain, new_batcher, submit
 
 COUNTS = [14, 9, 20, 11]
@@ -51,6 +51,38 @@ def t5_summarizer(directory: Path) -> Path:
         "max_length": 30,
     }
     return with_settings(directory, {}, {"summarization": summarize})
+
+
+def tiny_marian(directory: Path) -> Path:
+    """A random 2-layer MarianMTModel (sinusoidal positions, decoding from pad) with opus-mt's generation settings:
+    beams, max_length 512, the pad token banned (bad_words_ids)."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    tokenizer = t5_tokenizer(directory)
+    torch.manual_seed(0)
+    config = MarianConfig(
+        vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=256,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, forced_eos_token_id=None,
+    )  # fmt: skip
+    MarianMTModel(config).eval().save_pretrained(directory)
+    return with_settings(directory, {"num_beams": 6, "max_length": 512, "bad_words_ids": [[0]], "no_repeat_ngram_size": 2})
+
+
+def test_marian_batcher_and_whole_answers(tmp_path):
+    from transformers import pipeline
+
+    marian = Text2TextEngine(str(tiny_marian(tmp_path / "marian")), pipeline_task="translation")
+    batcher = new_batcher(marian, max_sequences=2)
+    collectors = [submit(batcher, marian, p, max_new_tokens=n) for p, n in zip(PROMPTS, COUNTS)]
+    drain(batcher)
+    for prompt, count, collector in zip(PROMPTS, COUNTS, collectors):
+        assert collector.text == marian.tokenizer.decode(one_beam(marian, prompt, count), skip_special_tokens=True), prompt
+    translator = pipeline("translation", model=str(tmp_path / "marian"))
+    answer = marian.run([PROMPTS[0]], max_new_tokens=10)[interface.TEXT_OUTPUT][0].decode()
+    assert answer == translator(PROMPTS[0], max_new_tokens=10)[0]["translation_text"].strip()
+    assert marian.beams == 4 and marian.checkpoint_max_new_tokens() == 511  # the pipeline's 4 beams win over the file's 6
 
 
 @pytest.fixture(scope="module")
