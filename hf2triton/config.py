@@ -427,6 +427,8 @@ def validate_config(raw: Any) -> dict:
         raise _schema_error_line(errors[0])
     _infer_missing_tasks(cfg)
     for model in cfg["models"]:  # one task inside: summarization and translation are what text2text models do
+        if model["task"] in TASK_ALIASES:  # the pipeline of that name: T5's task_specific_params for it
+            model["pipeline_task"] = model["task"]
         model["task"] = TASK_ALIASES.get(model["task"], model["task"])
     _check_semantics(cfg, explicit_generation, explicit_onnx, explicit_vllm)
     _check_tune(cfg)

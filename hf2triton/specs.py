@@ -86,6 +86,7 @@ class GenerationSpec:
     temperature: float = DEFAULTS.temperature
     chat_template: bool = DEFAULTS.chat_template
     streaming: bool = True  # the config default for backend python (onnx: false)
+    checkpoint_defaults: bool = DEFAULTS.checkpoint_defaults
     max_sequences: int = DEFAULTS.max_sequences
     max_prefill_tokens: int = DEFAULTS.max_prefill_tokens
     max_queue: int = DEFAULTS.max_queue
@@ -125,6 +126,7 @@ class ModelSpec:
     task: str
     revision: str = "main"
     task_inferred_from: str | None = None  # None: config.yaml names the task
+    pipeline_task: str = ""  # text2text: the alias config.yaml names (summarization, translation_en_to_de, ...)
     gguf_file: str | None = None
     backend: str = "python"
     onnx: OnnxSpec = OnnxSpec()
@@ -157,7 +159,8 @@ class ModelSpec:
         sequences, prefill = (streaming.max_sequences, streaming.max_prefill_tokens) if streaming else (0, 0)
         model = (self.name, self.source, self.task, self.device, self.dtype, self.instances, self.backend, self.max_batch_size)
         vllm_share = self.vllm.gpu_memory_utilization if self.vllm else 0.0
-        return Footprint(*model, sequences, prefill, vllm_share, self.task_inferred_from)
+        defaults = self.generation.checkpoint_defaults if self.generation else DEFAULTS.checkpoint_defaults
+        return Footprint(*model, sequences, prefill, vllm_share, self.task_inferred_from, self.pipeline_task, defaults)
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,8 @@ class Footprint:
     max_prefill_tokens: int = 0  # streaming generation: prompt tokens prefilled at once (0: a whole batch's)
     gpu_memory_utilization: float = 0.0  # backend vllm: the fraction of the GPU its engine takes
     task_inferred_from: str | None = None  # shown by preflight (None: config.yaml names the task)
+    pipeline_task: str = ""  # text2text: preflight names the checkpoint's generation settings (its alias task's)
+    checkpoint_defaults: bool = DEFAULTS.checkpoint_defaults
 
 
 @dataclass(frozen=True)
@@ -342,6 +347,7 @@ class ServingValues:
     vllm: VllmSpec | None = None
     stride: int = DEFAULTS.stride
     max_image_pixels: int = DEFAULTS.max_image_pixels
+    pipeline_task: str = ""
     execution_env: str = ""  # backend vllm: the absolute path of the venv Triton runs its stub in (EXECUTION_ENV_PATH)
 
 

@@ -37,11 +37,18 @@ PROMPTS = [
 @pytest.fixture(scope="module", params=["t5", "bart"])
 def engine(request, tmp_path_factory) -> Text2TextEngine:
     build = {"t5": tiny_t5, "bart": tiny_bart}[request.param]
-    return Text2TextEngine(str(build(tmp_path_factory.mktemp(request.param))))
+    # plain decoding: these tests compare the batcher with generate() alone (test_text2text_settings.py: the checkpoint's)
+    return Text2TextEngine(str(build(tmp_path_factory.mktemp(request.param))), checkpoint_defaults=False)
 
 
 def new_batcher(engine: Text2TextEngine, **limits) -> Seq2SeqBatcher:
-    limits = {"max_sequences": DEFAULTS.max_sequences, "max_queue": DEFAULTS.max_queue, "context": engine.max_length, **limits}
+    limits = {
+        "max_sequences": DEFAULTS.max_sequences,
+        "max_queue": DEFAULTS.max_queue,
+        "context": engine.max_length,
+        **engine.batcher_options,
+        **limits,
+    }
     return Seq2SeqBatcher(engine.model, engine.tokenizer, "cpu", **limits)
 
 

@@ -358,3 +358,10 @@ def compare_embeddings(served: dict[str, np.ndarray], reference: dict[str, np.nd
     figures = {"texts": len(cos), "cosine_min": round(float(cos.min()), 6), "cosine_mean": round(float(cos.mean()), 6),
                "norm_diff_max": round(norm_diff, 7), "floor": floor}  # fmt: skip
     return {"ok": bool(cos.min() >= floor) and norm_diff <= math.sqrt(2 * (1 - floor)), **figures}
+
+
+def pipeline_text2text(task: str, model_dir: str, texts: list[str], device: str, dtype: str, max_new_tokens: int) -> list[str]:
+    """`transformers.pipeline(task)` (text2text-generation, summarization, translation...) over `texts` in-process,
+    each text's answer (its generated_text / summary_text / translation_text)."""
+    answers = _pipeline(task, model_dir, device, dtype)(texts, max_new_tokens=max_new_tokens)
+    return [next(v for k, v in answer.items() if k.endswith("_text")) for answer in answers]

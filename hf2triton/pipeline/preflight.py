@@ -20,7 +20,7 @@ from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, free_bytes, human_bytes, tree_size
 from hf2triton.pipeline.sources import resolve_local_path
-from hf2triton.serving.interface import GENERATION
+from hf2triton.serving.interface import GENERATION, TEXT2TEXT
 from hf2triton.specs import Footprint, ServerSpec, from_param, instance_kind, parse_source
 from hf2triton.triton import mps
 from hf2triton.triton.cleanup import find_ours
@@ -227,6 +227,8 @@ def run_preflight(
     for model in models:
         how = f"inferred from {model.task_inferred_from}" if model.task_inferred_from else "as configured"
         checks.append(_check(f"task:{model.name}", True, f"task: {model.task} ({how})"))
+        if model.task == TEXT2TEXT:
+            checks.append(_check(f"t2t:{model.name}", True, text2text_settings(model, pretrained_dirs[model.name])))
     for model in models:
         if model.device == "gpu" and not gpu_available:
             checks.append(_check(f"device:{model.name}", False, "device: gpu but this host has no GPU", "set device: auto or cpu"))
@@ -334,3 +336,15 @@ def run_preflight(
         )
     atomic_write_json(output, report)
     return report
+
+
+def text2text_settings(model: Footprint, pretrained: str) -> str:
+    """The line naming what of its checkpoint's generation config a text2text model's answers follow (read from its
+    saved files; before they are saved, the server log names it when the model loads)."""
+    from hf2triton.serving.tasks.text2text import CheckpointGeneration
+
+    if not model.checkpoint_defaults:
+        return CheckpointGeneration(None, None).describe()
+    if not (Path(pretrained) / "hf2triton.json").is_file():
+        return "t2t: checkpoint generation settings: read once the model is saved (the server log names them)"
+    return CheckpointGeneration.from_files(pretrained, model.pipeline_task, True).describe()

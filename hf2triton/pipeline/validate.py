@@ -40,6 +40,7 @@ from hf2triton.pipeline.pipeline_answers import (
 )
 from hf2triton.pipeline.render import VERSION, prune_repository
 from hf2triton.pipeline.serve import FAILED_REPORT, settings_from_params
+from hf2triton.pipeline.text2text_checks import pipeline_check, stream_check
 from hf2triton.pipeline.validation_report import render_markdown
 from hf2triton.serving import interface, pooling
 from hf2triton.serving.interface import GENERATION, GENERATIVE_TASKS, ModelParameters
@@ -440,6 +441,10 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         checks += [c for c in [prompts_check(rendered, name, http_client, texts)] if c]
     if task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION:  # its embedding requests (images, texts)
         checks.append(embeddings_check(http_client, name, params.model_dir, reference_device(rendered), params.dtype, COSINE_FLOOR))
+    if task == interface.TEXT2TEXT:
+        checks.append(
+            check(*pipeline_check(params, reference_device(rendered), texts, _texts(http_out[outputs[0]]), VALIDATION_MAX_NEW_TOKENS))
+        )
     if task in GENERATIVE_TASKS and params.temperature > 0:
         checks.append(sampling_check(http_client, name, texts[:1], params.temperature))
     backend = params.backend
@@ -496,12 +501,17 @@ def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, 
     )
     generated = answer.get(interface.TEXT_OUTPUT)
     checks.append(check("http generate (one answer)", status == 200 and generated is not None, f"HTTP {status}: {str(answer)[:120]}"))
-    checks.append(check("stream equals generate", generated == streamed["text"], f"streamed {streamed['text']!r} vs {generated!r}"))
+    if params.task == interface.TEXT2TEXT:  # beams do not stream (text2text_checks.py); the whole answer is the pipeline's
+        device = reference_device(rendered)
+        checks.append(check(*stream_check(params, device, prompt, streamed["text"], generated, VALIDATION_MAX_NEW_TOKENS)))
+        checks.append(check(*pipeline_check(params, device, [prompt], [generated or ""], VALIDATION_MAX_NEW_TOKENS)))
+    else:
+        checks.append(check("stream equals generate", generated == streamed["text"], f"streamed {streamed['text']!r} vs {generated!r}"))
     if params.load_format == "dummy":  # vLLM made up its own random weights: nothing in-process gives the same noise
         checks.append(check("served equals in-process", True, "not compared: random weights (vllm.load_format: dummy, for benchmarks)"))
     else:  # backend vllm: the same saved model on torch (engine_from_parameters)
         reference = _texts(reference_outputs(rendered, [prompt])[interface.TEXT_OUTPUT])[0]
-        served = streamed["text"].strip()
+        served = (generated or "" if params.task == interface.TEXT2TEXT else streamed["text"]).strip()  # whole: beams too
         detail = f"served {served!r} vs in-process {reference!r}"
         same = served == reference
         if params.backend == "vllm" and not same:

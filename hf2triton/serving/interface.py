@@ -122,7 +122,8 @@ IMAGE_TASKS = (IMAGE_CLASSIFICATION, ZERO_SHOT_IMAGE_CLASSIFICATION)
 # the tasks that generate text: the same options, streaming and OpenAI endpoints
 GENERATIVE_TASKS = (GENERATION, TEXT2TEXT)
 # transformers' pipeline names for what a text2text model does: accepted in a config, served as TEXT2TEXT
-TASK_ALIASES = {"summarization": TEXT2TEXT, "translation": TEXT2TEXT}
+# (T5's task_specific_params name these: the pipeline of that name adds their prefix and settings; pipeline_task)
+TASK_ALIASES = {name: TEXT2TEXT for name in ("summarization", "translation", *(f"translation_en_to_{t}" for t in ("de", "fr", "ro")))}
 
 # Written into an ONNX export by ONNX Runtime GenAI's model builder: its decoder graphs take right-padded
 # prompts and derive positions from the mask (runtimes/onnxruntime.py's decoder looks for it).
@@ -294,6 +295,8 @@ class ModelParameters:
     temperature: float = 0.0
     chat_template: bool = True
     streaming: bool = False  # decoupled model: continuous batching, one response per new piece of text
+    checkpoint_defaults: bool = True  # text2text: the checkpoint's generation_config.json settings, as the pipeline
+    pipeline_task: str = ""  # text2text: the alias configured (summarization, translation_en_to_de...): its task_specific_params
     max_sequences: int = 32  # running batch of the continuous batcher
     max_prefill_tokens: int = 2048  # prompt tokens prefilled per batcher step (longer prompts: in chunks)
     max_queue: int = 64  # requests waiting for a place; beyond it "busy" at once
@@ -338,6 +341,7 @@ class ModelParameters:
             keys.append("max_image_pixels")
         if self.task in GENERATIVE_TASKS:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
+            keys += ["checkpoint_defaults", *(["pipeline_task"] if self.pipeline_task else [])] if self.task == TEXT2TEXT else []
             if self.streaming:
                 keys += ["max_queue", "max_new_tokens_limit", "time_limit_s", "max_n"]
                 keys += ["tool_parser"] if self.tool_parser != DEFAULT_TOOL_PARSER else []

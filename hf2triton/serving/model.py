@@ -110,6 +110,11 @@ class TritonPythonModel:
         self.defaults = {interface.MAX_NEW_TOKENS: self.params.max_new_tokens, interface.TEMPERATURE: self.params.temperature}
         self.batcher = self.engine.batcher if vllm else None  # vLLM's engine schedules itself
         self.responder = None  # the torch batcher's response thread (_start_batcher)
+        if hasattr(self.engine, "describe_settings"):  # text2text: the checkpoint's generation config it follows
+            self._log(f"hf2triton: {self.engine.describe_settings()}")
+            cap = self.engine.checkpoint_max_new_tokens()
+            if cap:  # the checkpoint's answer length, as the pipeline's (within the per-request cap)
+                self.defaults[interface.MAX_NEW_TOKENS] = min(cap, self.params.max_new_tokens_limit)
         if self.task in interface.GENERATIVE_TASKS and self.params.streaming and not vllm:
             self._start_batcher()
         self._log(f"hf2triton: loaded {self.task} model from {self.params.model_dir} on {device} in {time.monotonic() - started:.1f} s")
@@ -193,6 +198,7 @@ class TritonPythonModel:
             context=engine.max_length,
             max_prefill_tokens=self.params.max_prefill_tokens,
             responder=self.responder,
+            **getattr(engine, "batcher_options", {}),
         )
         self.loop = threading.Thread(target=self._run_batcher, name="hf2triton-batcher", daemon=True)
         self.loop.start()
@@ -211,7 +217,9 @@ class TritonPythonModel:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         return tensor.as_numpy() if tensor is not None else None
 
-    def _submit(self, request) -> None:
+    def _submit(self, request) -> tuple | None:
+        """Check a request and hand it to the batcher; (sender, prompt ids, max_new_tokens) instead for one the engine
+        answers whole (a text2text checkpoint's beam search: `_answer_whole`)."""
         sender = request.get_response_sender()
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
@@ -230,7 +238,10 @@ class TritonPythonModel:
             stream = bool(stream_flag.reshape(-1)[0]) if stream_flag is not None else True
         except inputs.RequestError as err:
             sender.send(error_response(str(err)), flags=final)
-            return
+            return None
+        if not stream and getattr(self.engine, "answers_whole", None) and self.engine.answers_whole(sampling.temperature):
+            if not (sampling.stop or sampling.guided or sampling.wants_logprobs):  # those only the batcher serves
+                return sender, prompt_ids, sampling.max_new_tokens
         pieces: list[str] = []
         decode = self.engine.tokenizer.decode
 
@@ -270,6 +281,33 @@ class TritonPythonModel:
             error = pb_utils.TritonError(str(err), code) if code is not None else pb_utils.TritonError(str(err))
             sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=final)
 
+    def _answer_whole(self, whole: list[tuple]) -> None:
+        """Whole answers from the engine's generate() (a text2text checkpoint's beam search, as its pipeline), one
+        pass per max_new_tokens, each sent as the batcher's final response is."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        groups: dict[int, list[tuple]] = {}
+        for item in whole:
+            groups.setdefault(item[2], []).append(item)
+        for max_new_tokens, members in groups.items():
+            try:
+                answers = self.engine.generate_ids([ids for _, ids, _ in members], max_new_tokens)
+            except Exception as err:  # noqa: BLE001 - one failed pass must not take the stub down
+                message = f"generation failed: {type(err).__name__}: {err}"
+                self._log(f"hf2triton: {message}")
+                for sender, _, _ in members:
+                    sender.send(error_response(message), flags=final)
+                continue
+            for (sender, prompt_ids, _), ids in zip(members, answers):
+                ended = next((at for at, token in enumerate(ids) if token in self.engine.stop_ids), None)
+                tokens = ids if ended is None else ids[:ended]
+                tensors = [
+                    _bytes(interface.TEXT_OUTPUT, self.engine.complete_text(tokens)),
+                    _bytes(interface.FINISH_REASON, "length" if ended is None else "stop"),
+                    pb_utils.Tensor(interface.PROMPT_TOKENS, np.array([len(prompt_ids)], dtype=np.int32)),
+                    pb_utils.Tensor(interface.COMPLETION_TOKENS, np.array([len(tokens)], dtype=np.int32)),
+                ]
+                sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
+
     def _check_logprobs(self, sampling) -> None:
         """A prompt's log-probabilities only from a decoder-only model's (the torch batchers and vLLM report the rest)."""
         if self.task == interface.TEXT2TEXT and sampling.prompt_logprobs:
@@ -277,8 +315,9 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list | None:
         if self.batcher is not None:
-            for request in requests:
-                self._submit(request)
+            whole = [item for item in (self._submit(request) for request in requests) if item is not None]
+            if whole:
+                self._answer_whole(whole)
             return None
         responses: list[Any] = [None] * len(requests)
         groups: dict[tuple, list[tuple[int, list[str]]]] = {}

@@ -103,6 +103,7 @@ class ContinuousBatcher:
         self.steps = 0
         self.responder = responder  # None: emit on this thread and ask `cancelled()` directly (in-process use)
         self.grammars = Grammars(tokenizer, _vocabulary(model, tokenizer), self.eos_ids)  # constrained decoding
+        self.settings = None  # a checkpoint's per-step generation settings (settings.StepSettings), where a subclass reads them
 
     # ------------------------------------------------------------------ requests in
 
@@ -321,7 +322,8 @@ class ContinuousBatcher:
     def _advance(self, rows: list[Sequence], logits, offset: int) -> None:
         """Pick each row's next token (a guided row's within its grammar; log-probabilities, for rows that asked, from
         the raw logits), emit new text, and retire the rows that are done."""
-        tokens = sample_tokens(self.torch, rows, self.grammars.mask(self.torch, rows, logits))
+        chosen_from = logits if self.settings is None else self.settings.apply(self.torch, rows, logits, self._decoder_ids)
+        tokens = sample_tokens(self.torch, rows, self.grammars.mask(self.torch, rows, chosen_from))
         self._set_last(offset, tokens)
         asked = [index for index, sequence in enumerate(rows) if sequence.sampling.logprobs >= 0]
         if asked:  # the other rows cost nothing: no log-softmax over their vocabulary
@@ -342,6 +344,10 @@ class ContinuousBatcher:
                 done[offset + index] = reason
         if done:
             self._retire(done)
+
+    def _decoder_ids(self, sequence: Sequence) -> tuple[list[int], int]:
+        """What generate()'s logits processors see of a row: its tokens so far and how many were the prompt."""
+        return [*sequence.prompt_ids, *sequence.generated], len(sequence.prompt_ids)
 
     def _set_last(self, offset: int, tokens: list[int]) -> None:
         """The next step's input tokens of rows offset.. (one copy to the device, not one per row)."""

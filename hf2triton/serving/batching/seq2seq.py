@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from .continuous import ContinuousBatcher, dynamic_cache
 from .sequences import Sequence
+from .settings import StepSettings
 
 
 def _row_positions_type(torch):
@@ -68,8 +69,20 @@ class Seq2SeqBatcher(ContinuousBatcher):
     (a long one alone, where the causal batcher feeds it in chunks) and its first decoding step with it; from
     then on every step decodes all running rows together."""
 
-    def __init__(self, model, tokenizer, device: str, max_sequences: int, max_queue: int, context: int, **kwargs):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        device: str,
+        max_sequences: int,
+        max_queue: int,
+        context: int,
+        settings: StepSettings | None = None,
+        **kwargs,
+    ):
         super().__init__(model, tokenizer, device, max_sequences, max_queue, context, **kwargs)
+        # the checkpoint's n-gram blocking, minimum length, forced tokens... as generate() applies them (greedy: its tokens)
+        self.settings = settings
         # the request check bounds the answer (engine.check_length); a prompt takes no decoder position
         self.context = sys.maxsize
         self.last_logits = {}
@@ -106,6 +119,10 @@ class Seq2SeqBatcher(ContinuousBatcher):
         caches = out.past_key_values
         layers = [(layer.keys, layer.values) for layer in caches.self_attention_cache.layers]
         return out.logits[:, -1, :].float(), layers, [(layer.keys, layer.values) for layer in caches.cross_attention_cache.layers]
+
+    def _decoder_ids(self, sequence: Sequence) -> tuple[list[int], int]:
+        """The decoder's input so far: the start token, then the answer (the prompt went to the encoder)."""
+        return [self.start_id, *sequence.generated], 1
 
     def _forward(self, input_ids, mask, positions, cache: list | None):
         """The running batch's decoding step (the causal batcher's `_decode` calls it)."""
