@@ -20,6 +20,7 @@ from hf2triton.serving.interface import (
     FILL_MASK,
     IMAGE_CLASSIFICATION,
     IMAGE_TASKS,
+    SPEECH_RECOGNITION,
     TEXT_RANKING,
     TOKEN_CLASSIFICATION,
 )
@@ -75,13 +76,16 @@ def check_head(model, task: str, model_name: str) -> None:
 
 
 def load_preprocessors(path: Path, task: str, kwargs: dict[str, Any]) -> list[Any]:
-    """What prepares the model's input, saved next to it: the tokenizer (not for an image classifier), and for the
-    image tasks the image processor (preprocessor_config.json: resize, crop, normalisation)."""
-    from transformers import AutoImageProcessor, AutoTokenizer
+    """What prepares the model's input, saved next to it: the tokenizer (not for an image classifier), for the
+    image tasks the image processor (preprocessor_config.json: resize, crop, normalisation), for speech the feature
+    extractor (Whisper's log-mel: preprocessor_config.json too)."""
+    from transformers import AutoFeatureExtractor, AutoImageProcessor, AutoTokenizer
 
     found = [] if task in IMAGE_ONLY_TASKS else [AutoTokenizer.from_pretrained(path, **kwargs)]
     if task in IMAGE_TASKS:
         found.append(AutoImageProcessor.from_pretrained(path))
+    if task == SPEECH_RECOGNITION:
+        found.append(AutoFeatureExtractor.from_pretrained(path))
     return found
 
 
