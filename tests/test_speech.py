@@ -269,3 +269,24 @@ def test_gateway_transcriptions(served, whisper, tmp_path):
     foreign = refused(403, None, headers={"Origin": "https://evil.example"}, **form)
     assert foreign["code"] == "origin_not_allowed"
     assert refused(415, None, content=b"file=x", headers={"Content-Type": "text/plain"})["code"] == "unsupported_media_type"
+
+
+@pytest.mark.integration
+def test_cli_infer_audio_files(served, whisper, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    files = [tmp_path / "a.wav", tmp_path / "b.flac"]
+    files[0].write_bytes(wav(3.0, 16000))
+    files[1].write_bytes(flac(2.0, 8000, 1))
+    expected = [t.decode() for t in pipeline_speech_answers(str(whisper), [f.read_bytes() for f in files])[interface.TEXT_OUTPUT]]
+    command = [sys.executable, "-m", "hf2triton", "infer", "--grpc", served.settings().url("grpc_port"), "whisper", *map(str, files)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF2TRITON_CONFIG": ""}
+    run = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert run.returncode == 0 and json.loads(run.stdout) == {"texts": expected}, run.stderr
+    wrong = subprocess.run([*command, "--language", "xx"], capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert wrong.returncode != 0 and "language='xx' is not one of this model's languages" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
