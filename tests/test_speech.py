@@ -107,6 +107,9 @@ def test_audio_decoding_resamples_and_bounds_before_decoding():
     soundfile.write(stereo, np.stack([synthetic_audio(1.0, 16000), np.zeros(16000, np.float32)], axis=1), 16000, format="WAV")
     mono = audio_inputs.decode_audio(stereo.getvalue(), 16000, 60)
     assert np.allclose(mono, synthetic_audio(1.0, 16000) / 2, atol=1e-4)  # channels averaged (16-bit PCM)
+    for compressed in ("OGG", "MP3"):  # lossy: about the same samples, at the model's rate
+        decoded = audio_inputs.decode_audio(encoded_audio(synthetic_audio(1.0, 22050), 22050, compressed), 16000, 60)
+        assert abs(len(decoded) - 16000) < 800 and np.abs(decoded).max() > 0.1, compressed
     raw = synthetic_audio(1.0, 8000).tobytes()
     assert len(audio_inputs.decode_audio(raw, 16000, 60, raw_rate=8000)) == 16000
     with pytest.raises(inputs.RequestError, match=r"audio 0 is 45.0 s long, more than max_audio_seconds=30"):
@@ -290,3 +293,22 @@ def test_cli_infer_audio_files(served, whisper, tmp_path):
     wrong = subprocess.run([*command, "--language", "xx"], capture_output=True, text=True, timeout=120, env=env, check=False)
     assert wrong.returncode != 0 and "language='xx' is not one of this model's languages" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+def test_rendered_interface(whisper, tmp_path):
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from hf2triton.pipeline.render import render_model, serving_files
+    from hf2triton.specs import ModelSpec, serving_values
+    from hf2triton.triton.modelconfig import read_model_config
+
+    spec = ModelSpec(name="w", source=str(whisper), task=ASR, max_audio_seconds=90)
+    serving = serving_values(spec, gpu_available=False, cpus=2)
+    files = {str(p).split("serving/")[-1] for p in serving_files(serving)}
+    assert {"tasks/speech.py", "audio.py"} <= files and "images.py" not in files and "runtimes/onnxruntime.py" not in files
+    config = read_model_config(render_model(str(tmp_path / "w"), serving, str(whisper)) / "config.pbtxt")
+    inputs_ = [("audio", "TYPE_STRING", False), ("sampling_rate", "TYPE_INT32", True), ("language", "TYPE_STRING", True)]
+    inputs_ += [("task", "TYPE_STRING", True), ("return_timestamps", "TYPE_BOOL", True)]
+    assert [(t.name, mc.DataType.Name(t.data_type), t.optional) for t in config.input] == inputs_
+    assert [(t.name, list(t.dims)) for t in config.output] == [("text_output", [1]), ("chunks", [1]), ("duration", [1])]
+    assert config.parameters["max_audio_seconds"].string_value == "90" and "cuda_graphs" not in config.parameters

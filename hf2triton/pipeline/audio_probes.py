@@ -22,11 +22,11 @@ def synthetic_audio(seconds: float, rate: int, seed: int = 0) -> np.ndarray:
 
 
 def encoded_audio(samples: np.ndarray, rate: int, audio_format: str) -> bytes:
-    """Samples as a file's bytes (soundfile: WAV 16-bit PCM, FLAC, OGG Vorbis)."""
+    """Samples as a file's bytes (soundfile: WAV 16-bit PCM, FLAC, OGG Vorbis, MP3)."""
     import soundfile
 
     buffer = io.BytesIO()
-    subtype = {"WAV": "PCM_16", "FLAC": "PCM_16", "OGG": "VORBIS"}[audio_format]
+    subtype = {"WAV": "PCM_16", "FLAC": "PCM_16", "OGG": "VORBIS", "MP3": "MPEG_LAYER_III"}[audio_format]
     soundfile.write(buffer, samples, rate, format=audio_format, subtype=subtype)
     return buffer.getvalue()
 
