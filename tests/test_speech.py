@@ -211,6 +211,8 @@ def test_served_whisper_validates_and_answers_as_the_pipeline(served, whisper):
 
     checks = passed_checks(served, "whisper", {"http equals grpc", "served equals in-process"})
     assert checks["http inference"]["detail"].startswith("2 audios")
+    gateway = json.loads((served.directory / "results" / "validation" / "gateway.json").read_text())
+    assert gateway["ok"] and [c["name"] for c in gateway["checks"]] == ["whisper: transcription equals Triton"], gateway
     audios = [wav(3.0, 16000), flac(2.0, 8000, 1), wav(45.0, 8000, 2)]  # an 8 kHz FLAC resampled; 45 s: two windows
     reference = pipeline_speech_answers(str(whisper), audios)[interface.TEXT_OUTPUT].tolist()
     for protocol in ("http", "grpc"):
