@@ -257,6 +257,19 @@ def test_gateway_transcriptions(served, whisper, tmp_path):
         "text": pipeline_speech_answers(str(whisper), [audio])[interface.TEXT_OUTPUT][0].decode()
     }
 
+    # KServe V1 predict: the files base64 in JSON, options in parameters
+    import base64
+
+    files = [path.read_bytes(), audio]
+    instances = [{"audio_bytes": {"b64": base64.b64encode(files[0]).decode()}}, {"b64": base64.b64encode(files[1]).decode()}]
+    predicted = httpx.post(f"{base[:-3]}/v1/models/whisper:predict", json={"instances": instances}, timeout=60)
+    texts = [t.decode() for t in pipeline_speech_answers(str(whisper), files)[interface.TEXT_OUTPUT]]
+    assert predicted.status_code == 200 and predicted.json() == {"predictions": [{"text": t} for t in texts]}, predicted.text
+    stamped = httpx.post(
+        f"{base[:-3]}/v1/models/whisper:predict", json={"instances": instances[:1], "parameters": {"return_timestamps": True}}, timeout=60
+    )
+    assert stamped.status_code == 200 and set(stamped.json()["predictions"][0]) == {"text", "chunks"}, stamped.text
+
     def refused(status: int, param: str | None, **kwargs) -> dict:
         reply = httpx.post(f"{base}/audio/transcriptions", timeout=60, **kwargs)
         assert reply.status_code == status, reply.text
