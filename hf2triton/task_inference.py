@@ -69,6 +69,7 @@ TASK_OF_ARCHITECTURE_SUFFIX = (
     ("LMHeadModel", GENERATION),
     ("ForTokenClassification", TOKEN_CLASSIFICATION),
     ("ForMaskedLM", FILL_MASK),
+    ("ForCTC", SPEECH_RECOGNITION),  # wav2vec2, HuBERT: a CTC head over audio
     ("ForImageClassification", IMAGE_CLASSIFICATION),
     ("ForImageClassificationWithTeacher", IMAGE_CLASSIFICATION),  # DeiT's distilled classifier
     ("Model", FEATURE_EXTRACTION),

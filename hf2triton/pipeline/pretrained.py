@@ -23,6 +23,7 @@ from hf2triton.serving.interface import (
     SPEECH_RECOGNITION,
     TEXT_RANKING,
     TOKEN_CLASSIFICATION,
+    auto_class,
 )
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,11 @@ SENTENCE_TRANSFORMERS_DIRS = ["1_Pooling", "2_Normalize"]
 MANIFEST = "hf2triton.json"
 
 
-def auto_model_class(task: str):
+def auto_model_class(task: str, model_dir: str = ""):
+    """The transformers class a task's model loads with (a speech model's: by its architectures, CTC or seq2seq)."""
     import transformers
 
-    return getattr(transformers, AUTO_CLASSES[task])
+    return getattr(transformers, auto_class(task, model_dir) if model_dir else AUTO_CLASSES[task])
 
 
 # The head each task's answers come from, and what a checkpoint without it is for instead.
@@ -98,7 +100,8 @@ def load_source_model(path: Path, gguf_file: str | None, task: str):
     try:
         preprocessors = load_preprocessors(path, task, kwargs)
         checked = task in HEADS  # which weights the checkpoint lacked: asked only where a head is checked
-        loaded = auto_model_class(task).from_pretrained(path, dtype="auto", output_loading_info=checked, **kwargs)
+        model_class = auto_model_class(task, "" if gguf_file else str(path))
+        loaded = model_class.from_pretrained(path, dtype="auto", output_loading_info=checked, **kwargs)
         model, loading_info = loaded if checked else (loaded, {"missing_keys": []})
     except (OSError, ValueError, KeyError) as err:
         raise UserError(

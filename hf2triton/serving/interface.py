@@ -160,6 +160,19 @@ AUTO_CLASSES = {
     ZERO_SHOT_IMAGE_CLASSIFICATION: "AutoModelForZeroShotImageClassification",
     SPEECH_RECOGNITION: "AutoModelForSpeechSeq2Seq",
 }
+CTC_AUTO_CLASS = "AutoModelForCTC"  # speech recognition by a CTC head (wav2vec2, HuBERT): architectures *ForCTC
+
+
+def auto_class(task: str, model_dir: str = "") -> str:
+    """The transformers Auto* class a task's model loads with; a speech model's by its config (CTC or seq2seq)."""
+    if task == SPEECH_RECOGNITION and model_dir:
+        import json
+
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as file:
+            if any(str(name).endswith("ForCTC") for name in json.load(file).get("architectures") or []):
+                return CTC_AUTO_CLASS
+    return AUTO_CLASSES[task]
+
 
 # Limits every request option must respect (the config schema's bounds are the same).
 MAX_NEW_TOKENS_RANGE = (1, 8192)

@@ -1,5 +1,6 @@
-"""automatic-speech-recognition (Whisper: `WhisperForConditionalGeneration`): per row one audio (serving/audio.py
-decodes, bounds and resamples it to the model's rate), the answer its text as transformers' pipeline gives it.
+"""automatic-speech-recognition (Whisper: `WhisperForConditionalGeneration`; CTC models: wav2vec2, HuBERT): per row
+one audio (serving/audio.py decodes, bounds and resamples it to the model's rate), the answer its text as
+transformers' pipeline gives it.
 
 Answered whole by transformers' own `AutomaticSpeechRecognitionPipeline` over the model loaded here: the feature
 extractor's log-mel, the model's `generate()` (the generation config's forced prompt
@@ -10,7 +11,8 @@ Long audio as the pipeline does by default (no chunk_length_s): Whisper's sequen
 windows, each next one starting at the last timestamp predicted.
 The audios of a Triton batch that fit one window (<= 30 s) share one generate() call; each longer one is its own.
 
-Torch only (backend python): config refuses onnx / tensorrt for this task.
+A CTC model (`*ForCTC`) goes through the same pipeline: one forward pass per audio, the argmax's tokens joined by the
+CTC tokenizer (no language, task or timestamps). Torch only (backend python): config refuses onnx / tensorrt for this task.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ class SpeechEngine:
     """Saved model + feature extractor + tokenizer on one device, run through transformers' ASR pipeline."""
 
     outputs = (interface.TEXT_OUTPUT, interface.CHUNKS, interface.DURATION)
-    auto_class = interface.AUTO_CLASSES[interface.SPEECH_RECOGNITION]
 
     def __init__(
         self,
@@ -55,7 +56,9 @@ class SpeechEngine:
         self.feature_extractor = transformers.AutoFeatureExtractor.from_pretrained(model_dir)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         self.rate = int(self.feature_extractor.sampling_rate)
-        spec = RuntimeSpec(model_dir=model_dir, device=device, dtype=dtype, num_threads=num_threads, auto_class=self.auto_class)
+        auto_class = interface.auto_class(interface.SPEECH_RECOGNITION, model_dir)  # Whisper (seq2seq) or a CTC model
+        self.ctc = auto_class == interface.CTC_AUTO_CLASS
+        spec = RuntimeSpec(model_dir=model_dir, device=device, dtype=dtype, num_threads=num_threads, auto_class=auto_class)
         self.model = load_runtime("python", spec)
         self.pipeline = transformers.pipeline(
             interface.SPEECH_RECOGNITION,
@@ -64,7 +67,7 @@ class SpeechEngine:
             feature_extractor=self.feature_extractor,
             device=device,
         )
-        generation = self.model.generation_config
+        generation = getattr(self.model, "generation_config", None)
         self.languages = dict(getattr(generation, "lang_to_id", None) or {})  # "<|en|>" -> id
         self.multilingual = bool(getattr(generation, "is_multilingual", bool(self.languages))) and bool(self.languages)
 
@@ -72,8 +75,13 @@ class SpeechEngine:
         """A request's AUDIO rows as mono float32 samples at the model's rate (RequestError: that request's own)."""
         return decode_audios(values, self.rate, self.max_audio_seconds, raw_rate)
 
-    def check_options(self, language: str = "", task: str = "", **_: Any) -> None:
+    def check_options(self, language: str = "", task: str = "", return_timestamps: bool = False, **_: Any) -> None:
         """Raise RequestError for a language this model does not know, or a language / translation on an English-only one."""
+        if self.ctc and (language or task or return_timestamps):
+            raise RequestError(
+                f"this is a CTC model (no decoder): it takes no '{interface.LANGUAGE}', '{interface.SPEECH_TASK}' or "
+                f"'{interface.RETURN_TIMESTAMPS}'"
+            )
         if not self.multilingual and (language or task == "translate"):
             raise RequestError(
                 f"this model is English-only (its generation config has no languages): send no '{interface.LANGUAGE}' "
@@ -93,14 +101,15 @@ class SpeechEngine:
         generate = {key: value for key, value in (("language", language), ("task", task)) if value}
         options = {"generate_kwargs": generate, **({"return_timestamps": True} if return_timestamps else {})}
         answers: list[dict[str, Any] | None] = [None] * len(audios)
-        window = self.feature_extractor.n_samples
+        # Whisper pads every window to 30 s, so windows batch exactly; a CTC model's padding would change its answer
+        window = 0 if self.ctc else self.feature_extractor.n_samples
         short = [i for i, audio in enumerate(audios) if len(audio) <= window]
         if short:
             batch = [{"raw": audios[i], "sampling_rate": self.rate} for i in short]
             for i, answer in zip(short, self.pipeline(batch, batch_size=len(batch), **options)):
                 answers[i] = answer
         for i, audio in enumerate(audios):
-            if answers[i] is None:  # long-form: one sequential generate() of its own
+            if answers[i] is None:  # long-form: one sequential generate() of its own (a CTC model: one forward pass)
                 answers[i] = self.pipeline({"raw": audio, "sampling_rate": self.rate}, **options)
         return {
             interface.TEXT_OUTPUT: np.array([a["text"].encode("utf-8") for a in answers], dtype=np.object_),
