@@ -10,6 +10,8 @@
                                                        an embedder: --prompt-name, one of its prompts)
     python -m hf2triton infer MODEL IMAGE_FILE...      an image model: each file's labels (--top-k, --function-to-apply;
                                                        zero-shot: --labels 'cat,dog' and --hypothesis-template)
+    python -m hf2triton infer MODEL AUDIO_FILE...      a speech model (Whisper): each file's text (--language, --task
+                                                       transcribe|translate, --timestamps)
     python -m hf2triton chat MODEL                     a conversation with a streaming generation model
     python -m hf2triton embed MODEL TEXT...            embeddings as JSON (--prompt-name: one of the model's prompts)
     python -m hf2triton key                            where the client key is (curl needs it), never the key
@@ -26,7 +28,7 @@ import signal
 import sys
 
 from hf2triton.errors import UserError, exit_on_user_error
-from hf2triton.serving.interface import AGGREGATION_STRATEGIES, FUNCTIONS_TO_APPLY
+from hf2triton.serving.interface import AGGREGATION_STRATEGIES, FUNCTIONS_TO_APPLY, SPEECH_TASKS
 
 
 def positive_int(text: str) -> int:
@@ -102,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                 help="zero-shot-image-classification: the text each label goes in (default 'This is a photo of {}.')",
             )
             command.add_argument("--query", help="text-ranking: the query the TEXTs (documents) are scored against")
+            command.add_argument("--language", help="automatic-speech-recognition: the audio's language (en, english; default: detected)")
+            command.add_argument("--task", choices=SPEECH_TASKS, help="automatic-speech-recognition: transcribe, or translate to English")
+            command.add_argument("--timestamps", action="store_true", help="automatic-speech-recognition: each file's timestamped chunks")
         if name in ("infer", "embed"):
             prompt = "feature-extraction: the model's prompt to start each TEXT with (e.g. query; default: its default_prompt_name)"
             command.add_argument("--prompt-name", help=prompt)

@@ -15,7 +15,16 @@ import jsonschema
 import yaml
 
 from hf2triton.errors import UserError
-from hf2triton.serving.interface import GENERATIVE_TASKS, IMAGE_TASKS, TASK_ALIASES, TEMPERATURES_ALLOWED, TEXT2TEXT, temperature_problem
+from hf2triton.serving.interface import (
+    GENERATIVE_TASKS,
+    IMAGE_TASKS,
+    NON_TEXT_TASKS,
+    SPEECH_RECOGNITION,
+    TASK_ALIASES,
+    TEMPERATURES_ALLOWED,
+    TEXT2TEXT,
+    temperature_problem,
+)
 from hf2triton.specs import ProjectSpec, parse_source, project_spec
 from hf2triton.task_inference import infer_entry_task
 
@@ -160,7 +169,7 @@ def _schema_error_line(error: jsonschema.ValidationError) -> UserError:
     return UserError(f"{_key_path(path)} = {value}: not allowed", f"use {_allowed(error)}")
 
 
-TORCH_ONLY_TASKS = (TEXT2TEXT, *IMAGE_TASKS)  # no ONNX export yet
+TORCH_ONLY_TASKS = (TEXT2TEXT, *IMAGE_TASKS, SPEECH_RECOGNITION)  # no ONNX export yet
 # exported to ONNX (ONNX Runtime), but never built into a TensorRT engine: none has run on a GPU for these tasks
 NO_TENSORRT_TASKS = ("token-classification", "fill-mask", "text-ranking")
 # dynamic int8 moves their scores past the parity gate's 1e-3 (measured, tiny tagger / reranker: 0.045 / 0.066)
@@ -377,9 +386,9 @@ def _check_tune(cfg: dict) -> None:
                 f"remove {name!r} from tune.models (its running batch is generation.max_sequences; `make bench` measures it), "
                 "or set its generation.streaming: false",
             )
-        if names[name]["task"] in IMAGE_TASKS:
+        if names[name]["task"] in NON_TEXT_TASKS:
             raise UserError(
-                f"config.tune.models: {name!r} is an image model ({names[name]['task']}); tune's loads are texts (not yet images)",
+                f"config.tune.models: {name!r} is an image or speech model ({names[name]['task']}); tune's loads are texts",
                 f"remove {name!r} from tune.models",
             )
     for key, (low, high) in TUNE_BOUNDS.items():

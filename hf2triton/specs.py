@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hf2triton.errors import UserError
-from hf2triton.serving.interface import DEFAULTS, GENERATION, GENERATIVE_TASKS, IMAGE_TASKS
+from hf2triton.serving.interface import DEFAULTS, GENERATION, GENERATIVE_TASKS, NON_TEXT_TASKS
 
 # ---------------------------------------------------------------- what a model's `source:` string means
 # a hub repository, a local directory or .gguf file, or a file shipped inside an installed Python package
@@ -144,6 +144,7 @@ class ModelSpec:
     vllm: VllmSpec | None = None  # backend vllm only
     stride: int = DEFAULTS.stride  # token-classification: window overlap of long texts (token_classification.stride)
     max_image_pixels: int = DEFAULTS.max_image_pixels  # image tasks: width x height of one image at most
+    max_audio_seconds: float = DEFAULTS.max_audio_seconds  # automatic-speech-recognition: one audio's seconds at most
 
     @property
     def is_generation(self) -> bool:
@@ -283,7 +284,7 @@ class ProjectSpec:
     def tuned_models(self) -> list[ModelSpec]:
         """The models `tune` sweeps: tune.models, or every model except text-generation ones and image ones (its loads
         are texts)."""
-        names = self.tune.models or tuple(m.name for m in self.models if not m.is_generation and m.task not in IMAGE_TASKS)
+        names = self.tune.models or tuple(m.name for m in self.models if not m.is_generation and m.task not in NON_TEXT_TASKS)
         return [self.model(name) for name in names]
 
 
@@ -348,6 +349,7 @@ class ServingValues:
     stride: int = DEFAULTS.stride
     max_image_pixels: int = DEFAULTS.max_image_pixels
     pipeline_task: str = ""
+    max_audio_seconds: float = DEFAULTS.max_audio_seconds
     execution_env: str = ""  # backend vllm: the absolute path of the venv Triton runs its stub in (EXECUTION_ENV_PATH)
 
 

@@ -32,6 +32,7 @@ from hf2triton.serving.interface import (
     FILL_MASK,
     GENERATION,
     IMAGE_CLASSIFICATION,
+    SPEECH_RECOGNITION,
     TASKS,
     TEXT_RANKING,
     TOKEN_CLASSIFICATION,
@@ -55,6 +56,7 @@ TASK_OF_PIPELINE_TAG = {
     "translation": TEXT2TEXT_GENERATION,
     "image-classification": IMAGE_CLASSIFICATION,
     "zero-shot-image-classification": ZERO_SHOT_IMAGE_CLASSIFICATION,
+    "automatic-speech-recognition": SPEECH_RECOGNITION,
 }
 
 # architecture class name suffixes -> tasks, the most specific first (GPT2LMHeadModel is a generator, not a *Model);
@@ -67,12 +69,15 @@ TASK_OF_ARCHITECTURE_SUFFIX = (
     ("LMHeadModel", GENERATION),
     ("ForTokenClassification", TOKEN_CLASSIFICATION),
     ("ForMaskedLM", FILL_MASK),
+    ("ForCTC", SPEECH_RECOGNITION),  # wav2vec2, HuBERT: a CTC head over audio
     ("ForImageClassification", IMAGE_CLASSIFICATION),
     ("ForImageClassificationWithTeacher", IMAGE_CLASSIFICATION),  # DeiT's distilled classifier
     ("Model", FEATURE_EXTRACTION),
 )
 # image-text dual encoders (a *Model suffix, but not text embedders): zero-shot image classification, as the hub tags them
 ZERO_SHOT_IMAGE_ARCHITECTURES = ("CLIPModel", "SiglipModel")
+# speech encoder-decoders (a *ForConditionalGeneration suffix, but audio in): speech recognition
+SPEECH_ARCHITECTURES = ("WhisperForConditionalGeneration",)
 SEQUENCE_CLASSIFICATION = "ForSequenceClassification"
 CROSS_ENCODER_KEY = "sbert_ce_default_activation_function"  # written into config.json by sentence-transformers' CrossEncoder
 README_BYTES = 64 * 1024  # the front matter is at the top; a long model card is not read whole
@@ -128,6 +133,8 @@ def sequence_classification_task(config: dict[str, Any], evidence: Evidence) -> 
 def architecture_task(architecture: str, config: dict[str, Any], evidence: Evidence) -> str:
     if architecture in ZERO_SHOT_IMAGE_ARCHITECTURES:
         return ZERO_SHOT_IMAGE_CLASSIFICATION
+    if architecture in SPEECH_ARCHITECTURES:
+        return SPEECH_RECOGNITION
     if architecture.endswith(SEQUENCE_CLASSIFICATION):
         return sequence_classification_task(config, evidence)
     for suffix, task in TASK_OF_ARCHITECTURE_SUFFIX:

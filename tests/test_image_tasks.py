@@ -240,9 +240,9 @@ def test_tune_and_bench_leave_image_models_out_clearly(image_models, tmp_path):
     path.write_text(json.dumps({"models": models}))
     assert [m.name for m in load_project(path).tuned_models()] == ["bert"]
     path.write_text(json.dumps({"models": models, "tune": {"models": ["vit"]}}))
-    with pytest.raises(UserError, match="'vit' is an image model"):
+    with pytest.raises(UserError, match="'vit' is an image or speech model"):
         load_config(path)
-    with pytest.raises(UserError, match="does not measure image models yet"):
+    with pytest.raises(UserError, match="does not measure image or speech models yet"):
         bench_model_step("vit", {}, ["vit"], "", "", {}, {"task": IC}, {}, "", str(tmp_path / "scratch"))
 
 

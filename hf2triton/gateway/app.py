@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from hf2triton.gateway.api import embeddings, generation, models, playground, predict, rerank
+from hf2triton.gateway.api import audio, embeddings, generation, models, playground, predict, rerank
 from hf2triton.gateway.backend import Gateway
 from hf2triton.gateway.boundary import Boundary, peer, served_names
 from hf2triton.gateway.errors import ApiError
@@ -37,7 +37,7 @@ from hf2triton.gateway.errors import ApiError
 log = logging.getLogger(__name__)
 
 # one per API family (api/)
-ROUTERS = [models.router, playground.router, generation.router, embeddings.router, rerank.router, predict.router]
+ROUTERS = [models.router, playground.router, generation.router, embeddings.router, rerank.router, predict.router, audio.router]
 
 
 def create_app(

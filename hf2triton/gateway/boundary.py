@@ -5,9 +5,9 @@ by each route that needs it: /health and the playground's files do not, an unkno
 Loopback is no boundary against web pages: a page can POST "simple" cross-site requests (text/plain, forms) and a
 name re-bound to 127.0.0.1 (DNS rebinding) makes it same-origin. So every request passes `Boundary` first: the Host
 must be a name the gateway serves under, a foreign Origin is refused (allowed ones get CORS headers, never a
-wildcard), POST bodies must be JSON, and a body is bounded in size and time while it is read. The API key comes
-from an environment variable, never from config.yaml; requests are compared in constant time and the key is never
-logged.
+wildcard), POST bodies must be JSON (the audio endpoints: a multipart form), and a body is bounded in size and time
+while it is read. The API key comes from an environment variable, never from config.yaml; requests are compared in
+constant time and the key is never logged.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ from hf2triton.gateway.errors import ApiError
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# OpenAI's audio endpoints take a multipart form (the file): only there, and cross-site only from an allowed Origin
+# (a browser sends Origin on every cross-origin POST, so a foreign page's form post is refused like a JSON one)
+FORM = "multipart/form-data"
+FORM_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 PREFLIGHT_HEADERS = [
     (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
@@ -129,8 +133,11 @@ class Boundary:
                 message = f"cross-origin requests from {origin!r} are not allowed; add the origin to openai.allowed_origins to allow it"
                 await _refuse(scope, receive, send, ApiError(403, message, "permission_error", code="origin_not_allowed"))
                 return
-        if method == "POST" and headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
+        media = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if method == "POST" and media != "application/json" and not (media == FORM and scope["path"] in FORM_PATHS):
             message = f"the body must be JSON sent as Content-Type: application/json (got {headers.get('content-type', 'none')!r})"
+            if scope["path"] in FORM_PATHS:
+                message = f"the body must be a form sent as Content-Type: {FORM} (got {headers.get('content-type', 'none')!r})"
             await _refuse(scope, receive, send, ApiError(415, message, code="unsupported_media_type"))
             return
         length = headers.get("content-length", "")

@@ -94,6 +94,31 @@ def image_predict_check(base: str, http_url: str, name: str, task: str, key: str
     return check(f"{name}: predict equals Triton", served == direct, f"{len(images)} images, {sum(map(len, direct))} labels (Triton)")
 
 
+def transcription_check(base: str, http_url: str, name: str, key: str | None) -> dict[str, Any]:
+    """POST /v1/audio/transcriptions of validation's first probe audio (a multipart form, as OpenAI's SDK sends it):
+    exactly the text Triton answers for the same file."""
+    import urllib.error
+    import urllib.request
+    import uuid
+
+    from hf2triton.pipeline.audio_probes import probe_audios
+
+    audio = probe_audios()[0]
+    direct = _triton_rows(http_url, name, [audio], None, interface.TEXT_OUTPUT, interface.AUDIO)[0].decode("utf-8")
+    boundary = uuid.uuid4().hex
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\n{name}\r\n'.encode()]
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="probe.wav"\r\n\r\n'.encode())
+    body = b"".join(parts) + audio + f"\r\n--{boundary}--\r\n".encode()
+    headers = {**_headers(key), "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    request = urllib.request.Request(f"{base}/audio/transcriptions", data=body, headers=headers, method="POST")  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:  # noqa: S310 - our own gateway
+            served = json.loads(response.read())["text"]
+    except urllib.error.HTTPError as err:
+        raise RuntimeError(f"HTTP {err.code} from {base}/audio/transcriptions: {err.read()[:300]!r}") from None
+    return check(f"{name}: transcription equals Triton", served == direct, f"{len(audio)} bytes of WAV -> {direct[:60]!r} (Triton)")
+
+
 def dual_embeddings_check(base: str, http_url: str, name: str, key: str | None) -> dict[str, Any]:
     """A zero-shot image model's POST /v1/embeddings of a text and an image (a data URL), in that order: each vector
     Triton's own (within float32 rounding)."""
@@ -165,6 +190,8 @@ def check_gateway(base: str, grpc_url: str, http_url: str, models: dict[str, dic
                 checks.append(image_predict_check(base, http_url, name, facts["task"], key))
                 if facts["task"] == interface.ZERO_SHOT_IMAGE_CLASSIFICATION:
                     checks.append(dual_embeddings_check(base, http_url, name, key))
+            elif facts["task"] == interface.SPEECH_RECOGNITION:
+                checks.append(transcription_check(base, http_url, name, key))
         except Exception as err:  # noqa: BLE001 - a failed check, reported
             checks.append(check(f"{name}: gateway", False, f"{type(err).__name__}: {err}"))
     return {"ok": all(c["ok"] for c in checks), "base_url": base, "checks": checks, "checked_at": time.time()}

@@ -48,7 +48,10 @@ def triton_error(err: Exception, model: str = "") -> ApiError:
     lowered = text.lower()
     if "busy" in lowered or "exceeds the maximum queue size" in lowered:
         return ApiError(429, text, "rate_limit_error", code="busy")
-    if any(limit in lowered for limit in ("max_input_bytes", "max_texts_per_request", "max_request_bytes", "max_image_pixels")):
+    if any(
+        limit in lowered
+        for limit in ("max_input_bytes", "max_texts_per_request", "max_request_bytes", "max_image_pixels", "max_audio_seconds")
+    ):
         return ApiError(413, text, code="too_large")
     if "unavailable" in lowered or any(words in lowered for words in (*UNREACHABLE, "stream removed")):
         return unavailable(text)

@@ -2,7 +2,9 @@
 Serving's) convention for binary data writes it -- `{"image_bytes": {"b64": "..."}}` -- or `{"b64": "..."}`, or a string
 (base64, or a `data:image/...;base64,` URL). The options are the pipeline's: `top_k` / `function_to_apply`
 (image-classification), `candidate_labels` / `hypothesis_template` (zero-shot), each in `parameters`, at the top of the
-body, or (a per-image choice) in the instance itself. Instances with the same options go to Triton together."""
+body, or (a per-image choice) in the instance itself. Instances with the same options go to Triton together. Speech
+models take their audio files the same way (`{"audio_bytes": {"b64": ...}}` or `{"b64": ...}`), with `language`, `task`
+and `return_timestamps`."""
 
 from __future__ import annotations
 
@@ -16,19 +18,25 @@ from hf2triton.serving import interface
 OPTIONS = {
     interface.IMAGE_CLASSIFICATION: (interface.TOP_K, interface.FUNCTION_TO_APPLY),
     interface.ZERO_SHOT_IMAGE_CLASSIFICATION: (interface.CANDIDATE_LABELS, interface.HYPOTHESIS_TEMPLATE),
+    interface.SPEECH_RECOGNITION: (interface.LANGUAGE, interface.SPEECH_TASK, interface.RETURN_TIMESTAMPS),
 }
-IMAGE_KEYS = ("image_bytes", "b64", "image", "data")
+IMAGE_KEYS = ("image_bytes", "audio_bytes", "b64", "image", "audio", "data")
 
 
-def _image(instance: Any, index: int, field: str = "instances") -> bytes:
-    """One instance's image bytes (`field`: the request's field it came in, for the errors)."""
+def _image(instance: Any, index: int, field: str = "instances", kind: str = "image") -> bytes:
+    """One instance's image (or audio: `kind`) bytes (`field`: the request's field it came in, for the errors)."""
     value = instance
     if isinstance(value, dict):
         value = next((value[key] for key in IMAGE_KEYS if key in value), None)
         if isinstance(value, dict):  # {"image_bytes": {"b64": ...}}
             value = value.get("b64")
     if not isinstance(value, str) or not value:
-        raise ApiError(400, f'{field}[{index}] must hold an image: {{"image_bytes": {{"b64": "<base64 of a PNG or JPEG>"}}}}', param=field)
+        example = (
+            '{"audio_bytes": {"b64": "<base64 of a WAV or FLAC>"}}'
+            if kind == "audio"
+            else '{"image_bytes": {"b64": "<base64 of a PNG or JPEG>"}}'
+        )
+        raise ApiError(400, f"{field}[{index}] must hold an {kind}: {example}", param=field)
     if value.startswith("data:"):
         head, _, value = value.partition(",")
         if ";base64" not in head:
@@ -36,7 +44,7 @@ def _image(instance: Any, index: int, field: str = "instances") -> bytes:
     try:
         return base64.b64decode("".join(value.split()), validate=True)  # line breaks (`base64` without -w0) allowed
     except (binascii.Error, ValueError):
-        raise ApiError(400, f"{field}[{index}]: the image is not valid base64", param=field) from None
+        raise ApiError(400, f"{field}[{index}]: the {kind} is not valid base64", param=field) from None
 
 
 def _option(task: str, key: str, value: Any) -> Any:
@@ -51,6 +59,10 @@ def _option(task: str, key: str, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(label, str) for label in value):
             raise ApiError(400, f"'{key}' must be a list of strings", param=key)
         return tuple(value)
+    if key == interface.RETURN_TIMESTAMPS:
+        if not isinstance(value, bool):
+            raise ApiError(400, f"'{key}' must be true or false", param=key)
+        return value
     if not isinstance(value, str):
         raise ApiError(400, f"'{key}' must be a string", param=key)
     return value
@@ -60,7 +72,8 @@ def image_requests(body: dict[str, Any], task: str) -> list[tuple[dict[str, Any]
     """The body's images grouped by their options: [(options, instance positions, images)], in first-seen order."""
     instances = body.get("instances")
     if not isinstance(instances, list) or not instances:
-        raise ApiError(400, "'instances' must be a non-empty list of images", param="instances")
+        what = "audio files" if task == interface.SPEECH_RECOGNITION else "images"
+        raise ApiError(400, f"'instances' must be a non-empty list of {what}", param="instances")
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise ApiError(400, "'parameters' must be an object", param="parameters")
@@ -77,7 +90,7 @@ def image_requests(body: dict[str, Any], task: str) -> list[tuple[dict[str, Any]
             raise ApiError(400, message, param=interface.CANDIDATE_LABELS)
         group = groups.setdefault(tuple(sorted(options.items())), (options, [], []))
         group[1].append(index)
-        group[2].append(_image(instance, index))
+        group[2].append(_image(instance, index, kind="audio" if task == interface.SPEECH_RECOGNITION else "image"))
     return list(groups.values())
 
 

@@ -34,7 +34,7 @@ from hf2triton.perf.pipelines import PIPELINE_BATCHES, PIPELINE_TASKS, pipeline_
 from hf2triton.perf.scratch import scratch_server
 from hf2triton.pipeline.serve import settings_from_params
 from hf2triton.serving import interface
-from hf2triton.serving.interface import FEATURE_EXTRACTION, GENERATIVE_TASKS, IMAGE_TASKS, ModelParameters
+from hf2triton.serving.interface import FEATURE_EXTRACTION, GENERATIVE_TASKS, NON_TEXT_TASKS, ModelParameters
 from hf2triton.specs import BenchSpec, ModelSpec, OpenAISpec, from_param, with_variant
 from hf2triton.triton import client
 from hf2triton.triton.modelconfig import model_parameters, read_model_config, uses_gpu
@@ -210,9 +210,9 @@ def bench_model_step(
     (`scratch`: a declared output directory for the streaming model's static baseline server and the bench's own
     gateway). The gateway users talk to is never started, stopped or re-pointed here: with openai.enabled the
     gateway's cost is measured on a private one (gateway_cost.private_gateway)."""
-    if model.get("task") in IMAGE_TASKS:  # before anything is started
+    if model.get("task") in NON_TEXT_TASKS:  # before anything is started
         raise UserError(
-            f"model {name}: `make bench` does not measure image models yet ({model['task']}: its loads are texts)",
+            f"model {name}: `make bench` does not measure image or speech models yet ({model['task']}: its loads are texts)",
             "bench with a config without it: make bench CONFIG=other.yaml",
         )
     Path(scratch).mkdir(parents=True, exist_ok=True)

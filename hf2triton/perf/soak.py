@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"the soak test only targets this machine's loopback, not {settings.host}")
     models: dict[str, str] = {}
     for model in project.models:
-        if model.task not in interface.IMAGE_TASKS:  # the soak's traffic is texts
+        if model.task not in interface.NON_TEXT_TASKS:  # the soak's traffic is texts
             models.setdefault(model.task, model.name)
     limits = {model.name: model.max_input_bytes for model in project.models}
     result = run_soak(

@@ -179,9 +179,13 @@ def pipeline_answers(
 
 def probe_texts(task: str, model_dir: str, probes: list[str]) -> list[str]:
     """Validation's probes for the model: fill-mask's with the tokenizer's own mask token; an image task's synthetic
-    images (encoded, in place of the texts)."""
+    images (encoded, in place of the texts); speech's synthetic audio files."""
     if task in interface.IMAGE_TASKS:
         return probe_images()
+    if task == interface.SPEECH_RECOGNITION:
+        from hf2triton.pipeline.audio_probes import probe_audios
+
+        return probe_audios()
     if task != interface.FILL_MASK:
         return probes
     from transformers import AutoTokenizer

@@ -20,8 +20,10 @@ from hf2triton.serving.interface import (
     FILL_MASK,
     IMAGE_CLASSIFICATION,
     IMAGE_TASKS,
+    SPEECH_RECOGNITION,
     TEXT_RANKING,
     TOKEN_CLASSIFICATION,
+    auto_class,
 )
 
 log = logging.getLogger(__name__)
@@ -32,10 +34,11 @@ SENTENCE_TRANSFORMERS_DIRS = ["1_Pooling", "2_Normalize"]
 MANIFEST = "hf2triton.json"
 
 
-def auto_model_class(task: str):
+def auto_model_class(task: str, model_dir: str = ""):
+    """The transformers class a task's model loads with (a speech model's: by its architectures, CTC or seq2seq)."""
     import transformers
 
-    return getattr(transformers, AUTO_CLASSES[task])
+    return getattr(transformers, auto_class(task, model_dir) if model_dir else AUTO_CLASSES[task])
 
 
 # The head each task's answers come from, and what a checkpoint without it is for instead.
@@ -75,13 +78,16 @@ def check_head(model, task: str, model_name: str) -> None:
 
 
 def load_preprocessors(path: Path, task: str, kwargs: dict[str, Any]) -> list[Any]:
-    """What prepares the model's input, saved next to it: the tokenizer (not for an image classifier), and for the
-    image tasks the image processor (preprocessor_config.json: resize, crop, normalisation)."""
-    from transformers import AutoImageProcessor, AutoTokenizer
+    """What prepares the model's input, saved next to it: the tokenizer (not for an image classifier), for the
+    image tasks the image processor (preprocessor_config.json: resize, crop, normalisation), for speech the feature
+    extractor (Whisper's log-mel: preprocessor_config.json too)."""
+    from transformers import AutoFeatureExtractor, AutoImageProcessor, AutoTokenizer
 
     found = [] if task in IMAGE_ONLY_TASKS else [AutoTokenizer.from_pretrained(path, **kwargs)]
     if task in IMAGE_TASKS:
         found.append(AutoImageProcessor.from_pretrained(path))
+    if task == SPEECH_RECOGNITION:
+        found.append(AutoFeatureExtractor.from_pretrained(path))
     return found
 
 
@@ -94,7 +100,8 @@ def load_source_model(path: Path, gguf_file: str | None, task: str):
     try:
         preprocessors = load_preprocessors(path, task, kwargs)
         checked = task in HEADS  # which weights the checkpoint lacked: asked only where a head is checked
-        loaded = auto_model_class(task).from_pretrained(path, dtype="auto", output_loading_info=checked, **kwargs)
+        model_class = auto_model_class(task, "" if gguf_file else str(path))
+        loaded = model_class.from_pretrained(path, dtype="auto", output_loading_info=checked, **kwargs)
         model, loading_info = loaded if checked else (loaded, {"missing_keys": []})
     except (OSError, ValueError, KeyError) as err:
         raise UserError(

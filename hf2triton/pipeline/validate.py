@@ -22,6 +22,7 @@ from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
 from hf2triton.gateway.process import require_api_key
+from hf2triton.pipeline.audio_probes import pipeline_speech_answers
 from hf2triton.pipeline.image_checks import embeddings_check
 from hf2triton.pipeline.image_probes import validation_options
 from hf2triton.pipeline.pipeline_answers import (
@@ -249,6 +250,8 @@ def reference_outputs(
     if float32_cpu:
         params = dataclasses.replace(params, dtype="float32")
     device = "cpu" if float32_cpu else reference_device(config)
+    if params.task == interface.SPEECH_RECOGNITION:  # transformers' pipeline itself, on the same decoded audio
+        return pipeline_speech_answers(params.model_dir, texts, device, params.dtype)
     if params.task in JSON_ANSWERS:  # the reference is transformers' pipeline itself
         return pipeline_answers(params.task, params.model_dir, texts, device, params.dtype, params.stride)
     if params.task == interface.TEXT_RANKING:  # the model in-process on the tokenizer's pair encoding
@@ -419,7 +422,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         hints = "; ".join(p.fix for p in explain(str(err)))
         checks.append(check("inference", False, f"{type(err).__name__}: {err}" + (f" -- fix: {hints}" if hints else "")))
         return {"ok": False, "checks": checks}
-    unit = "images" if task in interface.IMAGE_TASKS else "texts"
+    unit = {interface.SPEECH_RECOGNITION: "audios", **{t: "images" for t in interface.IMAGE_TASKS}}.get(task, "texts")
     checks.append(check("http inference", True, f"{len(texts)} {unit} in {http_ms:.1f} ms"))
     checks.append(check("grpc inference", True, f"{len(texts)} {unit} in {grpc_ms:.1f} ms"))
     same, detail = outputs_equal(http_out, grpc_out)
@@ -468,7 +471,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         "parity": parity,
         "latency_ms": {"http": round(http_ms, 1), "grpc": round(grpc_ms, 1)},
         "sample": {
-            "input": texts[0] if isinstance(texts[0], str) else f"an image of {len(texts[0])} bytes",
+            "input": texts[0] if isinstance(texts[0], str) else f"a file of {len(texts[0])} bytes",
             "output": sample[0].decode() if sample.dtype == np.object_ else [round(float(x), 5) for x in sample[:4]],
         },
         "checks": checks,

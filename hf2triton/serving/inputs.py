@@ -420,3 +420,28 @@ def zero_shot_image_options(raw_labels: Any, raw_template: Any, max_bytes: int) 
         except (IndexError, KeyError, ValueError):
             raise RequestError(f"{interface.HYPOTHESIS_TEMPLATE}={template[:80]!r}: only one {{}} and no other braces") from None
     return {name: tuple(labels), interface.HYPOTHESIS_TEMPLATE: template}
+
+
+def speech_options(raw_language: Any, raw_task: Any, raw_timestamps: Any) -> dict[str, Any]:
+    """An automatic-speech-recognition request's `language` (a code, or a name Whisper knows: "english" -> "en"; "":
+    the model detects it), `task` (transcribe | translate; "": none sent, the model's generation config decides, as
+    the pipeline's default) and `return_timestamps` (the pipeline's chunks)."""
+    language = ""
+    if raw_language is not None:
+        language = _one_string(raw_language, interface.LANGUAGE, 64).strip().lower()
+        if len(language) > 3:  # a name: Whisper's own table of names to codes
+            from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
+
+            language = TO_LANGUAGE_CODE.get(language, language)
+    task = ""
+    if raw_task is not None:
+        task = _one_string(raw_task, interface.SPEECH_TASK, 64).strip().lower()
+        if task not in interface.SPEECH_TASKS:
+            raise RequestError(f"{interface.SPEECH_TASK}={task!r} is not allowed: use one of {', '.join(interface.SPEECH_TASKS)}")
+    timestamps = raw_timestamps is not None and bool(np.asarray(raw_timestamps).reshape(-1).any())
+    return {interface.LANGUAGE: language, interface.SPEECH_TASK: task, interface.RETURN_TIMESTAMPS: timestamps}
+
+
+def raw_sampling_rate(raw: Any) -> int | None:
+    """A request's `sampling_rate`: its AUDIO rows are then raw float32 samples at that rate (absent: audio files)."""
+    return None if raw is None else _one_value(raw, interface.SAMPLING_RATE, int, interface.SAMPLING_RATE_RANGE)

@@ -96,6 +96,21 @@ MAX_CANDIDATE_LABELS = 256
 # image features, L2-normalised: what its logits compare), and one with TEXT rows instead of IMAGE per text its text
 # features (normalised; PROMPT_TOKENS: its tokens), the vectors CLIP / SigLIP score against each other
 EMBED = "embed"
+# automatic-speech-recognition (Whisper): AUDIO (BYTES) per row one audio file (WAV, FLAC, OGG, MP3: decoded on the
+# server with soundfile, its duration bounded by max_audio_seconds before decoding), or with SAMPLING_RATE (INT32) its
+# raw float32 little-endian mono samples at that rate; resampled to the model's rate. Options LANGUAGE (BYTES: a code
+# or name, "en" / "english"; absent: the model detects it), SPEECH_TASK (BYTES: transcribe | translate) and
+# RETURN_TIMESTAMPS (BOOL). Per row TEXT_OUTPUT (the pipeline's text), CHUNKS (JSON list of {timestamp: [start, end],
+# text}; [] unless timestamps were asked) and DURATION (FP32, the audio's seconds).
+AUDIO = "audio"
+SAMPLING_RATE = "sampling_rate"
+LANGUAGE = "language"
+SPEECH_TASK = "task"
+RETURN_TIMESTAMPS = "return_timestamps"
+CHUNKS = "chunks"
+DURATION = "duration"
+SPEECH_TASKS = ("transcribe", "translate")
+SAMPLING_RATE_RANGE = (1000, 384_000)
 
 FEATURE_EXTRACTION = "feature-extraction"
 CLASSIFICATION = "text-classification"
@@ -106,6 +121,7 @@ TEXT_RANKING = "text-ranking"
 TEXT2TEXT = "text2text-generation"  # encoder-decoder models (T5, BART, Marian)
 IMAGE_CLASSIFICATION = "image-classification"
 ZERO_SHOT_IMAGE_CLASSIFICATION = "zero-shot-image-classification"  # CLIP, SigLIP
+SPEECH_RECOGNITION = "automatic-speech-recognition"  # Whisper
 TASKS = (
     FEATURE_EXTRACTION,
     CLASSIFICATION,
@@ -116,9 +132,12 @@ TASKS = (
     TEXT2TEXT,
     IMAGE_CLASSIFICATION,
     ZERO_SHOT_IMAGE_CLASSIFICATION,
+    SPEECH_RECOGNITION,
 )
 # the tasks whose rows are images (IMAGE), not texts
 IMAGE_TASKS = (IMAGE_CLASSIFICATION, ZERO_SHOT_IMAGE_CLASSIFICATION)
+# the tasks whose rows are no texts (images, audio): tune, bench and soak, whose loads are texts, leave them out
+NON_TEXT_TASKS = (*IMAGE_TASKS, SPEECH_RECOGNITION)
 # the tasks that generate text: the same options, streaming and OpenAI endpoints
 GENERATIVE_TASKS = (GENERATION, TEXT2TEXT)
 # transformers' pipeline names for what a text2text model does: accepted in a config, served as TEXT2TEXT
@@ -140,7 +159,21 @@ AUTO_CLASSES = {
     TEXT2TEXT: "AutoModelForSeq2SeqLM",
     IMAGE_CLASSIFICATION: "AutoModelForImageClassification",
     ZERO_SHOT_IMAGE_CLASSIFICATION: "AutoModelForZeroShotImageClassification",
+    SPEECH_RECOGNITION: "AutoModelForSpeechSeq2Seq",
 }
+CTC_AUTO_CLASS = "AutoModelForCTC"  # speech recognition by a CTC head (wav2vec2, HuBERT): architectures *ForCTC
+
+
+def auto_class(task: str, model_dir: str = "") -> str:
+    """The transformers Auto* class a task's model loads with; a speech model's by its config (CTC or seq2seq)."""
+    if task == SPEECH_RECOGNITION and model_dir:
+        import json
+
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as file:
+            if any(str(name).endswith("ForCTC") for name in json.load(file).get("architectures") or []):
+                return CTC_AUTO_CLASS
+    return AUTO_CLASSES[task]
+
 
 # Limits every request option must respect (the config schema's bounds are the same).
 MAX_NEW_TOKENS_RANGE = (1, 8192)
@@ -191,6 +224,12 @@ IMAGE_CLASSIFICATION_OPTIONS = (Tensor(TOP_K, "INT32", optional=True), Tensor(FU
 ZERO_SHOT_IMAGE_OPTIONS = (Tensor(CANDIDATE_LABELS, "BYTES", optional=True), Tensor(HYPOTHESIS_TEMPLATE, "BYTES", optional=True))
 # its embedding requests: images with EMBED true, or texts (TEXT instead of IMAGE: so IMAGE is optional there too)
 ZERO_SHOT_EMBEDDING_INPUTS = (Tensor(TEXT, "BYTES", optional=True), Tensor(EMBED, "BOOL", optional=True))
+SPEECH_OPTIONS = (
+    Tensor(SAMPLING_RATE, "INT32", optional=True),
+    Tensor(LANGUAGE, "BYTES", optional=True),
+    Tensor(SPEECH_TASK, "BYTES", optional=True),
+    Tensor(RETURN_TIMESTAMPS, "BOOL", optional=True),
+)
 
 
 STREAMING_OPTIONS = (
@@ -216,12 +255,16 @@ STREAMING_OUTPUTS = (
 
 
 def primary_input(task: str) -> str:
-    """The tensor a task's rows are sent in: IMAGE for the image tasks, else TEXT."""
+    """The tensor a task's rows are sent in: IMAGE for the image tasks, AUDIO for speech, else TEXT."""
+    if task == SPEECH_RECOGNITION:
+        return AUDIO
     return IMAGE if task in IMAGE_TASKS else TEXT
 
 
 def task_inputs(task: str, streaming: bool = False) -> tuple[Tensor, ...]:
     check_task(task)
+    if task == SPEECH_RECOGNITION:
+        return (Tensor(AUDIO, "BYTES"), *SPEECH_OPTIONS)
     if task == IMAGE_CLASSIFICATION:
         return (IMAGE_TENSOR, *IMAGE_CLASSIFICATION_OPTIONS)
     if task == ZERO_SHOT_IMAGE_CLASSIFICATION:
@@ -259,6 +302,8 @@ def task_outputs(task: str, embedding_dim: int | None = None, streaming: bool = 
         return (Tensor(LABELS, "BYTES"), Tensor(EMBEDDING, "FP32", (embedding_dim or -1,)), Tensor(PROMPT_TOKENS, "INT32"))
     if task in IMAGE_TASKS:  # a JSON list of {label, score} per image
         return (Tensor(LABELS, "BYTES"),)
+    if task == SPEECH_RECOGNITION:
+        return (Tensor(TEXT_OUTPUT, "BYTES"), Tensor(CHUNKS, "BYTES"), Tensor(DURATION, "FP32"))
     return (Tensor(TEXT_OUTPUT, "BYTES"),)
 
 
@@ -321,6 +366,8 @@ class ModelParameters:
     matryoshka_dimensions: str = ""
     # image tasks: an image's width x height at most, checked from its header before it is decoded
     max_image_pixels: int = 25_000_000
+    # automatic-speech-recognition: an audio's seconds at most, read from its header before it is decoded
+    max_audio_seconds: float = 600.0
 
     def relevant(self) -> tuple[str, ...]:
         keys = ["task", "backend", "model_dir", "dtype", "num_threads", "max_input_bytes", "max_texts_per_request", "max_request_bytes"]
@@ -330,7 +377,7 @@ class ModelParameters:
             keys.append("trt_engine")
         # encoders; torch decoding (a text2text model's batcher takes no graphs)
         graphed = self.task not in GENERATIVE_TASKS or (self.task == GENERATION and self.streaming and self.backend == "python")
-        graphed = graphed and self.task not in IMAGE_TASKS  # the image engines run no graphs
+        graphed = graphed and self.task not in (*IMAGE_TASKS, SPEECH_RECOGNITION)  # these engines run no graphs
         if graphed and self.backend in ("python", "onnx"):
             keys.append("cuda_graphs")
         if self.task == TOKEN_CLASSIFICATION:
@@ -339,6 +386,8 @@ class ModelParameters:
             keys += ["prompt_names", "normalize", "matryoshka_dimensions"]
         if self.task in IMAGE_TASKS:
             keys.append("max_image_pixels")
+        if self.task == SPEECH_RECOGNITION:
+            keys.append("max_audio_seconds")
         if self.task in GENERATIVE_TASKS:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
             keys += ["checkpoint_defaults", *(["pipeline_task"] if self.pipeline_task else [])] if self.task == TEXT2TEXT else []

@@ -130,6 +130,8 @@ class TritonPythonModel:
     def _parse(self, request) -> tuple[list[Any], dict[str, Any]]:
         if self.task in interface.IMAGE_TASKS:  # decoded images (bounded in pixels before decoding) instead of texts
             return self._parse_images(request)
+        if self.task == interface.SPEECH_RECOGNITION:
+            return self._parse_audio(request)
         tensor = pb_utils.get_input_tensor_by_name(request, interface.TEXT)
         if tensor is None:
             raise inputs.RequestError(f"input '{interface.TEXT}' is missing")
@@ -179,6 +181,19 @@ class TritonPythonModel:
             options = inputs.zero_shot_image_options(*raw, self.max_bytes)
             self.engine.check_labels(options[interface.CANDIDATE_LABELS], options[interface.HYPOTHESIS_TEMPLATE])
         return self.engine.decode(images), options
+
+    def _parse_audio(self, request) -> tuple[list[Any], dict[str, Any]]:
+        """A speech request: its options first (cheap), then its audio decoded and resampled (bounded in seconds
+        before decoding); requests with the same language / task / timestamps share one pass."""
+        audios = self._optional(request, interface.AUDIO)
+        if audios is None:
+            raise inputs.RequestError(f"send the audio files in input '{interface.AUDIO}'")
+        inputs.check_request_size(audios, self.params)
+        names = (interface.LANGUAGE, interface.SPEECH_TASK, interface.RETURN_TIMESTAMPS)
+        options = inputs.speech_options(*(self._optional(request, name) for name in names))
+        self.engine.check_options(**options)
+        raw_rate = inputs.raw_sampling_rate(self._optional(request, interface.SAMPLING_RATE))
+        return self.engine.decode(audios, raw_rate), options
 
     # ------------------------------------------------------------------ streaming generation (decoupled)
 

@@ -135,6 +135,7 @@ NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT6
 _OPTIONS = (*interface.GENERATION_OPTIONS, *interface.STREAMING_OPTIONS)
 _OPTIONS += (*interface.TOKEN_CLASSIFICATION_OPTIONS, *interface.FILL_MASK_OPTIONS, *interface.TEXT_RANKING_OPTIONS)
 _OPTIONS += (*interface.EMBEDDING_OPTIONS, *interface.IMAGE_CLASSIFICATION_OPTIONS, *interface.ZERO_SHOT_IMAGE_OPTIONS)
+_OPTIONS += interface.SPEECH_OPTIONS
 _OPTIONS += tuple(t for t in interface.ZERO_SHOT_EMBEDDING_INPUTS if t.name != interface.TEXT)  # embed (BOOL)
 OPTION_TENSORS = {t.name: t for t in _OPTIONS}
 

@@ -109,8 +109,8 @@ def infer(
         raise UserError(f"{model} is a reranker: it scores the TEXTs (documents) against a query", "add --query 'QUERY'")
     if interface.GUIDED in options and not (facts["task"] in interface.GENERATIVE_TASKS and facts["streaming"]):
         raise UserError(f"{model} is not a streaming generation model: --json-schema / --regex need one", "use a streaming model")
-    if facts["task"] in interface.IMAGE_TASKS:  # the arguments are image files
-        texts = image_files(model, facts["task"], texts, options)
+    if facts["task"] in interface.IMAGE_TASKS or facts["task"] == interface.SPEECH_RECOGNITION:  # the arguments are files
+        texts = input_files(model, facts["task"], texts, options)
     try:
         if facts["task"] in interface.GENERATIVE_TASKS and facts["streaming"]:
             if len(texts) != 1:
@@ -151,22 +151,26 @@ def infer(
         return {"relevance_scores": [float(v) for v in outputs[interface.SCORE].reshape(-1)]}
     if facts["task"] in interface.IMAGE_TASKS:  # per image the pipeline's JSON list of {label, score}
         return {"predictions": [json.loads(v) for v in outputs[interface.LABELS].reshape(-1)]}
+    if facts["task"] == interface.SPEECH_RECOGNITION and options.get(interface.RETURN_TIMESTAMPS):  # + each one's chunks
+        texts_out = [v.decode() for v in outputs[interface.TEXT_OUTPUT].reshape(-1)]
+        return {"texts": texts_out, "chunks": [json.loads(v) for v in outputs[interface.CHUNKS].reshape(-1)]}
     return {"texts": [v.decode() for v in outputs[interface.TEXT_OUTPUT].reshape(-1)]}
 
 
-def image_files(model: str, task: str, paths: list[str], options: dict[str, Any]) -> list[bytes]:
-    """An image task's arguments: image files, read whole (the server decodes and checks them); zero-shot needs --labels."""
+def input_files(model: str, task: str, paths: list[str], options: dict[str, Any]) -> list[bytes]:
+    """An image or speech task's arguments: image or audio files, read whole (the server decodes and checks them);
+    zero-shot needs --labels."""
     if task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION and not options.get(interface.CANDIDATE_LABELS):
         raise UserError(f"{model} classifies images into labels the request names", "add --labels 'cat,dog,a red car'")
-    images = []
+    kind, formats = ("audio", "WAV, FLAC, OGG or MP3") if task == interface.SPEECH_RECOGNITION else ("image", "PNG or JPEG")
+    files = []
     for path in paths:
         try:
-            images.append(Path(path).read_bytes())
+            files.append(Path(path).read_bytes())
         except OSError as err:
-            raise UserError(
-                f"{model} takes image files: cannot read {path!r} ({err.strerror or err})", "pass PNG or JPEG file paths"
-            ) from None
-    return images
+            message = f"{model} takes {kind} files: cannot read {path!r} ({err.strerror or err})"
+            raise UserError(message, f"pass {formats} file paths") from None
+    return files
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -222,6 +226,9 @@ def generation_flags(args: Any) -> dict[str, Any]:
         interface.GUIDED: guided_flag(getattr(args, "json_schema", None), getattr(args, "regex", None)),  # structured output
         interface.FUNCTION_TO_APPLY: getattr(args, "function_to_apply", None),  # image-classification
         interface.HYPOTHESIS_TEMPLATE: getattr(args, "hypothesis_template", None),  # zero-shot-image-classification
+        interface.LANGUAGE: getattr(args, "language", None),  # automatic-speech-recognition
+        interface.SPEECH_TASK: getattr(args, "task", None),
+        interface.RETURN_TIMESTAMPS: getattr(args, "timestamps", None) or None,
     }
     labels = getattr(args, "labels", None)
     if labels is not None:  # zero-shot-image-classification: comma-separated

@@ -21,6 +21,7 @@ ENGINES = {
     interface.TEXT2TEXT: ("text2text", "Text2TextEngine"),
     interface.IMAGE_CLASSIFICATION: ("vision", "ImageClassificationEngine"),
     interface.ZERO_SHOT_IMAGE_CLASSIFICATION: ("vision", "ZeroShotImageEngine"),
+    interface.SPEECH_RECOGNITION: ("speech", "SpeechEngine"),
 }
 # a streaming model's batcher module (in serving/), by task; the causal one (preallocated cache on a GPU) otherwise
 BATCHERS = {interface.TEXT2TEXT: "batching.seq2seq"}
@@ -59,4 +60,5 @@ def engine_from_parameters(params: interface.ModelParameters, device: str = "cpu
         cuda_graphs=params.cuda_graphs,
         stride=params.stride,
         max_image_pixels=params.max_image_pixels,
+        max_audio_seconds=params.max_audio_seconds,
     )

@@ -1,0 +1,106 @@
+"""POST /v1/audio/transcriptions and /v1/audio/translations: automatic-speech-recognition models (Whisper), in OpenAI's
+shape: a multipart form (`file`, `model`, `language`, `response_format` json | text | verbose_json, `temperature`)
+-> {"text"}, the bare text, or {task, language, duration, text, segments}. The audio file goes to Triton as it came (the
+model decodes and resamples it); the form is read through the Boundary (bounded in size and time as JSON bodies are;
+a cross-site form post carries a foreign Origin and is refused there)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+
+from hf2triton.gateway.backend import gateway_of
+from hf2triton.gateway.boundary import KEY
+from hf2triton.gateway.errors import ApiError
+from hf2triton.serving import interface
+
+router = APIRouter()
+FORMATS = ("json", "text", "verbose_json")
+FIELDS = ("file", "model", "language", "response_format", "temperature", "timestamp_granularities[]")
+
+
+async def read_form(request: Request) -> tuple[bytes, dict[str, str]]:
+    """The form's audio file and its text fields; a field this endpoint does not serve is a 400 naming it."""
+    try:
+        form = await request.form()
+    except ApiError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a malformed multipart body is the client's
+        raise ApiError(400, f"the body must be a multipart form (multipart/form-data) with a 'file' field: {err}") from None
+    fields: dict[str, str] = {}
+    upload = None
+    for key, value in form.multi_items():
+        if key not in FIELDS:
+            raise ApiError(400, f"'{key}' is not served here (fields: {', '.join(FIELDS)})", param=key)
+        if key == "file":
+            upload = value
+        elif isinstance(value, str):
+            fields[key] = value
+    if upload is None or isinstance(upload, str):
+        raise ApiError(400, "'file' is required: the audio file (WAV, FLAC, OGG, MP3) as a form file field", param="file")
+    audio = await upload.read()
+    if not audio:
+        raise ApiError(400, "'file' is empty: send the audio file's bytes", param="file")
+    return audio, fields
+
+
+def speech_options(fields: dict[str, str], task: str) -> tuple[str, dict[str, Any]]:
+    """The response format and the model's options from the form's fields (400 naming a wrong one)."""
+    response_format = fields.get("response_format", "json")
+    if response_format not in FORMATS:
+        raise ApiError(400, f"response_format={response_format!r} is not served: use one of {', '.join(FORMATS)}", param="response_format")
+    try:
+        temperature = float(fields.get("temperature", "0"))
+    except ValueError:
+        raise ApiError(400, f"temperature={fields['temperature']!r} is not a number", param="temperature") from None
+    if temperature != 0:
+        raise ApiError(400, f"temperature={temperature:g}: only 0 (greedy decoding) is served", param="temperature")
+    granularity = fields.get("timestamp_granularities[]", "segment")
+    if granularity != "segment":
+        raise ApiError(400, f"timestamp_granularities={granularity!r}: only 'segment' is served", param="timestamp_granularities[]")
+    options: dict[str, Any] = {interface.RETURN_TIMESTAMPS: response_format == "verbose_json"}
+    if task == "translate":  # transcriptions send none: the model's own default, as the pipeline's
+        options[interface.SPEECH_TASK] = task
+    if fields.get("language"):
+        options[interface.LANGUAGE] = fields["language"]
+    return response_format, options
+
+
+async def recognize(request: Request, task: str):
+    audio, fields = await read_form(request)
+    gateway = gateway_of(request)
+    served = await gateway.model({"model": fields.get("model")}, interface.SPEECH_RECOGNITION)
+    response_format, options = speech_options(fields, task)
+    try:
+        (result,) = await gateway.infer_texts(served, [audio], options, "file")
+    except ApiError as err:  # the model's words about the audio or an option, named as the field that sent it
+        if err.status == 400 and err.param is None:
+            err.param = interface.LANGUAGE if interface.LANGUAGE in err.message else "file"
+        raise
+    text = result.as_numpy(interface.TEXT_OUTPUT).reshape(-1)[0].decode("utf-8")
+    if response_format == "text":
+        return PlainTextResponse(text)
+    if response_format == "json":
+        return {"text": text}
+    chunks = json.loads(result.as_numpy(interface.CHUNKS).reshape(-1)[0])
+    duration = float(result.as_numpy(interface.DURATION).reshape(-1)[0])
+    segments = [
+        {"id": i, "seek": 0, "start": c["timestamp"][0], "end": c["timestamp"][1] if c["timestamp"][1] is not None else duration,
+         "text": c["text"], "tokens": [], "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 0.0, "no_speech_prob": 0.0}
+        for i, c in enumerate(chunks)
+    ]  # fmt: skip
+    language = fields.get("language", "")
+    return {"task": task, "language": language, "duration": duration, "text": text, "segments": segments}
+
+
+@router.post("/v1/audio/transcriptions", dependencies=KEY)
+async def transcriptions(request: Request):
+    return await recognize(request, "transcribe")
+
+
+@router.post("/v1/audio/translations", dependencies=KEY)
+async def translations(request: Request):
+    return await recognize(request, "translate")

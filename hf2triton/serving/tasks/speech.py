@@ -1,0 +1,123 @@
+"""automatic-speech-recognition (Whisper: `WhisperForConditionalGeneration`; CTC models: wav2vec2, HuBERT): per row
+one audio (serving/audio.py decodes, bounds and resamples it to the model's rate), the answer its text as
+transformers' pipeline gives it.
+
+Answered whole by transformers' own `AutomaticSpeechRecognitionPipeline` over the model loaded here: the feature
+extractor's log-mel, the model's `generate()` (the generation config's forced prompt
+`<|startoftranscript|><|lang|><|task|><|notimestamps|>`, suppress_tokens and begin_suppress_tokens, as the pipeline
+applies them) and the tokenizer's `_decode_asr`. Decoding is the pipeline's default: beam search with 5 beams (its
+default generation config, "as openai's whisper"), unless the model's generation config names its own num_beams.
+Long audio as the pipeline does by default (no chunk_length_s): Whisper's sequential long-form generation over 30 s
+windows, each next one starting at the last timestamp predicted.
+The audios of a Triton batch that fit one window (<= 30 s) share one generate() call; each longer one is its own.
+
+A CTC model (`*ForCTC`) goes through the same pipeline: one forward pass per audio, the argmax's tokens joined by the
+CTC tokenizer (no language, task or timestamps). Torch only (backend python): config refuses onnx / tensorrt for this task.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from .. import interface
+from ..audio import decode_audios
+from ..inputs import RequestError
+from ..runtimes import RuntimeSpec, load_runtime
+
+
+class SpeechEngine:
+    """Saved model + feature extractor + tokenizer on one device, run through transformers' ASR pipeline."""
+
+    outputs = (interface.TEXT_OUTPUT, interface.CHUNKS, interface.DURATION)
+
+    def __init__(
+        self,
+        model_dir: str,
+        device: str = "cpu",
+        dtype: str = "auto",
+        num_threads: int = 0,
+        backend: str = "python",
+        max_audio_seconds: float = interface.DEFAULTS.max_audio_seconds,
+        **_: Any,
+    ):
+        import torch
+        import transformers
+
+        if backend != "python":
+            raise ValueError(f"automatic-speech-recognition is served by torch only (backend python), not {backend}")
+        if device == "cpu" and num_threads > 0:
+            torch.set_num_threads(num_threads)
+        self.device = device
+        self.max_audio_seconds = max_audio_seconds
+        # loaded as the pipeline loads them (AutoProcessor would give the slow WhisperTokenizer, which decodes otherwise)
+        self.feature_extractor = transformers.AutoFeatureExtractor.from_pretrained(model_dir)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+        self.rate = int(self.feature_extractor.sampling_rate)
+        auto_class = interface.auto_class(interface.SPEECH_RECOGNITION, model_dir)  # Whisper (seq2seq) or a CTC model
+        self.ctc = auto_class == interface.CTC_AUTO_CLASS
+        spec = RuntimeSpec(model_dir=model_dir, device=device, dtype=dtype, num_threads=num_threads, auto_class=auto_class)
+        self.model = load_runtime("python", spec)
+        self.pipeline = transformers.pipeline(
+            interface.SPEECH_RECOGNITION,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            feature_extractor=self.feature_extractor,
+            device=device,
+        )
+        generation = getattr(self.model, "generation_config", None)
+        self.languages = dict(getattr(generation, "lang_to_id", None) or {})  # "<|en|>" -> id
+        self.multilingual = bool(getattr(generation, "is_multilingual", bool(self.languages))) and bool(self.languages)
+
+    def decode(self, values: np.ndarray, raw_rate: int | None = None) -> list[np.ndarray]:
+        """A request's AUDIO rows as mono float32 samples at the model's rate (RequestError: that request's own)."""
+        return decode_audios(values, self.rate, self.max_audio_seconds, raw_rate)
+
+    def check_options(self, language: str = "", task: str = "", return_timestamps: bool = False, **_: Any) -> None:
+        """Raise RequestError for a language this model does not know, or a language / translation on an English-only one."""
+        if self.ctc and (language or task or return_timestamps):
+            raise RequestError(
+                f"this is a CTC model (no decoder): it takes no '{interface.LANGUAGE}', '{interface.SPEECH_TASK}' or "
+                f"'{interface.RETURN_TIMESTAMPS}'"
+            )
+        if not self.multilingual and (language or task == "translate"):
+            raise RequestError(
+                f"this model is English-only (its generation config has no languages): send no '{interface.LANGUAGE}' "
+                f"and '{interface.SPEECH_TASK}' transcribe"
+            )
+        if language and f"<|{language}|>" not in self.languages:
+            known = ", ".join(sorted(token.strip("<|>") for token in self.languages))
+            raise RequestError(f"{interface.LANGUAGE}={language!r} is not one of this model's languages: {known}")
+
+    def run(
+        self, audios: list[Any], language: str = "", task: str = "", return_timestamps: bool = False, **_: Any
+    ) -> dict[str, np.ndarray]:
+        """Per audio (samples at the model's rate; or encoded files: decoded here) its text, chunks and duration.
+        `language` / `task` "": not sent to generate() (the pipeline's default: the model detects the language)."""
+        if audios and isinstance(audios[0], (bytes, np.bytes_)):
+            audios = self.decode(np.array(audios, dtype=np.object_))
+        generate = {key: value for key, value in (("language", language), ("task", task)) if value}
+        options = {"generate_kwargs": generate, **({"return_timestamps": True} if return_timestamps else {})}
+        answers: list[dict[str, Any] | None] = [None] * len(audios)
+        # Whisper pads every window to 30 s, so windows batch exactly; a CTC model's padding would change its answer
+        window = 0 if self.ctc else self.feature_extractor.n_samples
+        short = [i for i, audio in enumerate(audios) if len(audio) <= window]
+        if short:
+            batch = [{"raw": audios[i], "sampling_rate": self.rate} for i in short]
+            for i, answer in zip(short, self.pipeline(batch, batch_size=len(batch), **options)):
+                answers[i] = answer
+        for i, audio in enumerate(audios):
+            if answers[i] is None:  # long-form: one sequential generate() of its own (a CTC model: one forward pass)
+                answers[i] = self.pipeline({"raw": audio, "sampling_rate": self.rate}, **options)
+        return {
+            interface.TEXT_OUTPUT: np.array([a["text"].encode("utf-8") for a in answers], dtype=np.object_),
+            interface.CHUNKS: np.array([chunks_json(a.get("chunks", [])).encode("utf-8") for a in answers], dtype=np.object_),
+            interface.DURATION: np.array([len(audio) / self.rate for audio in audios], dtype=np.float32),
+        }
+
+
+def chunks_json(chunks: list[dict[str, Any]]) -> str:
+    """The pipeline's timestamped chunks as JSON: {timestamp: [start, end], text} (an open end: null)."""
+    return json.dumps([{"timestamp": list(c["timestamp"]), "text": c["text"]} for c in chunks], ensure_ascii=False)

@@ -1,0 +1,376 @@
+"""automatic-speech-recognition (Whisper) on a tiny random Whisper built here: its tokenizer is a byte-level BPE trained
+here with `tokenizers` plus Whisper's special tokens (<|startoftranscript|>, languages, tasks, <|notimestamps|>, the
+1501 timestamp tokens) and a generation config with their ids -- no Whisper tokenizer files exist offline. Checked:
+audio decoding (formats, resampling, the duration bound before decoding, non-audio refused), request options, config
+refusals and task inference, the engine equal to transformers' own pipeline in-process (short, resampled, 45 s
+long-form); and one real serve: validation PASS, tritonclient HTTP / gRPC equal the pipeline's text for a WAV and an
+8 kHz FLAC, the gateway's /v1/audio/transcriptions with the openai SDK (text, json, verbose_json) and a plain multipart
+post, too large a body (413), a foreign Origin (403), a non-audio file (400 naming file)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hf2triton.pipeline.audio_probes import encoded_audio, pipeline_speech_answers, synthetic_audio
+from hf2triton.serving import audio as audio_inputs
+from hf2triton.serving import inputs, interface
+from hf2triton.triton import client
+from tests.helpers import make_workflow, passed_checks
+
+ASR = interface.SPEECH_RECOGNITION
+LANGUAGES = ("en", "de", "fr")
+MAX_TOKENS = 12  # the tiny model's generation_config.max_length: random weights never stop by themselves
+
+
+def build_tiny_whisper(directory: Path) -> Path:
+    """A random 1-layer Whisper (d_model 32) with its feature extractor and a WhisperTokenizerFast, saved like a hub repo."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|endoftext|>"])
+    bpe.train_from_iterator(["the quick brown fox jumps over the lazy dog", "hello world, speech recognition"] * 20, trainer)
+    directory.mkdir(parents=True, exist_ok=True)
+    bpe.save(str(directory / "tokenizer.json"))
+    eot = "<|endoftext|>"
+    tokenizer = WhisperTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json"), unk_token=eot, bos_token=eot, eos_token=eot, pad_token=eot
+    )
+    specials = ["<|startoftranscript|>", *[f"<|{code}|>" for code in LANGUAGES], "<|translate|>", "<|transcribe|>"]
+    specials += ["<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    tokenizer.add_tokens([f"<|{i * 0.02:.2f}|>" for i in range(1501)])  # after <|notimestamps|>, as Whisper's
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in specials}
+    end = tokenizer.convert_tokens_to_ids(eot)
+    special = {"decoder_start_token_id": ids["<|startoftranscript|>"], "eos_token_id": end, "pad_token_id": end, "bos_token_id": end}
+    config = WhisperConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        num_mel_bins=80,
+        max_source_positions=1500,  # 30 s of audio: 3000 frames, 1500 after the conv stride
+        max_target_positions=448,
+        **special,
+    )
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(
+        **special,
+        lang_to_id={f"<|{code}|>": ids[f"<|{code}|>"] for code in LANGUAGES},
+        task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
+        no_timestamps_token_id=ids["<|notimestamps|>"],
+        prev_sot_token_id=ids["<|startofprev|>"],
+        is_multilingual=True,
+        suppress_tokens=[],
+        begin_suppress_tokens=[end],
+        max_length=MAX_TOKENS,
+        max_initial_timestamp_index=50,
+    )
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    WhisperFeatureExtractor().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory) -> Path:
+    return build_tiny_whisper(tmp_path_factory.mktemp("whisper") / "tiny-whisper")
+
+
+def wav(seconds: float, rate: int, seed: int = 0) -> bytes:
+    return encoded_audio(synthetic_audio(seconds, rate, seed), rate, "WAV")
+
+
+def flac(seconds: float, rate: int, seed: int = 0) -> bytes:
+    return encoded_audio(synthetic_audio(seconds, rate, seed), rate, "FLAC")
+
+
+def test_audio_decoding_resamples_and_bounds_before_decoding():
+    samples = audio_inputs.decode_audio(flac(2.0, 8000, 1), 16000, 60)
+    assert samples.dtype == np.float32 and len(samples) == 32000
+    stereo = io.BytesIO()
+    import soundfile
+
+    soundfile.write(stereo, np.stack([synthetic_audio(1.0, 16000), np.zeros(16000, np.float32)], axis=1), 16000, format="WAV")
+    mono = audio_inputs.decode_audio(stereo.getvalue(), 16000, 60)
+    assert np.allclose(mono, synthetic_audio(1.0, 16000) / 2, atol=1e-4)  # channels averaged (16-bit PCM)
+    for compressed in ("OGG", "MP3"):  # lossy: about the same samples, at the model's rate
+        decoded = audio_inputs.decode_audio(encoded_audio(synthetic_audio(1.0, 22050), 22050, compressed), 16000, 60)
+        assert abs(len(decoded) - 16000) < 800 and np.abs(decoded).max() > 0.1, compressed
+    raw = synthetic_audio(1.0, 8000).tobytes()
+    assert len(audio_inputs.decode_audio(raw, 16000, 60, raw_rate=8000)) == 16000
+    with pytest.raises(inputs.RequestError, match=r"audio 0 is 45.0 s long, more than max_audio_seconds=30"):
+        audio_inputs.decode_audio(wav(45.0, 8000), 16000, 30)
+    with pytest.raises(inputs.RequestError, match=r"audio 1 \(11 bytes, starting b'hello world'\) is not audio soundfile can read"):
+        audio_inputs.decode_audios(np.array([[wav(1.0, 16000)], [b"hello world"]], dtype=np.object_), 16000, 60)
+    with pytest.raises(inputs.RequestError, match="empty"):
+        audio_inputs.decode_audio(b"", 16000, 60)
+    with pytest.raises(inputs.RequestError, match="raw samples are float32"):
+        audio_inputs.decode_audio(b"abc", 16000, 60, raw_rate=8000)
+
+
+def test_speech_request_options():
+    none = {interface.LANGUAGE: "", interface.SPEECH_TASK: "", interface.RETURN_TIMESTAMPS: False}
+    assert inputs.speech_options(None, None, None) == none
+    asked = inputs.speech_options(
+        np.array([[b"German"]], dtype=np.object_), np.array([[b"translate"]], dtype=np.object_), np.array([[True]])
+    )
+    assert asked == {interface.LANGUAGE: "de", interface.SPEECH_TASK: "translate", interface.RETURN_TIMESTAMPS: True}
+    with pytest.raises(inputs.RequestError, match="task='summarize' is not allowed: use one of transcribe, translate"):
+        inputs.speech_options(None, np.array([[b"summarize"]], dtype=np.object_), None)
+    with pytest.raises(inputs.RequestError, match="sampling_rate=10 must be"):
+        inputs.raw_sampling_rate(np.array([[10]], dtype=np.int32))
+
+
+def test_task_inference_and_config(whisper, tmp_path):
+    from hf2triton.config import load_config
+    from hf2triton.errors import UserError
+    from hf2triton.task_inference import Evidence, infer_task
+
+    assert infer_task(Evidence(where="d", config={"architectures": ["WhisperForConditionalGeneration"]}))[0] == ASR
+    assert infer_task(Evidence(where="d", pipeline_tag=ASR, pipeline_tag_from="README.md"))[0] == ASR
+    path = tmp_path / "config.yaml"
+    for backend in ("onnx", "tensorrt"):
+        path.write_text(json.dumps({"models": [{"name": "w", "source": str(whisper), "backend": backend}]}))
+        with pytest.raises(UserError) as refused:
+            load_config(path)
+        assert f"not yet for {ASR}" in str(refused.value) and "use backend torch" in refused.value.fix
+    path.write_text(json.dumps({"models": [{"name": "w", "source": str(whisper), "max_audio_seconds": 90}]}))
+    loaded = load_config(path)["models"][0]
+    assert loaded["task"] == ASR and loaded["max_audio_seconds"] == 90
+
+
+def test_engine_equals_the_pipeline_in_process(whisper):
+    from hf2triton.serving.tasks.speech import SpeechEngine
+
+    engine = SpeechEngine(str(whisper))
+    audios = [wav(3.0, 16000), flac(2.0, 8000, 1), wav(45.0, 8000, 2)]  # the last: long-form, two 30 s windows
+    served = engine.run(audios)
+    reference = pipeline_speech_answers(str(whisper), audios)
+    assert served[interface.TEXT_OUTPUT].tolist() == reference[interface.TEXT_OUTPUT].tolist()
+    assert served[interface.DURATION].tolist() == pytest.approx([3.0, 2.0, 45.0])
+    options = {"language": "de", "task": "translate"}
+    translated = engine.run(audios[:2], **options)[interface.TEXT_OUTPUT].tolist()
+    assert translated == pipeline_speech_answers(str(whisper), audios[:2], generate_kwargs=options)[interface.TEXT_OUTPUT].tolist()
+    stamped = engine.run(audios[:1], return_timestamps=True)
+    expected = pipeline_speech_answers(str(whisper), audios[:1], return_timestamps=True)
+    assert stamped[interface.TEXT_OUTPUT].tolist() == expected[interface.TEXT_OUTPUT].tolist()
+    assert isinstance(json.loads(stamped[interface.CHUNKS][0]), list)
+    with pytest.raises(inputs.RequestError, match="language='xx' is not one of this model's languages: de, en, fr"):
+        engine.check_options(language="xx")
+
+
+# ---------------------------------------------------------------- one real serve
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, whisper):
+    """The tiny Whisper served with the gateway (max_batch_size 4, max_audio_seconds 60)."""
+    from hf2triton import host
+
+    models = [{"name": "whisper", "source": str(whisper), "max_batch_size": 4, "max_audio_seconds": 60}]  # task inferred
+    workflow = make_workflow(tmp_path_factory.mktemp("speech-workflow"), models)
+    workflow.config["openai"] = {"enabled": True, "port": host.free_ports(1)[0]}
+    workflow.run("serve")
+    yield workflow
+    workflow.stop()
+
+
+def _infer(workflow, protocol: str, audios: list[bytes], options: dict | None = None) -> list[bytes]:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    settings = workflow.settings()
+    if protocol == "http":
+        module, triton = httpclient, client.http_client(settings.url("http_port"))
+    else:
+        module, triton = grpcclient, client.grpc_client(settings.url("grpc_port"))
+    try:
+        result = triton.infer("whisper", client.build_inputs(module, audios, options, primary=interface.AUDIO))
+        return result.as_numpy(interface.TEXT_OUTPUT).reshape(-1).tolist()
+    finally:
+        triton.close()
+
+
+@pytest.mark.integration
+def test_served_whisper_validates_and_answers_as_the_pipeline(served, whisper):
+    import tritonclient.utils
+
+    checks = passed_checks(served, "whisper", {"http equals grpc", "served equals in-process"})
+    assert checks["http inference"]["detail"].startswith("2 audios")
+    gateway = json.loads((served.directory / "results" / "validation" / "gateway.json").read_text())
+    assert gateway["ok"] and [c["name"] for c in gateway["checks"]] == ["whisper: transcription equals Triton"], gateway
+    audios = [wav(3.0, 16000), flac(2.0, 8000, 1), wav(45.0, 8000, 2)]  # an 8 kHz FLAC resampled; 45 s: two windows
+    reference = pipeline_speech_answers(str(whisper), audios)[interface.TEXT_OUTPUT].tolist()
+    for protocol in ("http", "grpc"):
+        assert _infer(served, protocol, audios) == reference
+    options = {interface.LANGUAGE: "de", interface.SPEECH_TASK: "translate"}
+    translated = pipeline_speech_answers(str(whisper), audios[:1], generate_kwargs={"language": "de", "task": "translate"})
+    assert _infer(served, "http", audios[:1], options) == translated[interface.TEXT_OUTPUT].tolist()
+    raw = {interface.SAMPLING_RATE: 8000}  # raw float32 samples instead of a file
+    assert _infer(served, "grpc", [synthetic_audio(2.0, 8000, 1).tobytes()], raw) == reference[1:2]
+    for bad, message in (
+        ([b"not audio at all"], "audio 0 .* is not audio soundfile can read"),
+        ([wav(61.0, 8000)], "more than max_audio_seconds=60"),
+    ):
+        with pytest.raises(tritonclient.utils.InferenceServerException, match=message):
+            _infer(served, "http", bad)
+    with pytest.raises(tritonclient.utils.InferenceServerException, match="language='xx' is not one of"):
+        _infer(served, "http", audios[:1], {interface.LANGUAGE: "xx"})
+
+
+@pytest.mark.integration
+def test_gateway_transcriptions(served, whisper, tmp_path):
+    import httpx
+    import openai
+
+    base = f"http://127.0.0.1:{served.config['openai']['port']}/v1"
+    sdk = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+    path = tmp_path / "speech.wav"
+    path.write_bytes(wav(3.0, 16000))
+    expected = pipeline_speech_answers(str(whisper), [path.read_bytes()])[interface.TEXT_OUTPUT][0].decode()
+    with path.open("rb") as file:
+        assert sdk.audio.transcriptions.create(model="whisper", file=file).text == expected
+    with path.open("rb") as file:
+        assert sdk.audio.transcriptions.create(model="whisper", file=file, response_format="text").strip() == expected.strip()
+    with path.open("rb") as file:
+        verbose = sdk.audio.transcriptions.create(model="whisper", file=file, response_format="verbose_json")
+    stamped = pipeline_speech_answers(str(whisper), [path.read_bytes()], return_timestamps=True)[interface.TEXT_OUTPUT][0].decode()
+    assert verbose.text == stamped and verbose.duration == pytest.approx(3.0) and isinstance(verbose.segments, list)
+    # a plain multipart post (curl -F), an 8 kHz FLAC
+    audio = flac(2.0, 8000, 1)
+    answer = httpx.post(f"{base}/audio/transcriptions", files={"file": ("a.flac", audio)}, data={"model": "whisper"}, timeout=60)
+    assert answer.status_code == 200 and answer.json() == {
+        "text": pipeline_speech_answers(str(whisper), [audio])[interface.TEXT_OUTPUT][0].decode()
+    }
+
+    # KServe V1 predict: the files base64 in JSON, options in parameters
+    import base64
+
+    files = [path.read_bytes(), audio]
+    instances = [{"audio_bytes": {"b64": base64.b64encode(files[0]).decode()}}, {"b64": base64.b64encode(files[1]).decode()}]
+    predicted = httpx.post(f"{base[:-3]}/v1/models/whisper:predict", json={"instances": instances}, timeout=60)
+    texts = [t.decode() for t in pipeline_speech_answers(str(whisper), files)[interface.TEXT_OUTPUT]]
+    assert predicted.status_code == 200 and predicted.json() == {"predictions": [{"text": t} for t in texts]}, predicted.text
+    stamped = httpx.post(
+        f"{base[:-3]}/v1/models/whisper:predict", json={"instances": instances[:1], "parameters": {"return_timestamps": True}}, timeout=60
+    )
+    assert stamped.status_code == 200 and set(stamped.json()["predictions"][0]) == {"text", "chunks"}, stamped.text
+
+    def refused(status: int, param: str | None, **kwargs) -> dict:
+        reply = httpx.post(f"{base}/audio/transcriptions", timeout=60, **kwargs)
+        assert reply.status_code == status, reply.text
+        assert reply.json()["error"]["param"] == param, reply.json()
+        return reply.json()["error"]
+
+    form = {"files": {"file": ("a.wav", path.read_bytes())}, "data": {"model": "whisper"}}
+    assert (
+        "not audio soundfile can read"
+        in refused(400, "file", files={"file": ("a.txt", b"hello, not audio")}, data={"model": "whisper"})["message"]
+    )
+    refused(400, "response_format", files=form["files"], data={"model": "whisper", "response_format": "srt"})
+    refused(400, "language", files=form["files"], data={"model": "whisper", "language": "xx"})
+    assert refused(413, None, files={"file": ("big.wav", b"\0" * (9 * 1024 * 1024))}, data={"model": "whisper"})["code"] == "too_large"
+    foreign = refused(403, None, headers={"Origin": "https://evil.example"}, **form)
+    assert foreign["code"] == "origin_not_allowed"
+    assert refused(415, None, content=b"file=x", headers={"Content-Type": "text/plain"})["code"] == "unsupported_media_type"
+
+
+@pytest.mark.integration
+def test_cli_infer_audio_files(served, whisper, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    files = [tmp_path / "a.wav", tmp_path / "b.flac"]
+    files[0].write_bytes(wav(3.0, 16000))
+    files[1].write_bytes(flac(2.0, 8000, 1))
+    expected = [t.decode() for t in pipeline_speech_answers(str(whisper), [f.read_bytes() for f in files])[interface.TEXT_OUTPUT]]
+    command = [sys.executable, "-m", "hf2triton", "infer", "--grpc", served.settings().url("grpc_port"), "whisper", *map(str, files)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF2TRITON_CONFIG": ""}
+    run = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert run.returncode == 0 and json.loads(run.stdout) == {"texts": expected}, run.stderr
+    wrong = subprocess.run([*command, "--language", "xx"], capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert wrong.returncode != 0 and "language='xx' is not one of this model's languages" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
+
+
+def test_rendered_interface(whisper, tmp_path):
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from hf2triton.pipeline.render import render_model, serving_files
+    from hf2triton.specs import ModelSpec, serving_values
+    from hf2triton.triton.modelconfig import read_model_config
+
+    spec = ModelSpec(name="w", source=str(whisper), task=ASR, max_audio_seconds=90)
+    serving = serving_values(spec, gpu_available=False, cpus=2)
+    files = {str(p).split("serving/")[-1] for p in serving_files(serving)}
+    assert {"tasks/speech.py", "audio.py"} <= files and "images.py" not in files and "runtimes/onnxruntime.py" not in files
+    config = read_model_config(render_model(str(tmp_path / "w"), serving, str(whisper)) / "config.pbtxt")
+    inputs_ = [("audio", "TYPE_STRING", False), ("sampling_rate", "TYPE_INT32", True), ("language", "TYPE_STRING", True)]
+    inputs_ += [("task", "TYPE_STRING", True), ("return_timestamps", "TYPE_BOOL", True)]
+    assert [(t.name, mc.DataType.Name(t.data_type), t.optional) for t in config.input] == inputs_
+    assert [(t.name, list(t.dims)) for t in config.output] == [("text_output", [1]), ("chunks", [1]), ("duration", [1])]
+    assert config.parameters["max_audio_seconds"].string_value == "90" and "cuda_graphs" not in config.parameters
+
+
+def test_a_ctc_model_equals_the_pipeline_in_process(tmp_path):
+    """wav2vec2 (Wav2Vec2ForCTC, a char-level CTC tokenizer made here): task inferred, loaded by AutoModelForCTC, each
+    audio alone through the pipeline (padding would change a CTC model's answer); no language / task / timestamps."""
+    import torch
+    from transformers import Wav2Vec2Config, Wav2Vec2CTCTokenizer, Wav2Vec2FeatureExtractor, Wav2Vec2ForCTC
+
+    from hf2triton.serving.tasks.speech import SpeechEngine
+    from hf2triton.task_inference import Evidence, infer_task
+
+    directory = tmp_path / "tiny-wav2vec2"
+    directory.mkdir()
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "|": 4, **{c: 5 + i for i, c in enumerate("abcdefghij")}}
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    tokenizer = Wav2Vec2CTCTokenizer(str(directory / "vocab.json"))
+    config = Wav2Vec2Config(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=37,
+        conv_dim=(16, 16),
+        conv_stride=(5, 4),
+        conv_kernel=(10, 8),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    Wav2Vec2ForCTC(config).eval().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    Wav2Vec2FeatureExtractor(sampling_rate=16000, return_attention_mask=False).save_pretrained(directory)
+    assert infer_task(Evidence(where="d", config={"architectures": ["Wav2Vec2ForCTC"]}))[0] == ASR
+    from hf2triton.pipeline.pretrained import load_source_model
+
+    model, preprocessors = load_source_model(directory, None, ASR)  # what the pretrained step loads and saves
+    assert type(model).__name__ == "Wav2Vec2ForCTC" and [type(p).__name__ for p in preprocessors] == [
+        "Wav2Vec2CTCTokenizer",
+        "Wav2Vec2FeatureExtractor",
+    ]
+    engine = SpeechEngine(str(directory))
+    audios = [wav(3.0, 16000), flac(2.0, 8000, 1)]
+    served = engine.run(audios)[interface.TEXT_OUTPUT].tolist()
+    assert served == pipeline_speech_answers(str(directory), audios)[interface.TEXT_OUTPUT].tolist() and any(served)
+    with pytest.raises(inputs.RequestError, match="this is a CTC model"):
+        engine.check_options(return_timestamps=True)
