@@ -17,6 +17,18 @@ from ..runtimes import RuntimeSpec, load_runtime
 from ..runtimes.graphs import CudaGraphs, OrtGraphs
 
 
+def torch_only(subject: str, backend: str, device: str, num_threads: int):
+    """torch, for the engines served by torch alone (the image and speech tasks): `backend` checked (`subject` names
+    the task in the error), the instance's share of the CPU's threads set."""
+    import torch
+
+    if backend != "python":
+        raise ValueError(f"{subject} served by torch only (backend python), not {backend}")
+    if device == "cpu" and num_threads > 0:
+        torch.set_num_threads(num_threads)
+    return torch
+
+
 class Engine:
     """Saved model + tokenizer on one device; a task's subclass (one module per task) implements `run` for a list
     of texts, and `head` for an encoder's outputs.

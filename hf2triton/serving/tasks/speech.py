@@ -26,6 +26,7 @@ from .. import interface
 from ..audio import decode_audios
 from ..inputs import RequestError
 from ..runtimes import RuntimeSpec, load_runtime
+from .base import torch_only
 
 
 class SpeechEngine:
@@ -43,13 +44,9 @@ class SpeechEngine:
         max_audio_seconds: float = interface.DEFAULTS.max_audio_seconds,
         **_: Any,
     ):
-        import torch
         import transformers
 
-        if backend != "python":
-            raise ValueError(f"automatic-speech-recognition is served by torch only (backend python), not {backend}")
-        if device == "cpu" and num_threads > 0:
-            torch.set_num_threads(num_threads)
+        torch_only("automatic-speech-recognition is", backend, device, num_threads)
         self.device = device
         self.max_audio_seconds = max_audio_seconds
         # loaded as the pipeline loads them (AutoProcessor would give the slow WhisperTokenizer, which decodes otherwise)

@@ -23,6 +23,7 @@ from .. import interface
 from ..images import decode_images
 from ..inputs import RequestError
 from ..runtimes import RuntimeSpec, load_runtime
+from .base import torch_only
 from .token_classification import entities_json as answer_json
 from .token_classification import postprocessor
 
@@ -46,14 +47,9 @@ class ImageEngine:
         max_image_pixels: int = interface.DEFAULTS.max_image_pixels,
         **_: Any,
     ):
-        import torch
         import transformers
 
-        if backend != "python":
-            raise ValueError(f"the image tasks are served by torch only (backend python), not {backend}")
-        if device == "cpu" and num_threads > 0:
-            torch.set_num_threads(num_threads)
-        self.torch = torch
+        self.torch = torch_only("the image tasks are", backend, device, num_threads)
         self.device = device
         self.max_image_pixels = max_image_pixels
         self.processor = transformers.AutoImageProcessor.from_pretrained(model_dir)
