@@ -132,14 +132,16 @@ def pipeline_generation(
     call per prompt with its own max_new_tokens, batch B = chunks of B (max_new_tokens: the chunk's largest)."""
     pipe = _pipeline(task, model_dir, device, dtype)
     prompts = [(prompt.decode(), max_new_tokens) for prompt, max_new_tokens in plan]
-    pipe(prompts[0][0], max_new_tokens=4, do_sample=False)  # warm-up
+    # greedy, one beam, as the served stream decodes (the text2text pipeline's own default is 4 beams)
+    greedy = {"do_sample": False, "num_beams": 1}
+    pipe(prompts[0][0], max_new_tokens=4, **greedy)  # warm-up
     cells = {}
     for batch in batches:
         started, tokens, latencies = time.perf_counter(), 0, []
         for start in range(0, len(prompts), batch):
             chunk = prompts[start : start + batch]
             call_started = time.perf_counter()
-            answers = pipe([p for p, _ in chunk], batch_size=batch, max_new_tokens=max(m for _, m in chunk), do_sample=False)
+            answers = pipe([p for p, _ in chunk], batch_size=batch, max_new_tokens=max(m for _, m in chunk), **greedy)
             latencies.append(time.perf_counter() - call_started)
             answers = [answer[0] if isinstance(answer, list) else answer for answer in answers]  # a list per input, or a dict
             tokens += count_tokens([answer["generated_text"].encode() for answer in answers])
