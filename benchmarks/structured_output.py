@@ -172,11 +172,12 @@ def main() -> int:
             v: [c["ms_per_token_p50"] for c in cells if c["concurrency"] == concurrency and c["variant"] == v]
             for v in ("constrained", "free")
         }
-        ratio = statistics.median(rate["constrained"]) / statistics.median(rate["free"])
+        rate = {v: round(statistics.median(values), 2) for v, values in rate.items()}
+        per_token = {v: round(statistics.median(values), 2) for v, values in per_token.items()}
+        ratio = rate["constrained"] / rate["free"]
         lines.append(
-            f"c{concurrency}: constrained {statistics.median(rate['constrained'])} vs free {statistics.median(rate['free'])} tokens/s "
-            f"(medians of {args.rounds} rounds) = {ratio:.3f}x; ms per token p50 {statistics.median(per_token['constrained'])} vs "
-            f"{statistics.median(per_token['free'])}"
+            f"c{concurrency}: constrained {rate['constrained']} vs free {rate['free']} tokens/s (medians of {args.rounds} rounds) = "
+            f"{ratio:.3f}x; ms per token p50 {per_token['constrained']} vs {per_token['free']}"
         )
     valid, cut = checked["validity"]["valid"], checked["validity"]["cut_by_max_tokens"]
     total = len(constrained)
