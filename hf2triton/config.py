@@ -176,6 +176,23 @@ NO_TENSORRT_TASKS = ("token-classification", "fill-mask", "text-ranking")
 NO_INT8_TASKS = ("token-classification", "text-ranking")
 
 
+def _check_gpus(cfg: dict) -> None:
+    """`gpus` only where instances run on a GPU; a vllm engine's list names exactly the GPUs it spans."""
+    for index, model in enumerate(cfg["models"]):
+        where, gpus = f"config.models[{index}]", model.get("gpus")
+        if gpus is not None and model["device"] == "cpu":
+            raise UserError(f"{where}.gpus = {gpus!r}: the model runs on the CPU (device: cpu)", "remove gpus, or set device: gpu or auto")
+        if model["backend"] != "vllm":
+            continue
+        vllm = model.get("vllm") or {}
+        span = vllm.get("tensor_parallel_size", 1) * vllm.get("pipeline_parallel_size", 1)
+        if gpus == "all" or (gpus is not None and len(gpus) != span):
+            raise UserError(
+                f"{where}.gpus = {gpus!r}: a vllm engine spans tensor_parallel_size x pipeline_parallel_size = {span} GPU(s)",
+                f"list exactly {span} GPU(s), e.g. gpus: {list(range(span))}, or leave gpus out (GPUs 0..{span - 1})",
+            )
+
+
 def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: set[int], explicit_vllm: frozenset = frozenset()) -> None:
     """Checks a JSON schema cannot express."""
     seen: dict[str, int] = {}
@@ -440,6 +457,7 @@ def validate_config(raw: Any) -> dict:
             model["pipeline_task"] = model["task"]
         model["task"] = TASK_ALIASES.get(model["task"], model["task"])
     _check_semantics(cfg, explicit_generation, explicit_onnx, explicit_vllm)
+    _check_gpus(cfg)
     _check_tune(cfg)
     return cfg
 

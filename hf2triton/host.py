@@ -203,20 +203,16 @@ def process_rss_bytes(pid: int) -> int | None:
     return None
 
 
-def gpu_free_memory_bytes() -> int | None:
-    """Free memory of GPU 0 as nvidia-smi reports it (None without a working nvidia-smi)."""
-    return _gpu_memory("memory.free")
+def gpu_count() -> int:
+    """The NVIDIA GPUs nvidia-smi lists (0 without a working nvidia-smi)."""
+    return len(query_gpus("index") or [])
 
 
-def gpu_total_memory_bytes() -> int | None:
-    """All memory of GPU 0 (what vLLM's gpu_memory_utilization is a fraction of)."""
-    return _gpu_memory("memory.total")
-
-
-def _gpu_memory(field: str) -> int | None:
-    rows = query_gpus(field, units=False)
+def gpu_memory_table() -> list[tuple[int, int]] | None:
+    """(free, total) bytes of each GPU, by index, as nvidia-smi reports them (None without a working nvidia-smi)."""
+    rows = query_gpus("memory.free,memory.total", units=False)
     try:
-        return int(rows[0][0]) * 1024**2 if rows else None
+        return [(int(free) * 1024**2, int(total) * 1024**2) for free, total in rows] if rows else None
     except ValueError:
         return None
 

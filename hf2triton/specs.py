@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,8 @@ class VllmSpec:
     enforce_eager: bool = False
     quantization: str | None = None  # None: the checkpoint's own
     load_format: str = "auto"  # dummy: random weights (benchmarks)
+    tensor_parallel_size: int = 1  # GPUs each layer is split over (vLLM's multiprocessing executor, NCCL)
+    pipeline_parallel_size: int = 1  # stages the layers are split into, one GPU group each
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,7 @@ class ModelSpec:
     stride: int = DEFAULTS.stride  # token-classification: window overlap of long texts (token_classification.stride)
     max_image_pixels: int = DEFAULTS.max_image_pixels  # image tasks: width x height of one image at most
     max_audio_seconds: float = DEFAULTS.max_audio_seconds  # automatic-speech-recognition: one audio's seconds at most
+    gpus: str | tuple[int, ...] | None = None  # GPU instances: "all", these GPUs, or None (GPU 0; vllm: 0..span-1)
 
     @property
     def is_generation(self) -> bool:
@@ -161,7 +164,13 @@ class ModelSpec:
         model = (self.name, self.source, self.task, self.device, self.dtype, self.instances, self.backend, self.max_batch_size)
         vllm_share = self.vllm.gpu_memory_utilization if self.vllm else 0.0
         defaults = self.generation.checkpoint_defaults if self.generation else DEFAULTS.checkpoint_defaults
-        return Footprint(*model, sequences, prefill, vllm_share, self.task_inferred_from, self.pipeline_task, defaults)
+        placed = (self.gpus, self.gpu_span)
+        return Footprint(*model, sequences, prefill, vllm_share, self.task_inferred_from, self.pipeline_task, defaults, *placed)
+
+    @property
+    def gpu_span(self) -> int:
+        """The GPUs one engine spans: a vllm model's tensor x pipeline parallel size, else 1."""
+        return self.vllm.tensor_parallel_size * self.vllm.pipeline_parallel_size if self.vllm else 1
 
 
 @dataclass(frozen=True)
@@ -180,6 +189,8 @@ class Footprint:
     task_inferred_from: str | None = None  # shown by preflight (None: config.yaml names the task)
     pipeline_task: str = ""  # text2text: preflight names the checkpoint's generation settings (its alias task's)
     checkpoint_defaults: bool = DEFAULTS.checkpoint_defaults
+    gpus: str | tuple[int, ...] | None = None  # as configured (ModelSpec.gpus); gpu_placement resolves it
+    gpu_span: int = 1  # GPUs one engine spans (vllm: tensor x pipeline parallel)
 
 
 @dataclass(frozen=True)
@@ -295,6 +306,8 @@ def _tuples(values: dict[str, Any]) -> dict[str, Any]:
 def model_spec(entry: dict[str, Any]) -> ModelSpec:
     blocks = ("onnx", "generation", "dynamic_batching", "queue", "vllm", "token_classification")  # built below
     values = {k: v for k, v in entry.items() if k not in blocks}
+    if isinstance(values.get("gpus"), list):
+        values["gpus"] = tuple(values["gpus"])
     generation = GenerationSpec(**entry["generation"]) if entry["task"] in GENERATIVE_TASKS else None
     stride = entry.get("token_classification", {}).get("stride")
     return ModelSpec(
@@ -351,11 +364,32 @@ class ServingValues:
     pipeline_task: str = ""
     max_audio_seconds: float = DEFAULTS.max_audio_seconds
     execution_env: str = ""  # backend vllm: the absolute path of the venv Triton runs its stub in (EXECUTION_ENV_PATH)
+    gpus: tuple[int, ...] = ()  # KIND_GPU: the GPUs its instance group names (`instances` on each); vllm: those it spans
 
 
 def instance_kind(device: str, gpu_available: bool) -> str:
     """config `device` -> Triton instance kind (auto: the GPU when this machine has one)."""
     return "KIND_GPU" if device == "gpu" or (device == "auto" and gpu_available) else "KIND_CPU"
+
+
+def gpu_placement(gpus: str | Sequence[int] | None, span: int, kind: str, gpu_count: int, reserved: Iterable[int] = ()) -> tuple[int, ...]:
+    """The GPUs a model's instances go on (Triton places `instances` on each GPU its instance group names): () on the
+    CPU; the configured list; "all": every GPU of the host but those `reserved` (the GPUs a vllm engine spans: its
+    memory share is taken on each), or every GPU where that leaves none; None: GPU 0, or a vllm engine's 0..span-1."""
+    if kind != "KIND_GPU":
+        return ()
+    if gpus == "all":
+        every = tuple(range(max(gpu_count, 1)))
+        return tuple(i for i in every if i not in set(reserved)) or every
+    if gpus is not None:
+        return tuple(int(i) for i in gpus)
+    return tuple(range(span))
+
+
+def reserved_gpus(models: Sequence[ModelSpec] | Sequence[Footprint], gpu_available: bool, gpu_count: int) -> frozenset[int]:
+    """The GPUs the vllm engines span: other models' `gpus: all` leaves them out (specs or preflight's footprints)."""
+    engines = [m for m in models if m.backend == "vllm" and m.gpus != "all"]
+    return frozenset(i for m in engines for i in gpu_placement(m.gpus, m.gpu_span, instance_kind(m.device, gpu_available), gpu_count))
 
 
 def onnx_precision(backend: str, kind: str, dtype: str, task: str, quantize: str = "none", exporter: str = "auto") -> str:
@@ -393,14 +427,24 @@ def threads_per_instance(instances: int, cpus: int) -> int:
     return max(1, cpus // instances)
 
 
-def serving_values(model: ModelSpec, gpu_available: bool, cpus: int, vllm_env: str = ProjectSpec.vllm_env) -> ServingValues:
+def serving_values(
+    model: ModelSpec,
+    gpu_available: bool,
+    cpus: int,
+    vllm_env: str = ProjectSpec.vllm_env,
+    gpu_count: int = 1,
+    reserved: Iterable[int] = (),
+) -> ServingValues:
     """The spec's fields as they are (every ServingValues field named like a ModelSpec field) plus what the
-    host decides: the instance kind, the threads per instance, and (backend vllm) the absolute path of the
-    vLLM environment (`vllm_env`, relative to the working directory: the project directory)."""
+    host decides: the instance kind, the threads per instance, the GPUs (gpu_placement over the host's `gpu_count`
+    GPUs, `reserved`: those the vllm engines span), and (backend vllm) the absolute path of the vLLM environment
+    (`vllm_env`, relative to the working directory: the project directory)."""
+    kind = instance_kind(model.device, gpu_available)
     derived = {
-        "kind": instance_kind(model.device, gpu_available),
+        "kind": kind,
         "num_threads": threads_per_instance(model.instances, cpus),
         "execution_env": os.path.abspath(vllm_env) if model.backend == "vllm" else "",
+        "gpus": gpu_placement(model.gpus, model.gpu_span, kind, gpu_count, () if model.backend == "vllm" else reserved),
     }
     as_configured = {f.name: getattr(model, f.name) for f in dataclasses.fields(ServingValues) if f.name not in derived}
     return ServingValues(**as_configured, **derived)

@@ -16,7 +16,7 @@ from hf2triton.pipeline.export import EXPORT_VERSION
 from hf2triton.pipeline.render import SERVING_FILES, serving_files
 from hf2triton.pipeline.sources import package_version, resolve_model_sources
 from hf2triton.pipeline.tensorrt import require_tensorrt, tensorrt_version
-from hf2triton.specs import instance_kind, onnx_precision, require_onnx_on_gpu, serving_values, to_param
+from hf2triton.specs import instance_kind, onnx_precision, require_onnx_on_gpu, reserved_gpus, serving_values, to_param
 from hf2triton.triton.settings import REPOSITORY
 
 # config.yaml next to the Snakefile, or the file $HF2TRITON_CONFIG names (read by hf2triton's bounded
@@ -24,6 +24,7 @@ from hf2triton.triton.settings import REPOSITORY
 CONFIG_FILE = os.environ.get("HF2TRITON_CONFIG") or str(Path(workflow.basedir) / "config.yaml")
 GPU_AVAILABLE = host.has_gpu()  # probed once per run
 GPU_NAME = host.gpu_name() if GPU_AVAILABLE else "none"
+GPU_COUNT = host.gpu_count() if GPU_AVAILABLE else 0  # `gpus: all` renders this many
 
 try:
     check_project_paths(str(Path.cwd()), sys.executable)  # a space etc. would break the run late: refused now
@@ -150,7 +151,8 @@ def export_precision(wildcards):
 
 def serving(wildcards):
     """The model's derived serving values (hf2triton.specs.serving_values): what the repository renders."""
-    return to_param(serving_values(PROJECT.model(wildcards.model), GPU_AVAILABLE, host.cpu_count(), PROJECT.vllm_env))
+    model, reserved = PROJECT.model(wildcards.model), reserved_gpus(PROJECT.models, GPU_AVAILABLE, GPU_COUNT)
+    return to_param(serving_values(model, GPU_AVAILABLE, host.cpu_count(), PROJECT.vllm_env, GPU_COUNT, reserved))
 
 
 def local_source(wildcards):

@@ -124,10 +124,29 @@ def test_task_loads_carry_what_each_task_needs(tmp_path):
     AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(tmp_path)
     texts = bench_texts(20)
     ranking = task_load("text-ranking", texts, str(tmp_path))
-    assert ranking.texts == texts and ranking.options["query"] and ranking.items == "documents"
+    assert ranking.rows == texts and ranking.options["query"] and ranking.items == "documents"
     masked = task_load("fill-mask", texts, str(tmp_path))
-    assert all(text.split().count("[MASK]") == 1 for text in masked.texts) and masked.options == {}
-    assert task_load("token-classification", texts, str(tmp_path)).texts == texts
+    assert all(text.split().count("[MASK]") == 1 for text in masked.rows) and masked.options == {}
+    assert task_load("token-classification", texts, str(tmp_path)).encoded == [t.encode() for t in texts]
+
+
+def test_image_and_speech_loads_are_distinct_files_in_their_tensor():
+    """The bench's image and speech loads: synthetic JPEG photos / 5 s WAV files the server decodes, in IMAGE / AUDIO."""
+    import io
+
+    import soundfile
+    from PIL import Image
+
+    photos = task_load("zero-shot-image-classification", [], "unused")
+    assert photos.primary == "image" and photos.items == "images" and photos.options["candidate_labels"]
+    assert len(set(photos.rows)) >= 4 and Image.open(io.BytesIO(photos.rows[0])).size == (640, 480)
+    assert task_load("image-classification", [], "unused").options == {}
+    speech = task_load("automatic-speech-recognition", [], "unused")
+    assert speech.primary == "audio" and len(set(speech.rows)) == len(speech.rows) == 32
+    info = soundfile.info(io.BytesIO(speech.rows[0]))
+    assert (info.samplerate, round(info.duration, 2)) == (16000, 5.0)
+    requests = loadgen.build_requests("grpc", speech.encoded, 2, speech.options, count=2, primary=speech.primary)
+    assert [tensor.name() for tensor in requests[0]] == ["audio"] and requests[0][0].shape() == [2, 1]
 
 
 def test_served_cells_against_the_pipeline_with_the_issues_goals():

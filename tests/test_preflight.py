@@ -110,17 +110,17 @@ def test_gpu_budget_counts_weights_working_memory_and_a_context_per_instance(tmp
         **{**model.__dict__, "name": "mini", "task": "text-generation", "instances": 4, "max_sequences": 32, "max_prefill_tokens": 2048}
     )
     assert pf.working_bytes(generation, SMOLLM2, "float16") == smollm2_working(32, 2048, 2)
-    need, lines = pf.gpu_budget([generation], {"mini": str(saved)})
-    assert need == 4 * (134_515_008 * 2 + smollm2_working(32, 2048, 2) + pf.CUDA_CONTEXT_BYTES)
+    ((gpu, (need, lines)),) = pf.gpu_budget([generation], {"mini": str(saved)}, {"mini": (0,)}, {}).items()
+    assert gpu == 0 and need == 4 * (134_515_008 * 2 + smollm2_working(32, 2048, 2) + pf.CUDA_CONTEXT_BYTES)
     assert lines[0].startswith("mini: 4 x (weights 256.6 MB + working 6.0 GB + CUDA context 600.0 MB) = 27.2 GB")
     encoder = pf.working_bytes(model, {"hidden_size": 384, "num_attention_heads": 12, "max_position_embeddings": 512}, "float16")
     assert 0 < encoder < 512 * 1024**2, "an encoder's batch is small next to a generator's KV cache"
 
-    monkeypatch.setattr(host, "gpu_free_memory_bytes", lambda: 8 * 1024**3)
+    monkeypatch.setattr(host, "gpu_memory_table", lambda: [(8 * 1024**3, 80 * 1024**3)])
     monkeypatch.setattr(host, "torch_facts", lambda: dict(CUDA_TORCH))
     fits = type(model)(**{**generation.__dict__, "instances": 1, "max_sequences": 4})
     message = refused_then_fits(cfg, generation, fits, saved, "gpu-memory", gpu=True)
-    assert "gpu-memory" in message and "at their limits, GPU 0 has 8.0 GB free" in message and "mini: 4 x (weights" in message
+    assert "gpu-memory" in message and "at their limits on GPU 0, which has 8.0 GB free" in message and "mini: 4 x (weights" in message
     assert "generation.max_sequences" in message, "the fix names the settings that shrink the budget"
 
 

@@ -68,6 +68,8 @@ def test_vllm_defaults_and_spec():
         "enforce_eager": False,
         "quantization": None,
         "load_format": "auto",
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
     }
     assert model["generation"]["streaming"] is True, "a vllm model always streams"
     project = project_spec(cfg)
@@ -108,7 +110,8 @@ def test_valid_vllm_values():
         ({"vllm": {"max_model_len": 1_000_000}}, "vllm.max_model_len = 1000000: not allowed", "131072"),
         ({"vllm": {"quantization": "int3"}}, "vllm.quantization = 'int3': not allowed", "fp8"),
         ({"vllm": {"load_format": "pt"}}, "vllm.load_format = 'pt': not allowed", "auto, dummy"),
-        ({"vllm": {"tensor_parallel_size": 2}}, "config.models[0].vllm.tensor_parallel_size: unknown key", "gpu_memory_utilization"),
+        ({"vllm": {"tensor_parallel_size": 0}}, "vllm.tensor_parallel_size = 0: not allowed", "1"),
+        ({"vllm": {"data_parallel_size": 2}}, "config.models[0].vllm.data_parallel_size: unknown key", "tensor_parallel_size"),
         ({"vllm": {"enforce_eager": "yes"}}, "vllm.enforce_eager = 'yes': not allowed", "boolean"),
     ],
 )
@@ -377,6 +380,9 @@ ENGINE_PARAMS = {
     "enforce_eager": False,
     "quantization": "",
     "load_format": "dummy",
+    "tensor_parallel_size": 1,
+    "pipeline_parallel_size": 1,
+    "vllm_gpus": "",
     "max_queue": 1,
 }
 
@@ -874,21 +880,20 @@ def test_preflight_counts_vllm_s_share_of_the_gpu(tmp_path, monkeypatch):
     model = cfg.models[0].footprint()
     assert model.gpu_memory_utilization == 0.4
     gpu = 100 * 1024**3
-    need, lines = pf.gpu_budget([model], {"llm": str(tmp_path / "none")}, gpu)
+    ((_, (need, lines)),) = pf.gpu_budget([model], {"llm": str(tmp_path / "none")}, {"llm": (0,)}, {0: gpu}).items()
     assert need == round(0.4 * gpu) and lines == ["llm: vLLM's engine takes 0.4 of the GPU's 100.0 GB = 40.0 GB"]
     saved = tmp_path / "saved"
     saved.mkdir()
     (saved / "hf2triton.json").write_text(json.dumps({"parameters": 1000}))
     host_bytes = pf.estimate_model_memory(model, saved, gpu=True)
     assert host_bytes == 1000 * 2 + pf.INSTANCE_OVERHEAD_BYTES + pf.VLLM_ENGINE_PROCESS_BYTES, "the engine-core process too"
-    monkeypatch.setattr(host, "gpu_total_memory_bytes", lambda: gpu)
-    monkeypatch.setattr(host, "gpu_free_memory_bytes", lambda: 30 * 1024**3)
+    monkeypatch.setattr(host, "gpu_memory_table", lambda: [(30 * 1024**3, gpu)])
     monkeypatch.setattr(host, "torch_facts", lambda: dict(CUDA_TORCH))
     settings = Settings.of(cfg.server, cfg.names, str(tmp_path / "work"))
     with pytest.raises(UserError) as info:
         pf.run_preflight([model], settings, str(tmp_path / "work"), {"llm": str(tmp_path / "none")}, True, str(tmp_path / "p.json"))
-    assert "the GPU models need 40.0 GB at their limits, GPU 0 has 30.0 GB free" in info.value.message
+    assert "the GPU models need 40.0 GB at their limits on GPU 0, which has 30.0 GB free" in info.value.message
     assert "vllm.gpu_memory_utilization" in info.value.fix
-    monkeypatch.setattr(host, "gpu_free_memory_bytes", lambda: 50 * 1024**3)
+    monkeypatch.setattr(host, "gpu_memory_table", lambda: [(50 * 1024**3, gpu)])
     report = pf.run_preflight([model], settings, str(tmp_path / "work"), {"llm": str(tmp_path / "none")}, True, str(tmp_path / "p.json"))
     assert next(c for c in report["checks"] if c["name"] == "gpu-memory")["ok"]

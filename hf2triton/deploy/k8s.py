@@ -14,7 +14,10 @@ Resources, per replica (documented in the rendered README.md as well):
   interpreter, tokenizer and activations); the limit is twice that (loading copies weights once; KV caches grow).
 - /dev/shm: a memory-backed emptyDir of 256 MiB per instance (the stubs exchange tensors through shared memory;
   Kubernetes gives a container 64 MiB by default).
-- `nvidia.com/gpu: 1` when any model has `device: gpu` (every KIND_GPU instance group names GPU 0).
+- `nvidia.com/gpu: N` when any model has `device: gpu`: N = the GPUs the published repository's instance groups and
+  vllm engines name (manifest.json `gpus`: highest index + 1, as the pod numbers its GPUs from 0), or without that
+  record the GPUs the specs name (`gpus` lists, a vllm engine's tensor x pipeline parallel span; `all` and the
+  default: 1).
 """
 
 from __future__ import annotations
@@ -123,8 +126,16 @@ def quantity(size: int) -> str:
     return f"{-(-size // MiB)}Mi"
 
 
-def resources(models: Sequence[ModelSpec], model_bytes: Mapping[str, int]) -> dict[str, Any]:
-    """Per replica (module docstring: why these numbers)."""
+def pod_gpus(models: Sequence[ModelSpec], published: int | None = None) -> int:
+    """The GPUs a replica asks for: the published record (`published`), else what the GPU models' specs name."""
+    if published:
+        return published
+    named = [max(m.gpus) + 1 if isinstance(m.gpus, tuple) else m.gpu_span for m in models if m.device == "gpu"]
+    return max(named, default=0)
+
+
+def resources(models: Sequence[ModelSpec], model_bytes: Mapping[str, int], gpus: int | None = None) -> dict[str, Any]:
+    """Per replica (module docstring: why these numbers); `gpus`: the published repository's GPU count."""
     instances = sum(m.instances for m in models)
     memory = GiB + sum(m.instances * (model_bytes.get(m.name, 0) + 512 * MiB) for m in models)
     spec: dict[str, Any] = {
@@ -132,7 +143,7 @@ def resources(models: Sequence[ModelSpec], model_bytes: Mapping[str, int]) -> di
         "limits": {"memory": quantity(2 * memory)},
     }
     if any(m.device == "gpu" for m in models):
-        spec["limits"]["nvidia.com/gpu"] = 1
+        spec["limits"]["nvidia.com/gpu"] = pod_gpus(models, gpus)
     return spec
 
 
@@ -181,7 +192,13 @@ def hardened() -> dict[str, Any]:
 
 
 def triton_documents(
-    models: Sequence[ModelSpec], repository: str, k8s: K8sSpec, server: ServerSpec, release: str, model_bytes: Mapping[str, int]
+    models: Sequence[ModelSpec],
+    repository: str,
+    k8s: K8sSpec,
+    server: ServerSpec,
+    release: str,
+    model_bytes: Mapping[str, int],
+    gpus: int | None = None,
 ) -> list[dict[str, Any]]:
     name, version = f"{k8s.name}-triton", f"{release}-py3"
     instances = sum(m.instances for m in models)
@@ -210,7 +227,7 @@ def triton_documents(
         "startupProbe": probe("/v2/health/live", 10, max(1, server.startup_timeout_s // 10)),
         "livenessProbe": probe("/v2/health/live", 10, 3),
         "readinessProbe": probe("/v2/health/ready", 5, 2),
-        "resources": resources(models, model_bytes),
+        "resources": resources(models, model_bytes, gpus),
         "securityContext": hardened(),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],  # noqa: S108 - the pod's own shared memory
     }
@@ -336,7 +353,7 @@ def gateway_documents(models: Sequence[ModelSpec], openai: OpenAISpec, k8s: K8sS
 
 
 def kserve_documents(
-    models: Sequence[ModelSpec], storage_url: str, k8s: K8sSpec, release: str, model_bytes: Mapping[str, int]
+    models: Sequence[ModelSpec], storage_url: str, k8s: K8sSpec, release: str, model_bytes: Mapping[str, int], gpus: int | None = None
 ) -> list[dict[str, Any]]:
     """KServe's Triton runtime pulls the repository with its storage initializer, with the credentials of the
     ServiceAccount's Secret (for an S3-compatible server, annotate that Secret: README.md)."""
@@ -361,7 +378,7 @@ def kserve_documents(
                     "storageUri": "s3://" + "/".join(p for p in (bucket, prefix, REPOSITORY_PREFIX) if p),
                     "runtimeVersion": version,
                     "env": [{"name": "AWS_DEFAULT_REGION", "value": k8s.region}],
-                    "resources": resources(models, model_bytes),
+                    "resources": resources(models, model_bytes, gpus),
                 },
             }
         },
@@ -384,16 +401,18 @@ def manifests(
     server: ServerSpec = SERVER,
     model_bytes: Mapping[str, int] | None = None,
     triton_version: str = WHEEL_TRITON,
+    gpus: int | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """file name -> its documents. `gateway`: the OpenAI gateway's settings (None or not enabled: no gateway.yaml);
-    `model_bytes`: each model's published size (manifest.json; sizes the memory requests)."""
+    `model_bytes`: each model's published size (manifest.json; sizes the memory requests); `gpus`: the GPUs the
+    published repository names (manifest.json; None: from the specs)."""
     specs = as_models(models)
     check_spec(k8s)
     release = triton_release(triton_version)
     sizes = dict(model_bytes or {})
     out = {
-        "triton.yaml": triton_documents(specs, repository_url(storage_url, k8s.endpoint_url), k8s, server, release, sizes),
-        "kserve.yaml": kserve_documents(specs, storage_url, k8s, release, sizes),
+        "triton.yaml": triton_documents(specs, repository_url(storage_url, k8s.endpoint_url), k8s, server, release, sizes, gpus),
+        "kserve.yaml": kserve_documents(specs, storage_url, k8s, release, sizes, gpus),
     }
     if gateway is not None and gateway.enabled:
         out["gateway.yaml"] = gateway_documents(specs, gateway, k8s, HF2TRITON_VERSION)
@@ -440,10 +459,11 @@ def render_k8s(
     server: ServerSpec = SERVER,
     model_bytes: Mapping[str, int] | None = None,
     triton_version: str = WHEEL_TRITON,
+    gpus: int | None = None,
 ) -> list[Path]:
     """Write the manifests (one YAML stream per file, keys in a fixed order) and a README.md into `output`
     (replaced as a whole); returns the YAML files."""
-    documents = manifests(models, storage_url, gateway, k8s, server, model_bytes, triton_version)
+    documents = manifests(models, storage_url, gateway, k8s, server, model_bytes, triton_version, gpus)
     release = triton_release(triton_version)
     with atomic_directory(output) as tmp:
         for name, docs in documents.items():
@@ -477,4 +497,5 @@ def k8s_step(manifest: str, output: str, models: list[dict], openai: dict, serve
         raise UserError(f"models {', '.join(missing)} are not in the published repository {url}", "run `make publish` first")
     sizes = {name: sum(f["size"] for f in entry["files"].values()) for name, entry in published["models"].items()}
     version = published.get("triton") or WHEEL_TRITON
-    return render_k8s(specs, url, output, from_param(OpenAISpec, openai), K8sSpec(**k8s), from_param(ServerSpec, server), sizes, version)
+    gateway, server_spec = from_param(OpenAISpec, openai), from_param(ServerSpec, server)
+    return render_k8s(specs, url, output, gateway, K8sSpec(**k8s), server_spec, sizes, version, published.get("gpus"))

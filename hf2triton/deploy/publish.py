@@ -31,7 +31,7 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory, atomic_write_json
 from hf2triton.integrity import MANIFEST, problems, write_manifest
 from hf2triton.pipeline.render import VERSION
-from hf2triton.triton.modelconfig import config_text, model_parameters, read_model_config
+from hf2triton.triton.modelconfig import config_gpus, config_text, model_parameters, read_model_config
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,7 @@ def publish_step(models: dict[str, str], validation_json: str, validation_md: st
             "task": model_parameters(config).task,
             "files": {path: {"size": item["size"], "sha256": item["sha256"]} for path, item in files.items()},
             "validation": {"ok": all(c["ok"] for c in checks), "checks": len(checks)},
+            "gpus": list(config_gpus(config)),
         }
     manifest = {
         "format": 1,
@@ -155,6 +156,8 @@ def publish_step(models: dict[str, str], validation_json: str, validation_md: st
         "packages": package_versions(),
         "validation": {"ok": report["ok"], "finished_at": report.get("finished_at")},
         "models": published,
+        # the GPUs a replica needs: its instance groups and vllm engines name GPUs 0..gpus-1 (the pod numbers its own)
+        "gpus": 1 + max((gpu for entry in published.values() for gpu in entry["gpus"]), default=-1),
     }
     atomic_write_json(output, manifest)
     shutil.copyfile(validation_md, output_md)

@@ -30,7 +30,15 @@ from hf2triton.gateway.process import exposure, require_api_key
 from hf2triton.perf import gateway_cost, loadgen
 from hf2triton.perf.corpus import bench_texts
 from hf2triton.perf.gateway_cost import GatewayTarget
-from hf2triton.perf.pipelines import PIPELINE_BATCHES, PIPELINE_TASKS, pipeline_generation, pipeline_ratios, pipeline_throughput, task_load
+from hf2triton.perf.pipelines import (
+    PIPELINE_BATCHES,
+    PIPELINE_TASKS,
+    TaskLoad,
+    pipeline_generation,
+    pipeline_ratios,
+    pipeline_throughput,
+    task_load,
+)
 from hf2triton.perf.scratch import scratch_server
 from hf2triton.pipeline.serve import settings_from_params
 from hf2triton.serving import interface
@@ -119,6 +127,8 @@ def choose_tool(requested: str, task: str) -> tuple[str, str | None, str]:
         raise UserError("bench.tool = 'perf_analyzer': no runnable perf_analyzer here (needs glibc >= 2.38)", "use bench.tool: auto")
     if task in GENERATIVE_TASKS:
         return "tritonclient", None, "generation: tokens are counted from the returned texts"
+    if task in NON_TEXT_TASKS:
+        return "tritonclient", None, "image and speech loads: the tritonclient generator sends their files"
     if binary:
         return "perf_analyzer", binary, f"perf_analyzer runs on this host ({binary})"
     if requested == "tritonclient":
@@ -135,6 +145,7 @@ def measure_served(
     bench: BenchSpec,
     counter,
     task_options: dict | None = None,
+    primary: str = interface.TEXT,
 ) -> tuple[list, str]:
     tool, binary, why = choose_tool(bench.tool, task)
     extra = {interface.MAX_NEW_TOKENS: bench.max_new_tokens} if task in GENERATIVE_TASKS else (task_options or None)
@@ -142,7 +153,7 @@ def measure_served(
     for protocol in bench.protocols:
         for size in sizes:
             for concurrency in bench.concurrency:
-                load = loadgen.Load(protocol, urls, name, texts, size, concurrency, bench.seconds, bench.max_requests, extra)
+                load = loadgen.Load(protocol, urls, name, texts, size, concurrency, bench.seconds, bench.max_requests, extra, primary)
                 cell = None
                 if binary:
                     try:
@@ -210,11 +221,6 @@ def bench_model_step(
     (`scratch`: a declared output directory for the streaming model's static baseline server and the bench's own
     gateway). The gateway users talk to is never started, stopped or re-pointed here: with openai.enabled the
     gateway's cost is measured on a private one (gateway_cost.private_gateway)."""
-    if model.get("task") in NON_TEXT_TASKS:  # before anything is started
-        raise UserError(
-            f"model {name}: `make bench` does not measure image or speech models yet ({model['task']}: its loads are texts)",
-            "bench with a config without it: make bench CONFIG=other.yaml",
-        )
     Path(scratch).mkdir(parents=True, exist_ok=True)
     settings = settings_from_params(server, models, work, repository)
     require_api_key(exposure(from_param(OpenAISpec, openai), settings.host))  # before anything running is touched
@@ -265,6 +271,15 @@ def openai_ratios(cost: dict[str, Any]) -> dict[str, Any]:
         out[key]["gateway_cpu_ms_per_request"] = round(sum(cpu) / len(cpu), 3) if cpu else None
         out[key]["errors"] = row["errors"]
     return out
+
+
+def corpus_facts(load: TaskLoad) -> dict[str, Any]:
+    """How many distinct rows the load cycles through, and their words (texts) or bytes (files)."""
+    if load.primary != interface.TEXT:
+        sizes = [len(row) for row in load.rows]
+        return {load.primary: len(sizes), "bytes_min": min(sizes), "bytes_max": max(sizes)}
+    words = [len(text.split()) for text in load.rows]
+    return {"texts": len(words), "words_min": min(words), "words_max": max(words)}
 
 
 def host_facts() -> dict[str, Any]:
@@ -405,7 +420,7 @@ def bench_served_model(
     sizes = sorted({1, big})
     generative = task in GENERATIVE_TASKS
     load = task_load(task, bench_texts(64 if generative else 512, max_words=40 if generative else 90), params.model_dir)
-    texts = load.texts
+    texts = load.rows
     backends = available_backends(params, bench.inprocess_backends)
     raw = measure_raw(config, texts, sizes, bench.seconds, backends, bench.max_new_tokens, load.options)
     if task in PIPELINE_TASKS:
@@ -419,7 +434,7 @@ def bench_served_model(
 
         counter = token_counter(AutoTokenizer.from_pretrained(params.model_dir))
     metrics_before = client.model_metrics(urls["metrics"], name)
-    served, tool = measure_served(urls, name, task, [t.encode() for t in texts], sizes, bench, counter, load.options)
+    served, tool = measure_served(urls, name, task, load.encoded, sizes, bench, counter, load.options, load.primary)
     metrics_after = client.model_metrics(urls["metrics"], name)
     result = {
         "model": name,
@@ -431,7 +446,7 @@ def bench_served_model(
         "instance_kind": [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group],
         "max_queue_delay_us": config.dynamic_batching.max_queue_delay_microseconds,
         "host": host_facts(),
-        "corpus": {"texts": len(texts), "words_min": min(len(t.split()) for t in texts), "words_max": max(len(t.split()) for t in texts)},
+        "corpus": corpus_facts(load),
         "bench": dataclasses.asdict(bench),
         "tool": tool,
         "raw": raw,

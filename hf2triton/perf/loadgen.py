@@ -112,14 +112,21 @@ def _client_modules(protocol: str):
     return sync_module, aio_module
 
 
-def build_requests(protocol: str, texts: list[bytes], request_texts: int, options: dict[str, Any] | None = None, count: int = 64) -> list:
-    """`count` distinct input lists of `request_texts` texts each, built once (client-side serialisation
-    is not what we measure)."""
+def build_requests(
+    protocol: str,
+    texts: list[bytes],
+    request_texts: int,
+    options: dict[str, Any] | None = None,
+    count: int = 64,
+    primary: str = interface.TEXT,
+) -> list:
+    """`count` distinct input lists of `request_texts` texts (or files, in `primary`) each, built once (client-side
+    serialisation is not what we measure)."""
     sync_module, _ = _client_modules(protocol)
     requests = []
     for index in range(count):
         start = (index * request_texts) % max(len(texts) - request_texts, 1)
-        requests.append(client.build_inputs(sync_module, texts[start : start + request_texts], options))
+        requests.append(client.build_inputs(sync_module, texts[start : start + request_texts], options, primary=primary))
     return requests
 
 
@@ -176,6 +183,7 @@ class Load:
     seconds: float
     max_requests: int
     extra: dict[str, Any] | None = None
+    primary: str = interface.TEXT  # the tensor the rows go in (IMAGE / AUDIO: encoded files)
 
     @property
     def url(self) -> str:
@@ -188,7 +196,7 @@ def measure_tritonclient(load: Load, warmup_s: float = 1.0, count_tokens=None) -
     `count_tokens(list[bytes]) -> int` turns generated texts into the items of a generation cell."""
     protocol, url, model, urls = load.protocol, load.url, load.model, load.urls
     concurrency, seconds, max_requests, request_texts = load.concurrency, load.seconds, load.max_requests, load.request_texts
-    requests = build_requests(protocol, load.texts, request_texts, load.extra)
+    requests = build_requests(protocol, load.texts, request_texts, load.extra, primary=load.primary)
     output = interface.TEXT_OUTPUT if count_tokens else None
     if warmup_s > 0:
         asyncio.run(_run_async(protocol, url, model, requests, concurrency, warmup_s, max_requests, None))

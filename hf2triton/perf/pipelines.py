@@ -1,6 +1,7 @@
 """The load and the yardstick of the tasks whose reference is transformers' own `pipeline(task)`: what each request
-carries (a reranker's query, a masked word), and the pipeline's throughput in-process on the served device, one text at
-a time (the loop a user writes first) and batched (`pipeline(texts, batch_size=B)`, its best).
+carries (a reranker's query, a masked word; an image task's encoded photos, speech's encoded audio), and the pipeline's
+throughput in-process on the served device, one item at a time (the loop a user writes first) and batched
+(`pipeline(items, batch_size=B)`, its best).
 
 bench compares the served model with both: issue 43's goals are served >= 3x the pipeline's batch-1 loop and >= 0.9x
 its best batched throughput.
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hf2triton.perf.loadgen import percentiles
 from hf2triton.serving import interface
 
@@ -26,26 +29,38 @@ PIPELINE_TASKS = (
     interface.TEXT_RANKING,
     interface.CLASSIFICATION,
     interface.TEXT2TEXT,
+    *interface.NON_TEXT_TASKS,
 )
 RANKING_QUERY = "Which city is the capital of France, and what is it known for?"
 PIPELINE_BATCHES = (1, 8, 32)  # and the served max_batch_size: the pipeline's best batch is taken over these
 MIN_SECONDS, MIN_CALLS, WARMUP_CALLS = 3.0, 5, 3
+MEDIA_ROWS = 32  # distinct synthetic files an image or speech load cycles through
+IMAGE_SIZE = (640, 480)  # a photo's size: the processor resizes it, served and in the pipeline alike
+AUDIO_SECONDS, AUDIO_RATE = 5.0, 16000  # an utterance, as WAV at Whisper's rate
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskLoad:
-    """What a bench request of this task sends: its texts (documents for a reranker), the options every request
-    carries, and what an item is."""
+    """What a bench request of this task sends: its rows (texts, documents for a reranker, or encoded image / audio
+    files), the tensor they go in, the options every request carries, and what an item is."""
 
-    texts: list[str]
+    rows: list[Any]
     options: dict[str, Any]
     items: str = "texts"
+    primary: str = interface.TEXT
+
+    @property
+    def encoded(self) -> list[bytes]:
+        return [row.encode() if isinstance(row, str) else row for row in self.rows]
 
 
 def task_load(task: str, texts: list[str], model_dir: str) -> TaskLoad:
     """The corpus shaped for `task`: a fill-mask text gets its middle word masked (the task needs exactly one mask
     token), a reranker's documents are scored against one query. A pipeline task keeps only the texts that fit the
-    model's context (with the query): the pipeline does not truncate them, and served and pipeline get the same texts."""
+    model's context (with the query): the pipeline does not truncate them, and served and pipeline get the same texts.
+    An image or speech task's load is synthetic files instead (media_load)."""
+    if task in interface.NON_TEXT_TASKS:
+        return media_load(task)
     if task not in PIPELINE_TASKS:
         return TaskLoad(texts, {})
     from transformers import AutoTokenizer
@@ -60,6 +75,20 @@ def task_load(task: str, texts: list[str], model_dir: str) -> TaskLoad:
     if not fitting:
         raise ValueError(f"no bench text fits {model_dir}'s context of {limit} tokens")
     return TaskLoad(fitting, {interface.QUERY: query} if query is not None else {}, "documents" if query is not None else "texts")
+
+
+def media_load(task: str) -> TaskLoad:
+    """MEDIA_ROWS distinct files: JPEG photos of IMAGE_SIZE (zero-shot: with validation's candidate labels), or
+    AUDIO_SECONDS of WAV per audio (the bench's items are then audios of that length)."""
+    if task == interface.SPEECH_RECOGNITION:
+        from hf2triton.pipeline.audio_probes import encoded_audio, synthetic_audio
+
+        rows = [encoded_audio(synthetic_audio(AUDIO_SECONDS, AUDIO_RATE, seed), AUDIO_RATE, "WAV") for seed in range(MEDIA_ROWS)]
+        return TaskLoad(rows, {}, f"audios ({AUDIO_SECONDS:g} s each)", interface.AUDIO)
+    from hf2triton.pipeline.image_probes import encoded, synthetic_image, validation_options
+
+    rows = [encoded(synthetic_image(*IMAGE_SIZE, seed % 4), "JPEG") for seed in range(MEDIA_ROWS)]
+    return TaskLoad(rows, validation_options(task) or {}, "images", interface.IMAGE)
 
 
 def _context(model_dir: str, tokenizer) -> int:
@@ -90,9 +119,27 @@ def _pipeline(task: str, model_dir: str, device: str, dtype: str):
     return pipeline(task, **common)
 
 
-def _inputs(load: TaskLoad) -> list[Any]:
+def _inputs(load: TaskLoad, model_dir: str) -> tuple[list[Any], dict[str, Any]]:
+    """The pipeline's inputs and call options for the load: a reranker's pairs; images and audio decoded first (the
+    image pipeline takes no bytes, the speech one decodes files only with ffmpeg), so its figure leaves out the
+    decoding the served model does per request."""
     query = load.options.get(interface.QUERY)
-    return [{"text": query, "text_pair": text} for text in load.texts] if query is not None else list(load.texts)
+    if query is not None:
+        return [{"text": query, "text_pair": text} for text in load.rows], {}
+    if load.primary == interface.IMAGE:
+        from hf2triton.serving.images import decode_images
+
+        images = decode_images(np.array(load.rows, dtype=np.object_), interface.DEFAULTS.max_image_pixels)
+        labels = load.options.get(interface.CANDIDATE_LABELS)
+        return images, ({"candidate_labels": list(labels)} if labels else {})
+    if load.primary == interface.AUDIO:
+        from transformers import AutoFeatureExtractor
+
+        from hf2triton.serving.audio import decode_audio
+
+        rate = int(AutoFeatureExtractor.from_pretrained(model_dir).sampling_rate)
+        return [{"raw": decode_audio(row, rate, AUDIO_SECONDS + 1), "sampling_rate": rate} for row in load.rows], {}
+    return list(load.rows), {}
 
 
 def pipeline_throughput(
@@ -101,17 +148,17 @@ def pipeline_throughput(
     """Items/s of `pipeline(task)` in this process: batch 1 = one call per text (the pipeline's own loop), batch B =
     `pipe(chunk of B, batch_size=B)`; each cell a closed loop of at least MIN_SECONDS and MIN_CALLS."""
     pipe = _pipeline(task, model_dir, device, dtype)
-    inputs = _inputs(load)
+    inputs, call = _inputs(load, model_dir)
     cells = {}
     for batch in sizes:
         chunks = [inputs[i : i + batch] for i in range(0, len(inputs) - batch + 1, batch)] or [inputs[:batch]]
         for chunk in chunks[:WARMUP_CALLS]:
-            pipe(chunk, batch_size=batch)
+            pipe(chunk, batch_size=batch, **call)
         calls, items, latencies, started = 0, 0, [], time.perf_counter()
         while calls < MIN_CALLS or time.perf_counter() - started < max(seconds, MIN_SECONDS):
             chunk = chunks[calls % len(chunks)]
             call_started = time.perf_counter()
-            pipe(chunk, batch_size=batch)
+            pipe(chunk, batch_size=batch, **call)
             latencies.append(time.perf_counter() - call_started)
             items, calls = items + len(chunk), calls + 1
         elapsed = time.perf_counter() - started

@@ -21,7 +21,8 @@ def scratch_server(
     model: ModelSpec, repository: Path, work: Path, server: ServerSpec, paths: dict[str, str], gpu_available: bool
 ) -> Iterator[tuple[Settings, float]]:
     """Render `model` into `repository`, serve it alone; yields (settings, seconds until ready); stops it after."""
-    serving = serving_values(model, gpu_available, host.cpu_count())
+    # alone on the scratch server: nothing reserves GPUs for it
+    serving = serving_values(model, gpu_available, host.cpu_count(), gpu_count=host.gpu_count() if gpu_available else 0)
     render_model(str(repository / model.name), serving, paths["pretrained"], paths.get("onnx", ""), paths.get("trt_engine", ""))
     http_port, grpc_port, metrics_port = host.free_ports(3)
     scratch = dataclasses.replace(server, host="127.0.0.1", http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)

@@ -3,8 +3,9 @@
 Python-backend stub for this Python, free disk for models still to be built, GPU presence against
 `device:`, ports free or held by our own server, estimated host memory of all model instances (CPU instances:
 with their working memory at the configured limits), and the GPU memory budget: weights + working memory at
-the configured limits + a CUDA context per GPU instance against the GPU's free memory (a backend vllm model:
-the share of the whole GPU its engine takes, vllm.gpu_memory_utilization).
+the configured limits + a CUDA context per GPU instance against the free memory of each GPU it is placed on (`gpus`; a
+backend vllm model: the share of each whole GPU its engine spans, vllm.gpu_memory_utilization, its weights split over
+them).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, free_bytes, human_bytes, tree_size
 from hf2triton.pipeline.sources import resolve_local_path
 from hf2triton.serving.interface import GENERATION, TEXT2TEXT
-from hf2triton.specs import Footprint, ServerSpec, from_param, instance_kind, parse_source
+from hf2triton.specs import Footprint, ServerSpec, from_param, gpu_placement, instance_kind, parse_source, reserved_gpus
 from hf2triton.triton import mps
 from hf2triton.triton.cleanup import find_ours
 from hf2triton.triton.install import locate_tritonserver
@@ -153,27 +154,94 @@ def working_bytes(model: Footprint, arch: dict[str, Any] | None, dtype: str) -> 
     return cache + prefill + logits
 
 
-def gpu_budget(models: list[Footprint], pretrained_dirs: dict[str, str], gpu_total: int | None = None) -> tuple[int, list[str]]:
-    """Bytes the GPU instances need (weights + working memory + one CUDA context each; a vllm model: its share of
-    the whole GPU, `gpu_total`, which vLLM takes at start whatever the model) and one line per model."""
-    total, lines = 0, []
+def gpu_placements(models: list[Footprint], gpu_count: int) -> dict[str, tuple[int, ...]]:
+    """The GPUs each GPU model's instances go on, as render places them (specs.gpu_placement)."""
+    reserved = reserved_gpus(models, True, gpu_count)
+    return {m.name: gpu_placement(m.gpus, m.gpu_span, "KIND_GPU", gpu_count, () if m.backend == "vllm" else reserved) for m in models}
+
+
+def gpu_budget(
+    models: list[Footprint], pretrained_dirs: dict[str, str], placement: dict[str, tuple[int, ...]], totals: dict[int, int]
+) -> dict[int, tuple[int, list[str]]]:
+    """Per GPU: the bytes the instances placed on it need (weights + working memory + one CUDA context each; a vllm
+    engine: its share of each GPU it spans, of that GPU's whole memory `totals[gpu]`, which vLLM takes at start
+    whatever the model) and one line per model."""
+    budget: dict[int, tuple[int, list[str]]] = {}
+
+    def add(gpu: int, need: int, line: str) -> None:
+        total, lines = budget.get(gpu, (0, []))
+        budget[gpu] = (total + need, [*lines, line])
+
     for model in models:
-        if model.gpu_memory_utilization:
-            need = round(model.gpu_memory_utilization * (gpu_total or 0))
-            total += need
-            size = human_bytes(gpu_total) if gpu_total else "an unknown size"
-            lines.append(f"{model.name}: vLLM's engine takes {model.gpu_memory_utilization:g} of the GPU's {size} = {human_bytes(need)}")
+        for gpu in placement[model.name]:
+            if model.gpu_memory_utilization:
+                whole = totals.get(gpu, 0)
+                need = round(model.gpu_memory_utilization * whole)
+                size = human_bytes(whole) if whole else "an unknown size"
+                share = f"{model.gpu_memory_utilization:g} of the GPU's {size}"
+                add(gpu, need, f"{model.name}: vLLM's engine takes {share} = {human_bytes(need)}")
+                continue
+            pretrained = Path(pretrained_dirs[model.name])
+            weights = weight_bytes(model, pretrained, gpu=True) or 0
+            working = working_bytes(model, architecture(model, pretrained), serving_dtype(model, gpu=True))
+            need = model.instances * (weights + working + CUDA_CONTEXT_BYTES)
+            line = f"{model.name}: {model.instances} x (weights {human_bytes(weights)} + working {human_bytes(working)} "
+            add(gpu, need, line + f"+ CUDA context {human_bytes(CUDA_CONTEXT_BYTES)}) = {human_bytes(need)}")
+    return budget
+
+
+def gpu_checks(models: list[Footprint], pretrained_dirs: dict[str, str], memory: list[tuple[int, int]], held: int) -> list[dict[str, Any]]:
+    """The GPUs the models name exist; each GPU's budget fits its free memory (+ `held`: what our running server holds,
+    freed when it restarts); a vllm engine's weights, split over the GPUs it spans, leave room for its KV cache."""
+    placement = gpu_placements(models, len(memory))
+    checks = []
+    for model in models:
+        missing = [gpu for gpu in placement[model.name] if gpu >= len(memory)]
+        if missing:
+            checks.append(
+                _check(
+                    f"gpus:{model.name}",
+                    False,
+                    f"model {model.name} is placed on GPU {', '.join(map(str, missing))}, this host has {len(memory)} GPU(s) "
+                    f"(0-{len(memory) - 1})",
+                    f"set gpus for {model.name} to GPUs of 0-{len(memory) - 1}, or gpus: all"
+                    + (", or a smaller vllm.tensor_parallel_size x pipeline_parallel_size" if model.backend == "vllm" else ""),
+                )
+            )
+        elif model.backend == "vllm" and model.gpu_span > 1:
+            checks.append(vllm_span_check(model, pretrained_dirs[model.name], placement[model.name], memory))
+    totals = {gpu: total for gpu, (_, total) in enumerate(memory)}
+    for gpu, (need, lines) in sorted(gpu_budget(models, pretrained_dirs, placement, totals).items()):
+        if gpu >= len(memory):
             continue
-        pretrained = Path(pretrained_dirs[model.name])
-        weights = weight_bytes(model, pretrained, gpu=True) or 0
-        working = working_bytes(model, architecture(model, pretrained), serving_dtype(model, gpu=True))
-        need = model.instances * (weights + working + CUDA_CONTEXT_BYTES)
-        total += need
-        lines.append(
-            f"{model.name}: {model.instances} x (weights {human_bytes(weights)} + working {human_bytes(working)} "
-            f"+ CUDA context {human_bytes(CUDA_CONTEXT_BYTES)}) = {human_bytes(need)}"
+        free = memory[gpu][0]
+        checks.append(
+            _check(
+                "gpu-memory" if gpu == 0 else f"gpu-memory:{gpu}",
+                need <= free + held,
+                f"the GPU models need {human_bytes(need)} at their limits on GPU {gpu}, which has {human_bytes(free)} free"
+                + (f" + {human_bytes(held)} held by our running server" if held else "")
+                + f" ({'; '.join(lines)})",
+                "fewer GPU instances, a lower generation.max_sequences, max_batch_size or vllm.gpu_memory_utilization, float16, "
+                "other gpus for some models, or device: cpu for some models",
+            )
         )
-    return total, lines
+    return checks
+
+
+def vllm_span_check(model: Footprint, pretrained_dir: str, gpus: tuple[int, ...], memory: list[tuple[int, int]]) -> dict[str, Any]:
+    """A tensor / pipeline parallel engine: its weights, split over the GPUs it spans, must leave room for the KV cache
+    in vLLM's share of the smallest of them (vLLM refuses to start with no room for one sequence)."""
+    weights = weight_bytes(model, Path(pretrained_dir), gpu=True) or 0
+    share = round(model.gpu_memory_utilization * min(memory[gpu][1] for gpu in gpus))
+    each = weights // model.gpu_span
+    return _check(
+        f"vllm-span:{model.name}",
+        each < share,
+        f"model {model.name}: weights {human_bytes(weights)} over {model.gpu_span} GPUs ({', '.join(map(str, gpus))}) = "
+        f"{human_bytes(each)} each, vLLM's share of each GPU {human_bytes(share)} (the rest holds its KV cache)",
+        f"a larger vllm.tensor_parallel_size (or pipeline_parallel_size) or vllm.gpu_memory_utilization for {model.name}",
+    )
 
 
 def torch_cuda_check(facts: dict[str, Any], gpu_models: list[str]) -> dict[str, Any]:
@@ -278,7 +346,9 @@ def run_preflight(
     if onnx_on_gpu:  # and ONNX Runtime's CUDA provider for backend onnx there (the CPU package has none)
         checks.append(onnx_cuda_check(onnx_providers(), onnx_on_gpu))
     try:  # server.cuda_mps: on without a GPU model or without the MPS binary is refused here, before any model is built
-        plan = mps.plan(settings.server.cuda_mps, sum(m.instances for m in models if on_gpu[m.name]), settings.server_dir)
+        placed = gpu_placements([m for m in models if on_gpu[m.name]], host.gpu_count())  # `instances` on each of its GPUs
+        gpu_instances = sum(m.instances * len(placed[m.name]) for m in models if on_gpu[m.name])
+        plan = mps.plan(settings.server.cuda_mps, gpu_instances, settings.server_dir)
         checks.append(_check("cuda_mps", True, ("on: " if plan.wanted else "off: ") + plan.reason))
     except UserError as err:
         checks.append(_check("cuda_mps", False, err.message, err.fix or ""))
@@ -297,22 +367,10 @@ def run_preflight(
         )
     )
     gpu_models = [m for m in models if on_gpu[m.name]]
-    gpu_free = host.gpu_free_memory_bytes() if gpu_models else None
-    if gpu_free is not None:
-        gpu_total = host.gpu_total_memory_bytes() if any(m.gpu_memory_utilization for m in gpu_models) else None
-        gpu_need, lines = gpu_budget(gpu_models, pretrained_dirs, gpu_total)
+    memory = host.gpu_memory_table() if gpu_models else None
+    if memory is not None:
         held = host.gpu_memory_of([int(state["pid"]), *host.descendants(int(state["pid"]))]) if ours else 0
-        checks.append(
-            _check(
-                "gpu-memory",
-                gpu_need <= gpu_free + held,
-                f"the GPU models need {human_bytes(gpu_need)} at their limits, GPU 0 has {human_bytes(gpu_free)} free"
-                + (f" + {human_bytes(held)} held by our running server" if held else "")
-                + f" ({'; '.join(lines)})",
-                "fewer GPU instances, a lower generation.max_sequences, max_batch_size or vllm.gpu_memory_utilization, float16, "
-                "or device: cpu for some models",
-            )
-        )
+        checks += gpu_checks(gpu_models, pretrained_dirs, memory, held)
     shm = Path("/dev/shm")  # noqa: S108 - only measured
     if shm.is_dir():
         shm_free = shutil.disk_usage(shm).free

@@ -120,8 +120,8 @@ def model_parameters_for(serving: ServingValues, pretrained: str, onnx_dir: str 
     if export is not None and export.is_file():
         quantize = json.loads(export.read_text()).get("quantize", "none")
     extra = dataclasses.asdict(serving.generation) if serving.generation else {}  # its fields are ModelParameters
-    if serving.vllm:  # so are these
-        extra.update(vllm_parameters(serving.vllm, served_context(serving, pretrained)))
+    if serving.vllm:  # so are these, and the GPUs its engine spans
+        extra.update(vllm_parameters(serving.vllm, served_context(serving, pretrained)), vllm_gpus=",".join(map(str, serving.gpus)))
     if serving.task == FEATURE_EXTRACTION:
         extra.update(embedding_facts(pretrained))
     # every serving value model.py reads has a ModelParameters field of the same name
@@ -246,6 +246,7 @@ def render_model(output: str, serving: ServingValues, pretrained: str, onnx_dir:
         (serving.queue.max_size, serving.queue.timeout_s),
         streaming=bool(serving.generation and serving.generation.streaming),
         execution_env=serving.execution_env,
+        gpus=serving.gpus[:1] if serving.backend == "vllm" else serving.gpus,  # vLLM's engine places its own workers
     )
     with atomic_directory(output) as tmp:
         (tmp / "config.pbtxt").write_text(config_text(config))

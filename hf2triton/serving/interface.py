@@ -357,6 +357,9 @@ class ModelParameters:
     enforce_eager: bool = False  # no torch.compile / CUDA graphs
     quantization: str = ""  # vLLM's quantization method; "": the checkpoint's own
     load_format: str = "auto"  # dummy: random weights (benchmarks)
+    tensor_parallel_size: int = 1  # GPUs each layer is split over
+    pipeline_parallel_size: int = 1  # stages of layers, each on tensor_parallel_size GPUs
+    vllm_gpus: str = ""  # the GPUs the engine spans ("2,3"; its CUDA_VISIBLE_DEVICES); "": the instance's GPU
     stride: int = NO_STRIDE  # token-classification: the default window overlap of long texts (NO_STRIDE: truncate)
     # feature-extraction: facts for clients (the gateway), from the model's files at render time (serving/pooling.py;
     # the engine reads the same files itself): its prompt names (a JSON list), whether it normalises, and the widths
@@ -427,6 +430,9 @@ VLLM_KEYS = [
     "enforce_eager",
     "quantization",
     "load_format",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "vllm_gpus",
 ]
 
 

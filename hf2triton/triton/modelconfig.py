@@ -38,11 +38,13 @@ def build_model_config(
     queue: tuple[int, float] | None = None,
     streaming: bool = False,
     execution_env: str = "",
+    gpus: tuple[int, ...] = (0,),
 ) -> mc.ModelConfig:
     """`queue` = (max waiting requests, seconds a request may wait; 0 = unbounded): Triton refuses requests beyond them.
     `streaming`: a decoupled generation model (one prompt per request, any number of responses; it batches
     continuously itself, so Triton does not: max_batch_size 0). `execution_env`: a venv directory Triton's Python
-    backend activates before it starts this model's stub (backend vllm: its own torch; hf2triton.envs)."""
+    backend activates before it starts this model's stub (backend vllm: its own torch; hf2triton.envs). `gpus`: a GPU
+    model's GPUs (a vllm engine: the first of those it spans, where Triton starts its one instance)."""
     if streaming:
         max_batch_size = 0
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
@@ -54,8 +56,8 @@ def build_model_config(
     if streaming:
         config.model_transaction_policy.decoupled = True
     group = config.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.Kind.Value(kind))
-    if kind == "KIND_GPU":
-        group.gpus.append(0)
+    if kind == "KIND_GPU":  # `instances` on each of these GPUs
+        group.gpus.extend(gpus or (0,))
     if max_batch_size > 0:
         config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
         if queue and any(queue):  # opt-in: any policy disables Triton's prefetching (lone requests stall up to 500 ms)
@@ -107,6 +109,13 @@ def located_config(config: mc.ModelConfig, version_dir: Path | str) -> mc.ModelC
 
 def instance_count(config: mc.ModelConfig | None) -> int:
     return (sum(group.count or 1 for group in config.instance_group) or 1) if config else 1
+
+
+def config_gpus(config: mc.ModelConfig) -> tuple[int, ...]:
+    """The GPUs a model's config names: its GPU instance groups' and, for a vllm engine, those it spans."""
+    named = {gpu for group in config.instance_group if group.kind == mc.ModelInstanceGroup.KIND_GPU for gpu in group.gpus}
+    spans = model_parameters(config).vllm_gpus
+    return tuple(sorted(named | {int(gpu) for gpu in spans.split(",") if gpu}))
 
 
 def uses_gpu(config: mc.ModelConfig) -> bool:

@@ -64,7 +64,21 @@ def engine_arguments(params: Any) -> dict[str, Any]:
         arguments["max_num_batched_tokens"] = params.max_num_batched_tokens
     if params.quantization:  # "": the checkpoint's own
         arguments["quantization"] = params.quantization
+    if params.tensor_parallel_size * params.pipeline_parallel_size > 1:  # workers in processes of their own, over NCCL
+        arguments.update(
+            tensor_parallel_size=params.tensor_parallel_size,
+            pipeline_parallel_size=params.pipeline_parallel_size,
+            distributed_executor_backend="mp",
+        )
     return arguments
+
+
+def visible_devices(params: Any, device: str) -> str:
+    """The engine's CUDA_VISIBLE_DEVICES: the GPUs it spans (vllm_gpus, "2,3": its tensor / pipeline parallel
+    workers take them in order), else the instance's GPU (vllm_backend does the same); "": leave it."""
+    if params.vllm_gpus:
+        return params.vllm_gpus
+    return device.split(":", 1)[1] if device.startswith("cuda:") else ""
 
 
 def sampling_arguments(sampling: Any) -> dict[str, Any]:
@@ -136,10 +150,13 @@ def completion_tokens(generated: int, reason: str | None, stop_reason: Any) -> i
 
 
 def environment_defaults() -> dict[str, str]:
-    """Environment vLLM reads at import: no usage statistics sent anywhere, the local model only, its engine-core
-    process spawned rather than forked (the stub runs Triton's IPC threads and ours: a fork copies their locks), and
+    """Environment vLLM reads at import: no usage statistics sent anywhere, the local model only, no NVLink multicast,
+    its engine-core process spawned rather than forked (the stub runs Triton's IPC threads and ours: a fork copies their locks), and
     without the flashinfer package the sampler it would otherwise import at start."""
     defaults = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    # tensor parallel workers talk over NCCL: NVLink multicast (NVLS) stays off unless the environment turns it on, as
+    # shared hosts ask (a program using it can take the host's GPUs out of service); vLLM's all-reduce does without it
+    defaults |= {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
     if importlib.util.find_spec("flashinfer") is None:
         defaults["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
     return defaults
@@ -195,8 +212,9 @@ class VllmGenerator:
     def __init__(self, params: Any, device: str = "cuda:0", log: Callable[[str], None] = print, api: Callable[[], Any] | None = None):
         for key, value in environment_defaults().items():
             os.environ.setdefault(key, value)
-        if device.startswith("cuda:"):  # the instance's GPU (vllm_backend does the same)
-            os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        visible = visible_devices(params, device)
+        if visible:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
         self.params, self.log, self.api = params, log, api or VllmApi
         self.max_running, self.max_queue = params.max_num_seqs, params.max_queue
         self.lock = threading.Lock()
