@@ -363,7 +363,7 @@ def infer_in_chunks(
     triton, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...], size: int
 ) -> dict[str, np.ndarray]:
     parts = [infer(triton, client_module, name, task, texts[i : i + size], outputs)[0] for i in range(0, len(texts), size)]
-    return {o: np.concatenate([p[o] for p in parts]) for o in outputs}
+    return {o: np.concatenate([p[o] for p in parts]) for o in parts[0]}  # those answered (zero-shot: labels, no embedding)
 
 
 def export_precision(rendered: mc.ModelConfig) -> str:
