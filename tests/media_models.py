@@ -19,7 +19,7 @@ TEXT = {"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num
 VISION = {"image_size": 32, "patch_size": 8, "hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 2}
 
 
-def _text_tokenizer(inputs: list[str] | None = None):
+def text_tokenizer(inputs: list[str] | None = None):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(minilm_dir(), model_input_names=inputs or ["input_ids", "attention_mask"])
@@ -27,7 +27,7 @@ def _text_tokenizer(inputs: list[str] | None = None):
 
 def build_image_models(root: Path) -> dict[str, Path]:
     """Tiny random ViT and ConvNeXT classifiers, CLIP and SigLIP, each with its image processor, saved like hub repos
-    under `root`. SigLIP's tokenizer sends no attention mask, as SigLIP's own does (its ONNX graph takes none)."""
+    under `root`."""
     import torch
     from transformers import (
         CLIPConfig,
@@ -48,8 +48,7 @@ def build_image_models(root: Path) -> dict[str, Path]:
     label2id = {v: k for k, v in LABELS.items()}
     vit = ViTConfig(**VISION, num_labels=3, id2label=LABELS, label2id=label2id)
     convnext = ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=4, image_size=32)
-    tokenizer = _text_tokenizer()
-    siglip_tokenizer = _text_tokenizer(["input_ids"])
+    tokenizer = text_tokenizer()
     text = {**TEXT, "vocab_size": tokenizer.vocab_size}
     clip = CLIPConfig(
         text_config={**text, "eos_token_id": tokenizer.sep_token_id, "pad_token_id": 0}, vision_config=VISION, projection_dim=16
@@ -61,7 +60,7 @@ def build_image_models(root: Path) -> dict[str, Path]:
         "siglip": (
             SiglipModel(SiglipConfig(text_config=text, vision_config=VISION)),
             SiglipImageProcessor(size={"height": 32, "width": 32}),
-            siglip_tokenizer,
+            tokenizer,
         ),
     }
     paths = {}
