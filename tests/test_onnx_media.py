@@ -54,7 +54,8 @@ def test_export_task_mapping(tmp_path):
 def test_config_takes_onnx_for_images_and_speech_and_refuses_tensorrt_and_int8():
     from hf2triton.config import validate_config
     from hf2triton.errors import UserError
-    from hf2triton.specs import onnx_precision
+    from hf2triton.pipeline.preflight import serving_dtype
+    from hf2triton.specs import Footprint, onnx_precision
 
     def config(**changes) -> dict:
         return {"models": [{**copy.deepcopy(MODEL), **changes}]}
@@ -63,6 +64,8 @@ def test_config_takes_onnx_for_images_and_speech_and_refuses_tensorrt_and_int8()
         model = validate_config(config(task=task, backend="onnx"))["models"][0]
         assert model["backend"] == "onnx" and model["onnx"]["quantize"] == "none"
         assert onnx_precision("onnx", "KIND_GPU", "auto", task) == "float32"  # optimum's float32 graph on the GPU too
+        footprint = Footprint(name="m", source="org/model", task=task, device="gpu", dtype="auto", instances=1, backend="onnx")
+        assert serving_dtype(footprint, gpu=True) == "float32"  # preflight sizes the GPU's weights as the export's
         with pytest.raises(UserError) as refused:
             validate_config(config(task=task, backend="tensorrt"))
         assert f"backend = 'tensorrt': not built for {task}" in refused.value.message
