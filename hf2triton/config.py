@@ -17,9 +17,7 @@ import yaml
 from hf2triton.errors import UserError
 from hf2triton.serving.interface import (
     GENERATIVE_TASKS,
-    IMAGE_TASKS,
     NON_TEXT_TASKS,
-    SPEECH_RECOGNITION,
     TASK_ALIASES,
     TEMPERATURES_ALLOWED,
     TEXT2TEXT,
@@ -171,9 +169,7 @@ def _schema_error_line(error: jsonschema.ValidationError) -> UserError:
 
 TORCH_ONLY_TASKS = (TEXT2TEXT,)  # no ONNX export yet
 # exported to ONNX (ONNX Runtime), but never built into a TensorRT engine: none has run on a GPU for these tasks
-NO_TENSORRT_TASKS = ("token-classification", "fill-mask", "text-ranking", *IMAGE_TASKS, SPEECH_RECOGNITION)
-# their export is optimum's float32 graph, held to the torch answers by its parity gate (pipeline/media_export.py)
-FLOAT32_EXPORT_TASKS = (*IMAGE_TASKS, SPEECH_RECOGNITION)
+NO_TENSORRT_TASKS = ("token-classification", "fill-mask", "text-ranking", *NON_TEXT_TASKS)
 # dynamic int8 moves their scores past the parity gate's 1e-3 (measured, tiny tagger / reranker: 0.045 / 0.066)
 NO_INT8_TASKS = ("token-classification", "text-ranking")
 
@@ -278,7 +274,7 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 "1e-3 of torch, and int8 moves them further (measured on a tiny model: 0.045 tagger, 0.066 reranker)",
                 "use quantize: none (the float32 export: scores within 1e-5 of torch)",
             )
-        if quantize != "none" and model["task"] in FLOAT32_EXPORT_TASKS:
+        if quantize != "none" and model["task"] in NON_TEXT_TASKS:  # optimum's float32 graph, held to torch's answers
             raise UserError(
                 f"config.models[{index}].onnx.quantize = {quantize!r}: {model['task']} is exported in float32 only (its "
                 "labels and transcripts are held to torch's by the export's parity gate)",
