@@ -17,9 +17,7 @@ import yaml
 from hf2triton.errors import UserError
 from hf2triton.serving.interface import (
     GENERATIVE_TASKS,
-    IMAGE_TASKS,
     NON_TEXT_TASKS,
-    SPEECH_RECOGNITION,
     TASK_ALIASES,
     TEMPERATURES_ALLOWED,
     TEXT2TEXT,
@@ -169,9 +167,9 @@ def _schema_error_line(error: jsonschema.ValidationError) -> UserError:
     return UserError(f"{_key_path(path)} = {value}: not allowed", f"use {_allowed(error)}")
 
 
-TORCH_ONLY_TASKS = (TEXT2TEXT, *IMAGE_TASKS, SPEECH_RECOGNITION)  # no ONNX export yet
+TORCH_ONLY_TASKS = (TEXT2TEXT,)  # no ONNX export yet
 # exported to ONNX (ONNX Runtime), but never built into a TensorRT engine: none has run on a GPU for these tasks
-NO_TENSORRT_TASKS = ("token-classification", "fill-mask", "text-ranking")
+NO_TENSORRT_TASKS = ("token-classification", "fill-mask", "text-ranking", *NON_TEXT_TASKS)
 # dynamic int8 moves their scores past the parity gate's 1e-3 (measured, tiny tagger / reranker: 0.045 / 0.066)
 NO_INT8_TASKS = ("token-classification", "text-ranking")
 
@@ -191,6 +189,10 @@ def _check_gpus(cfg: dict) -> None:
                 f"{where}.gpus = {gpus!r}: a vllm engine spans tensor_parallel_size x pipeline_parallel_size = {span} GPU(s)",
                 f"list exactly {span} GPU(s), e.g. gpus: {list(range(span))}, or leave gpus out (GPUs 0..{span - 1})",
             )
+
+
+def _other_backends(task: str) -> str:
+    return "use backend: python or onnx for it" if task in NO_TENSORRT_TASKS else "use backend: python, onnx or tensorrt for it"
 
 
 def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: set[int], explicit_vllm: frozenset = frozenset()) -> None:
@@ -226,7 +228,7 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
         if model["backend"] == "vllm" and model["task"] != "text-generation":
             raise UserError(
                 f"config.models[{index}].backend = 'vllm': only for task text-generation (task is {model['task']})",
-                "use backend: python for it" if model["task"] in TORCH_ONLY_TASKS else "use backend: python, onnx or tensorrt for it",
+                "use backend: python for it" if model["task"] in TORCH_ONLY_TASKS else _other_backends(model["task"]),
             )
         if model["backend"] == "vllm" and model["instances"] != 1:
             raise UserError(
@@ -288,6 +290,12 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].onnx.quantize = 'dynamic-int8': {model['task']} answers are held to scores within "
                 "1e-3 of torch, and int8 moves them further (measured on a tiny model: 0.045 tagger, 0.066 reranker)",
                 "use quantize: none (the float32 export: scores within 1e-5 of torch)",
+            )
+        if quantize != "none" and model["task"] in NON_TEXT_TASKS:  # optimum's float32 graph, held to torch's answers
+            raise UserError(
+                f"config.models[{index}].onnx.quantize = {quantize!r}: {model['task']} is exported in float32 only (its "
+                "labels and transcripts are held to torch's by the export's parity gate)",
+                "use quantize: none",
             )
         if quantize == "gguf-blocks" and not (model.get("gguf_file") or str(model["source"]).endswith(".gguf")):
             raise UserError(

@@ -397,8 +397,8 @@ def onnx_precision(backend: str, kind: str, dtype: str, task: str, quantize: str
     fast path, as torch gets there), float32 otherwise (CPU kernels; TensorRT picks its own). An encoder's fused graph
     is converted; a decoder is built in float16 for CUDA by ONNX Runtime GenAI's model builder (unquantised; optimum's
     decoder export stays float32, and the export's manifest says which precision was built)."""
-    if backend != "onnx" or kind != "KIND_GPU" or dtype not in ("auto", "float16"):
-        return "float32"
+    if backend != "onnx" or kind != "KIND_GPU" or dtype not in ("auto", "float16") or task in NON_TEXT_TASKS:
+        return "float32"  # the image and speech tasks: optimum's float32 export (pipeline/media_export.py)
     if task == GENERATION and (quantize != "none" or exporter == "optimum"):
         return "float32"
     return "float16"

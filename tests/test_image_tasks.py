@@ -28,66 +28,15 @@ from hf2triton.serving import images as image_inputs
 from hf2triton.serving import inputs, interface
 from hf2triton.triton import client
 from tests.helpers import ROOT, make_workflow, minilm_dir, passed_checks
+from tests.media_models import LABELS, build_image_models
 
 IC, ZS = interface.IMAGE_CLASSIFICATION, interface.ZERO_SHOT_IMAGE_CLASSIFICATION
-LABELS = {0: "cat", 1: "dog", 2: "bird"}
 SMALL_LIMIT = 100_000  # the served models' max_image_pixels: a 400 x 400 image is over it
-TEXT = {"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 64}
-VISION = {"image_size": 32, "patch_size": 8, "hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 2}
-
-
-def _text_tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(minilm_dir(), model_input_names=["input_ids", "attention_mask"])
 
 
 @pytest.fixture(scope="module")
 def image_models(tmp_path_factory) -> dict[str, Path]:
-    """Tiny random ViT and ConvNeXT classifiers, CLIP and SigLIP, each with its image processor, saved like hub repos."""
-    import torch
-    from transformers import (
-        CLIPConfig,
-        CLIPImageProcessor,
-        CLIPModel,
-        ConvNextConfig,
-        ConvNextForImageClassification,
-        ConvNextImageProcessor,
-        SiglipConfig,
-        SiglipImageProcessor,
-        SiglipModel,
-        ViTConfig,
-        ViTForImageClassification,
-        ViTImageProcessor,
-    )
-
-    torch.manual_seed(0)
-    root = tmp_path_factory.mktemp("image-models")
-    label2id = {v: k for k, v in LABELS.items()}
-    vit = ViTConfig(**VISION, num_labels=3, id2label=LABELS, label2id=label2id)
-    convnext = ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=4, image_size=32)
-    tokenizer = _text_tokenizer()
-    text = {**TEXT, "vocab_size": tokenizer.vocab_size}
-    clip = CLIPConfig(
-        text_config={**text, "eos_token_id": tokenizer.sep_token_id, "pad_token_id": 0}, vision_config=VISION, projection_dim=16
-    )
-    models = {
-        "vit": (ViTForImageClassification(vit), ViTImageProcessor(size={"height": 32, "width": 32}), None),
-        "convnext": (ConvNextForImageClassification(convnext), ConvNextImageProcessor(size={"shortest_edge": 32}), None),
-        "clip": (CLIPModel(clip), CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}), tokenizer),
-        "siglip": (
-            SiglipModel(SiglipConfig(text_config=text, vision_config=VISION)),
-            SiglipImageProcessor(size={"height": 32, "width": 32}),
-            tokenizer,
-        ),
-    }
-    paths = {}
-    for name, parts in models.items():
-        paths[name] = root / name
-        for part in parts:
-            if part is not None:
-                part.save_pretrained(paths[name])
-    return paths
+    return build_image_models(tmp_path_factory.mktemp("image-models"))
 
 
 def _same(served: np.ndarray | dict, reference: np.ndarray | dict) -> dict:
@@ -190,7 +139,7 @@ def test_request_options():
         inputs.zero_shot_image_options(labels, np.array([[b"{} {0} {x}"]], dtype=np.object_), 1000)
 
 
-def test_config_refuses_onnx_and_renders_the_image_interface(image_models, tmp_path):
+def test_config_refuses_tensorrt_and_renders_the_image_interface(image_models, tmp_path):
     from tritonclient.grpc import model_config_pb2 as mc
 
     from hf2triton.config import load_config
@@ -201,11 +150,10 @@ def test_config_refuses_onnx_and_renders_the_image_interface(image_models, tmp_p
 
     path = tmp_path / "config.yaml"
     for task, model in ((IC, "vit"), (ZS, "clip")):
-        for backend in ("onnx", "tensorrt"):
-            path.write_text(json.dumps({"models": [{"name": "m", "source": str(image_models[model]), "task": task, "backend": backend}]}))
-            with pytest.raises(UserError) as refused:
-                load_config(path)
-            assert f"not yet for {task}" in str(refused.value) and "use backend torch" in refused.value.fix
+        path.write_text(json.dumps({"models": [{"name": "m", "source": str(image_models[model]), "task": task, "backend": "tensorrt"}]}))
+        with pytest.raises(UserError) as refused:  # backend onnx: tests/test_onnx_media.py
+            load_config(path)
+        assert f"not built for {task}" in str(refused.value) and "use backend: onnx (or python)" in refused.value.fix
         path.write_text(json.dumps({"models": [{"name": "m", "source": str(image_models[model]), "max_image_pixels": 5000}]}))
         loaded = load_config(path)["models"][0]
         assert loaded["task"] == task and loaded["max_image_pixels"] == 5000  # inferred from config.json's architectures

@@ -1,8 +1,8 @@
 """Step `export_onnx`: the saved pretrained model -> ONNX (Hugging Face Optimum, or for decoders ONNX Runtime
 GenAI's model builder), optionally fused by ONNX Runtime's transformer optimizer and dynamically quantised to
-int8, or with a GGUF source's 4-bit weight blocks re-packed (`weight_blocks.py`). Only for models with
-backend onnx or tensorrt. The output directory (model.onnx or the decoder files, config, tokenizer,
-export.json) is written atomically.
+int8, or with a GGUF source's 4-bit weight blocks re-packed (`weight_blocks.py`); the image and speech tasks'
+exports and their parity gate are media_export.py's. Only for models with backend onnx or tensorrt. The output
+directory (model.onnx or the decoder files, config, tokenizer, export.json) is written atomically.
 
 Why eager attention for encoders: with the default SDPA attention ONNX Runtime fuses nothing; exported
 from eager attention its BERT optimizer fuses attention, SkipLayerNorm and GELU (measured: 1.24x torch,
@@ -28,18 +28,21 @@ from typing import Any
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_directory, human_bytes, tree_size
 from hf2triton.integrity import write_manifest
+from hf2triton.pipeline.media_export import MEDIA_OPTIMUM_TASKS, export_media
 from hf2triton.serving.interface import CLASSIFICATION, FEATURE_EXTRACTION, FILL_MASK, GENERATION, TEXT_RANKING, TOKEN_CLASSIFICATION
 
 log = logging.getLogger(__name__)
 
 # Bumped whenever the export logic changes what it produces: it is a param of the rule, so an upgrade of
 # hf2triton re-exports (Snakemake does not rerun jobs for changes in imported modules).
-EXPORT_VERSION = 4
+EXPORT_VERSION = 5
 
 OPTIMUM_TASKS = {FEATURE_EXTRACTION: "feature-extraction", CLASSIFICATION: "text-classification", GENERATION: "text-generation-with-past"}
 # the encoder tasks whose export is the model's logits (a reranker is a one-label sequence classifier)
 OPTIMUM_TASKS |= {TOKEN_CLASSIFICATION: "token-classification", FILL_MASK: "fill-mask", TEXT_RANKING: "text-classification"}
 ENCODER_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "distilbert": "bert", "mpnet": "bert", "electra": "bert"}
+# the image and speech tasks (media_export.py: the model's own task for optimum, then the parity gate)
+OPTIMUM_TASKS |= MEDIA_OPTIMUM_TASKS
 OPTIMIZATION_LEVELS = {"none": 0, "O1": 1, "O2": 2, "O3": 2}  # O3 = O2 + GELU approximation below
 
 
@@ -170,6 +173,8 @@ def export_onnx_step(
     if exporter == "genai-builder" and encoder:
         raise UserError(f"onnx.exporter: genai-builder builds decoder graphs (task is {task})", "use exporter: auto or optimum")
     started = time.monotonic()
+    if task in MEDIA_OPTIMUM_TASKS:
+        return _export_media_step(pretrained, task, opset, quantize, output, started)
     tokenizer = AutoTokenizer.from_pretrained(pretrained)
     with atomic_directory(output) as tmp:
         built_by = "optimum"
@@ -222,4 +227,19 @@ def export_onnx_step(
         human_bytes(manifest["bytes"]),
         f"; fused {fused}" if fused else "",
     )
+    return manifest
+
+
+def _export_media_step(pretrained: str, task: str, opset: int, quantize: str, output: str, started: float) -> dict[str, Any]:
+    """An image or speech task's export: optimum's, float32 and unfused, accepted only past its parity gate."""
+    if quantize != "none":  # config.py refuses it first
+        raise UserError(f"onnx.quantize = {quantize!r}: not for {task}", "use quantize: none")
+    with atomic_directory(output) as tmp:
+        media = export_media(pretrained, task, opset, tmp)
+        manifest = {"task": task, "exporter": "optimum", "opset": opset, "optimize": "none", "quantize": "none", "precision": "float32"}
+        manifest |= {**media, "fused_operators": {}, "source": str(pretrained)}
+        (tmp / "export.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        write_manifest(tmp)
+        manifest["bytes"] = tree_size(tmp)
+    log.info("exported %s in %.1f s (%s); parity %s", output, time.monotonic() - started, human_bytes(manifest["bytes"]), media["parity"])
     return manifest

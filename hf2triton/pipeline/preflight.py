@@ -22,7 +22,7 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, free_bytes, human_bytes, tree_size
 from hf2triton.pipeline.sources import resolve_local_path
 from hf2triton.serving.interface import GENERATION, TEXT2TEXT
-from hf2triton.specs import Footprint, ServerSpec, from_param, gpu_placement, instance_kind, parse_source, reserved_gpus
+from hf2triton.specs import Footprint, ServerSpec, from_param, gpu_placement, instance_kind, onnx_precision, parse_source, reserved_gpus
 from hf2triton.triton import mps
 from hf2triton.triton.cleanup import find_ours
 from hf2triton.triton.install import locate_tritonserver
@@ -85,6 +85,9 @@ def source_expansion(model: Footprint) -> float:
 
 
 def serving_dtype(model: Footprint, gpu: bool) -> str:
+    kind = "KIND_GPU" if gpu else "KIND_CPU"
+    if model.backend == "onnx" and onnx_precision(model.backend, kind, model.dtype, model.task) == "float32":
+        return "float32"  # the export's precision (an image / speech model's on a GPU too), whatever dtype says
     return model.dtype if model.dtype != "auto" else ("float16" if gpu else "float32")
 
 

@@ -44,7 +44,7 @@ from hf2triton.pipeline.serve import FAILED_REPORT, settings_from_params
 from hf2triton.pipeline.text2text_checks import pipeline_check, stream_check
 from hf2triton.pipeline.validation_report import render_markdown
 from hf2triton.serving import interface, pooling
-from hf2triton.serving.interface import GENERATION, GENERATIVE_TASKS, ModelParameters
+from hf2triton.serving.interface import GENERATION, GENERATIVE_TASKS, NON_TEXT_TASKS, ModelParameters
 from hf2triton.specs import OnnxSpec, onnx_precision
 from hf2triton.triton import client
 from hf2triton.triton.modelconfig import located_config, model_parameters, read_model_config, uses_gpu
@@ -245,9 +245,10 @@ def reference_outputs(
     from hf2triton.serving.tasks import engine_from_parameters
 
     params: ModelParameters = model_parameters(config)
+    float32_export = params.backend == "onnx" and params.task in NON_TEXT_TASKS  # an image / speech export: on a GPU too
     if backend:
         params = dataclasses.replace(params, backend=backend)
-    if float32_cpu:
+    if float32_cpu or float32_export:
         params = dataclasses.replace(params, dtype="float32")
     device = "cpu" if float32_cpu else reference_device(config)
     if params.task == interface.SPEECH_RECOGNITION:  # transformers' pipeline itself, on the same decoded audio
@@ -363,7 +364,7 @@ def infer_in_chunks(
     triton, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...], size: int
 ) -> dict[str, np.ndarray]:
     parts = [infer(triton, client_module, name, task, texts[i : i + size], outputs)[0] for i in range(0, len(texts), size)]
-    return {o: np.concatenate([p[o] for p in parts]) for o in outputs}
+    return {o: np.concatenate([p[o] for p in parts]) for o in parts[0]}  # those answered (zero-shot: labels, no embedding)
 
 
 def export_precision(rendered: mc.ModelConfig) -> str:
@@ -443,7 +444,8 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     if task == interface.FEATURE_EXTRACTION:
         checks += [c for c in [prompts_check(rendered, name, http_client, texts)] if c]
     if task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION:  # its embedding requests (images, texts)
-        checks.append(embeddings_check(http_client, name, params.model_dir, reference_device(rendered), params.dtype, COSINE_FLOOR))
+        dtype = "float32" if params.backend == "onnx" else params.dtype  # the export's precision (media_export.py)
+        checks.append(embeddings_check(http_client, name, params.model_dir, reference_device(rendered), dtype, COSINE_FLOOR))
     if task == interface.TEXT2TEXT:
         checks.append(
             check(*pipeline_check(params, reference_device(rendered), texts, _texts(http_out[outputs[0]]), VALIDATION_MAX_NEW_TOKENS))

@@ -1,6 +1,7 @@
 """backend onnx: the model's ONNX export run by ONNX Runtime -- an encoder answering like a transformers model
-(`OrtEncoder`), or a KV-cache decoder driven by its own loop (`OrtDecoder`) -- on the CPU or, with
-onnxruntime-gpu, on the instance's GPU (I/O bound to torch tensors there).
+(`OrtEncoder`), a KV-cache decoder driven by its own loop (`OrtDecoder`), an image model (`OrtImageModel`) or a
+speech model (optimum's ORTModel classes, `speech_model`) -- on the CPU or, with onnxruntime-gpu, on the
+instance's GPU (I/O bound to torch tensors there).
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from .graphs import graphs_off
 
 
 def load(spec: Any):
-    """The export's decoder loop for text generation, else its encoder (graph-capable on a GPU with cuda_graphs)."""
+    """The export's decoder loop for text generation, an image or speech task's model, else its encoder
+    (graph-capable on a GPU with cuda_graphs)."""
     if spec.decoder:
         return OrtDecoder(spec.onnx_dir, spec.num_threads, spec.device)
+    if spec.auto_class in IMAGE_AUTO_CLASSES:
+        return OrtImageModel(spec.onnx_dir, spec.num_threads, spec.device)
+    if spec.auto_class in SPEECH_AUTO_CLASSES:
+        return speech_model(spec.onnx_dir, spec.num_threads, spec.device)
     return OrtEncoder(spec.onnx_dir, spec.num_threads, spec.output, spec.device, cuda_graphs=spec.cuda_graphs)
 
 
@@ -306,3 +312,82 @@ def _next_tokens(logits: np.ndarray, temperature: float, rng) -> np.ndarray:
     probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
     return np.array([rng.choice(len(row), p=row) for row in probs], dtype=np.int64)
+
+
+IMAGE_AUTO_CLASSES = {interface.AUTO_CLASSES[task] for task in interface.IMAGE_TASKS}
+SPEECH_AUTO_CLASSES = {interface.AUTO_CLASSES[interface.SPEECH_RECOGNITION], interface.CTC_AUTO_CLASS}
+
+
+class OrtImageModel:
+    """An image task's export (optimum: image-classification, or a dual encoder's zero-shot-image-classification
+    graph) answering as the transformers model does for the engine (serving/tasks/vision.py): `model(pixel_values)
+    .logits`, `model(input_ids, attention_mask, pixel_values).logits_per_image`, and a dual encoder's
+    `get_image_features` / `get_text_features`. optimum exports CLIP / SigLIP as one graph of both towers, so a
+    features call feeds the other tower a one-row stand-in (one image of zeros, or one token) and reads its own
+    tower's (L2-normalised: the engine normalises again, unchanged) embeddings. float32 in and out; on the CPU
+    numpy, on a GPU the CUDA provider copies the inputs up."""
+
+    def __init__(self, onnx_dir: str, num_threads: int, device: str = "cpu"):
+        from transformers import AutoConfig
+
+        self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads, device=device)
+        self.config = AutoConfig.from_pretrained(onnx_dir)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.dtype = ORT_FLOATS.get(next(i.type for i in self.session.get_inputs() if i.name == "pixel_values"), np.float32)
+
+    def _run(self, names: list[str], batch: dict[str, Any]) -> SimpleNamespace:
+        import torch
+
+        feeds = {}
+        for name in self.input_names:
+            value = batch[name].cpu().numpy() if hasattr(batch[name], "cpu") else np.asarray(batch[name])
+            feeds[name] = value.astype(self.dtype if name == "pixel_values" else np.int64)
+        outputs = self.session.run(names, feeds)
+        return SimpleNamespace(**{name: torch.from_numpy(value) for name, value in zip(names, outputs)})
+
+    def __call__(self, pixel_values: Any, **texts: Any) -> SimpleNamespace:
+        names = ["logits_per_image"] if "logits_per_image" in self.output_names else ["logits"]
+        batch = {"pixel_values": pixel_values, **texts}
+        if "attention_mask" in self.input_names and "attention_mask" not in batch:  # SigLIP's tokenizer may send none
+            batch["attention_mask"] = np.ones_like(np.asarray(batch["input_ids"].cpu()))
+        return self._run(names, batch)
+
+    def get_image_features(self, pixel_values: Any):
+        token = np.zeros((1, 1), dtype=np.int64)
+        return self._run(["image_embeds"], {"pixel_values": pixel_values, "input_ids": token, "attention_mask": token + 1}).image_embeds
+
+    def get_text_features(self, input_ids: Any, attention_mask: Any = None, **_: Any):
+        vision = self.config.vision_config
+        image = np.zeros((1, vision.num_channels, vision.image_size, vision.image_size), dtype=np.float32)
+        mask = attention_mask if attention_mask is not None else np.ones_like(np.asarray(input_ids.cpu()))
+        return self._run(["text_embeds"], {"pixel_values": image, "input_ids": input_ids, "attention_mask": mask}).text_embeds
+
+
+def speech_model(onnx_dir: str, num_threads: int, device: str = "cpu"):
+    """A speech export as optimum's ORTModel (Whisper: ORTModelForSpeechSeq2Seq over its encoder and merged decoder;
+    a CTC model: ORTModelForCTC), which transformers' ASR pipeline drives as it drives the torch model: its
+    generate(), the generation config's forced tokens, long-form decoding, the tokenizer's decoding. Sessions made
+    with this instance's options and provider (checked as `ort_session` checks)."""
+    import json
+
+    import onnxruntime as ort
+    from optimum.onnxruntime import ORTModelForCTC, ORTModelForSpeechSeq2Seq
+
+    with open(os.path.join(onnx_dir, "config.json"), encoding="utf-8") as file:
+        ctc = any(str(name).endswith("ForCTC") for name in json.load(file).get("architectures") or [])
+    if device.startswith("cuda") and hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    providers = ort_providers(device, ort.get_available_providers())
+    provider, options = providers[0] if isinstance(providers[0], tuple) else (providers[0], {})
+    model = (ORTModelForCTC if ctc else ORTModelForSpeechSeq2Seq).from_pretrained(
+        onnx_dir, provider=provider, provider_options=options, session_options=ort_session_options(num_threads), local_files_only=True
+    )
+    if ctc:  # the pipeline feeds a CTC model its `main_input_name`, which optimum's ORTModelForCTC does not name
+        model.main_input_name = "input_values"
+    if device.startswith("cuda") and model.providers[0] != CUDA_PROVIDER:
+        raise RuntimeError(
+            f"backend onnx on {device}: ONNX Runtime's CUDA provider did not load for the speech model -- fix: install the CUDA "
+            "libraries onnxruntime-gpu asks for, or set device: cpu for this model"
+        )
+    return model

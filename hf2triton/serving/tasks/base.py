@@ -16,16 +16,19 @@ import numpy as np
 from ..runtimes import RuntimeSpec, load_runtime
 from ..runtimes.graphs import CudaGraphs, OrtGraphs
 
+MEDIA_BACKENDS = ("python", "onnx")  # the image and speech tasks: torch, or their optimum export on ONNX Runtime
 
-def torch_only(subject: str, backend: str, device: str, num_threads: int):
-    """torch, for the engines served by torch alone (the image and speech tasks): `backend` checked (`subject` names
-    the task in the error), the instance's share of the CPU's threads set."""
+
+def media_torch(subject: str, backend: str, device: str, num_threads: int):
+    """torch, for the image and speech engines (it runs their processors, and the network with backend python):
+    `backend` checked (`subject` names the task in the error), the instance's share of the CPU's threads set -- with
+    backend onnx one thread (ONNX Runtime's pool has the cores, as `Engine` does)."""
     import torch
 
-    if backend != "python":
-        raise ValueError(f"{subject} served by torch only (backend python), not {backend}")
+    if backend not in MEDIA_BACKENDS:
+        raise ValueError(f"{subject} served by torch or ONNX Runtime (backend python or onnx), not {backend}")
     if device == "cpu" and num_threads > 0:
-        torch.set_num_threads(num_threads)
+        torch.set_num_threads(num_threads if backend == "python" else 1)
     return torch
 
 

@@ -12,7 +12,9 @@ windows, each next one starting at the last timestamp predicted.
 The audios of a Triton batch that fit one window (<= 30 s) share one generate() call; each longer one is its own.
 
 A CTC model (`*ForCTC`) goes through the same pipeline: one forward pass per audio, the argmax's tokens joined by the
-CTC tokenizer (no language, task or timestamps). Torch only (backend python): config refuses onnx / tensorrt for this task.
+CTC tokenizer (no language, task or timestamps). backend onnx: the same pipeline over optimum's export run by ONNX
+Runtime (ORTModelForSpeechSeq2Seq / ORTModelForCTC: runtimes/onnxruntime.py `speech_model`), so the answer path
+(generate(), _decode_asr) is still the pipeline's. tensorrt: refused by the config.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .. import interface
 from ..audio import decode_audios
 from ..inputs import RequestError
 from ..runtimes import RuntimeSpec, load_runtime
-from .base import torch_only
+from .base import media_torch
 
 
 class SpeechEngine:
@@ -41,12 +43,13 @@ class SpeechEngine:
         dtype: str = "auto",
         num_threads: int = 0,
         backend: str = "python",
+        onnx_dir: str = "",
         max_audio_seconds: float = interface.DEFAULTS.max_audio_seconds,
         **_: Any,
     ):
         import transformers
 
-        torch_only("automatic-speech-recognition is", backend, device, num_threads)
+        self.torch = media_torch("automatic-speech-recognition is", backend, device, num_threads)
         self.device = device
         self.max_audio_seconds = max_audio_seconds
         # loaded as the pipeline loads them (AutoProcessor would give the slow WhisperTokenizer, which decodes otherwise)
@@ -55,8 +58,10 @@ class SpeechEngine:
         self.rate = int(self.feature_extractor.sampling_rate)
         auto_class = interface.auto_class(interface.SPEECH_RECOGNITION, model_dir)  # Whisper (seq2seq) or a CTC model
         self.ctc = auto_class == interface.CTC_AUTO_CLASS
-        spec = RuntimeSpec(model_dir=model_dir, device=device, dtype=dtype, num_threads=num_threads, auto_class=auto_class)
-        self.model = load_runtime("python", spec)
+        spec = RuntimeSpec(
+            model_dir=model_dir, onnx_dir=onnx_dir, device=device, dtype=dtype, num_threads=num_threads, auto_class=auto_class
+        )
+        self.model = load_runtime(backend, spec)
         self.pipeline = transformers.pipeline(
             interface.SPEECH_RECOGNITION,
             model=self.model,

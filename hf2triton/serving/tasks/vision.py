@@ -10,7 +10,8 @@ image is the JSON list of {label, score} transformers' pipeline returns, by its 
   `ZeroShotImageClassificationPipeline.postprocess` per image (softmax over the labels for CLIP, sigmoid per label for
   SigLIP), best first.
 
-Torch only (backend python): config refuses onnx / tensorrt for these tasks.
+backend onnx: the same steps over optimum's export run by ONNX Runtime (runtimes/onnxruntime.py `OrtImageModel`); the
+image processor and the pipeline's post-processing stay as they are. tensorrt: refused by the config.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .. import interface
 from ..images import decode_images
 from ..inputs import RequestError
 from ..runtimes import RuntimeSpec, load_runtime
-from .base import torch_only
+from .base import media_torch
 from .token_classification import entities_json as answer_json
 from .token_classification import postprocessor
 
@@ -44,19 +45,23 @@ class ImageEngine:
         dtype: str = "auto",
         num_threads: int = 0,
         backend: str = "python",
+        onnx_dir: str = "",
         max_image_pixels: int = interface.DEFAULTS.max_image_pixels,
         **_: Any,
     ):
         import transformers
 
-        self.torch = torch_only("the image tasks are", backend, device, num_threads)
-        self.device = device
+        self.torch = media_torch("the image tasks are", backend, device, num_threads)
+        # backend onnx: tensors stay on the host, ONNX Runtime takes numpy (on a GPU its provider copies them up)
+        self.device = device if backend == "python" else "cpu"
         self.max_image_pixels = max_image_pixels
         self.processor = transformers.AutoImageProcessor.from_pretrained(model_dir)
         self.setup(model_dir)
-        spec = RuntimeSpec(model_dir=model_dir, device=device, dtype=dtype, num_threads=num_threads, auto_class=self.auto_class)
-        self.model = load_runtime("python", spec)
-        self.dtype = next(self.model.parameters()).dtype
+        spec = RuntimeSpec(
+            model_dir=model_dir, onnx_dir=onnx_dir, device=device, dtype=dtype, num_threads=num_threads, auto_class=self.auto_class
+        )
+        self.model = load_runtime(backend, spec)
+        self.dtype = next(self.model.parameters()).dtype if backend == "python" else self.torch.float32
         self.pipeline = postprocessor(getattr(self, "tokenizer", None), self.model.config, getattr(transformers, self.pipeline_class))
 
     def setup(self, model_dir: str) -> None:
