@@ -75,8 +75,9 @@ audioDrop.addEventListener("drop", (event) => {
 
 async function startRecording() {
   if (!window.isSecureContext || !navigator.mediaDevices || !window.MediaRecorder) {
-    throw new Error("recording needs a secure context: open the playground at http://127.0.0.1:PORT/ or http://localhost:PORT/ "
-      + "(through an SSH tunnel from another machine) or over HTTPS; or upload a file");
+    const loopback = `${location.protocol}//127.0.0.1${location.port ? `:${location.port}` : ""}${location.pathname}`;
+    throw new Error(`recording needs a secure context: open the playground as ${loopback} or on localhost (from another `
+      + "machine through an SSH tunnel, ssh -L) or over HTTPS; or upload a file");
   }
   let stream;
   try {
