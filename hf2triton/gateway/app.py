@@ -9,6 +9,8 @@
     POST /v1/score              the same models: text pairs' scores (vLLM's shape)  api/rerank.py
     POST /v1/models/{m}:predict token-classification, fill-mask, text-classification: the pipeline's JSON per text
                                 (KServe's V1 protocol)                              api/predict.py
+    POST /v1/audio/transcriptions, /v1/audio/translations  speech recognition: a multipart form, up to
+                                25 MiB (openai.max_audio_upload_mib)                api/audio.py
     GET  /health                the gateway is up and Triton is ready               api/models.py
     GET  /playground/           the browser playground (static)                     api/playground.py
 
@@ -69,7 +71,8 @@ def create_app(
     async def http_error(request: Request, err: HTTPException):  # unknown routes and methods: OpenAI's error object too
         path = request.url.path[:200]
         if err.status_code == 404:
-            endpoints = "POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank, /v1/score, /v1/models/{model}:predict"
+            endpoints = "POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank, /v1/score, /v1/models/{model}:predict, "
+            endpoints += "/v1/audio/transcriptions, /v1/audio/translations"
             message = f"no endpoint {path} (GET /v1/models, {endpoints})"
         elif err.status_code == 405:
             message = f"{request.method} is not allowed on {path} (allowed: {(err.headers or {}).get('Allow', '?')})"
