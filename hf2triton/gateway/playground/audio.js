@@ -7,7 +7,7 @@
 const SENT_AS_IS = /\.(wav|flac|ogg|oga|mp3)$/i;  // what soundfile reads on the server (serving/audio.py FORMATS)
 const RECORDING_RATE = 16000;  // a recording is resampled to speech models' rate while it is decoded: a small upload
 let pickedAudio = null;  // the File to send: the user's own, or a recording converted to WAV
-let recording = null;  // {recorder, stream} while the microphone records
+let recording = null;  // the MediaRecorder while the microphone records
 
 // An AudioBuffer as a WAV file: 16-bit PCM, its channels mixed to one (the server averages them the same way).
 function wavOf(buffer) {
@@ -90,12 +90,17 @@ async function startRecording() {
   recorder.addEventListener("dataavailable", (event) => pieces.push(event.data));
   recorder.addEventListener("stop", () => {
     for (const track of stream.getTracks()) track.stop();
-    const seconds = ((performance.now() - started) / 1000).toFixed(1);
-    pickAudio(new File(pieces, "recording", { type: recorder.mimeType }), `, ${seconds} s recorded, converted to WAV here`).catch(showError);
+    const length = ((performance.now() - started) / 1000).toFixed(1);
+    if (!pieces.some((piece) => piece.size)) {
+      showError(new Error("nothing was recorded: record for a moment before stopping"));
+      $("audio-note").textContent = "";
+      return;
+    }
+    pickAudio(new File(pieces, "recording", { type: recorder.mimeType }), `, ${length} s recorded, converted to WAV here`).catch(showError);
   });
   const started = performance.now();
   recorder.start();
-  recording = { recorder };
+  recording = recorder;
   $("audio-record").textContent = "Stop recording";
   $("audio-record").classList.add("recording");
   $("audio-note").textContent = "recording…";
@@ -103,14 +108,15 @@ async function startRecording() {
 
 $("audio-record").addEventListener("click", () => {
   if (recording) {
-    recording.recorder.stop();
+    recording.stop();
     recording = null;
     $("audio-record").textContent = "Record";
     $("audio-record").classList.remove("recording");
     return;
   }
   showError(null);
-  startRecording().catch(showError);
+  $("audio-record").disabled = true;  // until the microphone answers (the first time: the browser asks the user)
+  startRecording().catch(showError).finally(() => { $("audio-record").disabled = false; });
 });
 
 // ---------------------------------------------------------------- transcribe
