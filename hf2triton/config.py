@@ -18,6 +18,7 @@ from hf2triton.errors import UserError
 from hf2triton.serving.interface import (
     GENERATIVE_TASKS,
     NON_TEXT_TASKS,
+    SPEECH_RECOGNITION,
     TASK_ALIASES,
     TEMPERATURES_ALLOWED,
     TEXT2TEXT,
@@ -168,6 +169,10 @@ def _schema_error_line(error: jsonschema.ValidationError) -> UserError:
 
 
 TORCH_ONLY_TASKS = (TEXT2TEXT,)  # no ONNX export yet
+# automatic-speech-recognition's max_request_bytes unless set: audio files are larger than texts, and the gateway's
+# audio endpoints take OpenAI's 25 MB files (openai.max_audio_upload_mib); their duration is bounded on its own
+# (max_audio_seconds, before decoding)
+SPEECH_REQUEST_BYTES = 32 * 1024 * 1024
 # exported to ONNX (ONNX Runtime), but never built into a TensorRT engine: none has run on a GPU for these tasks
 NO_TENSORRT_TASKS = ("token-classification", "fill-mask", "text-ranking", *NON_TEXT_TASKS)
 # dynamic int8 moves their scores past the parity gate's 1e-3 (measured, tiny tagger / reranker: 0.045 / 0.066)
@@ -452,6 +457,7 @@ def validate_config(raw: Any) -> dict:
     entries = models if isinstance(models, list) else []
     explicit_vllm = frozenset(i for i, m in enumerate(entries) if isinstance(m, dict) and "vllm" in m)
     cfg = apply_overrides(cfg)
+    sized = {i for i, m in enumerate(cfg.get("models") or []) if isinstance(m, dict) and "max_request_bytes" in m}
     server = cfg.get("server")
     if isinstance(server, dict) and isinstance(server.get("cuda_mps"), bool):  # YAML 1.1 reads a bare on/off as a boolean
         server["cuda_mps"] = "on" if server["cuda_mps"] else "off"
@@ -464,6 +470,9 @@ def validate_config(raw: Any) -> dict:
         if model["task"] in TASK_ALIASES:  # the pipeline of that name: T5's task_specific_params for it
             model["pipeline_task"] = model["task"]
         model["task"] = TASK_ALIASES.get(model["task"], model["task"])
+    for index, model in enumerate(cfg["models"]):
+        if model["task"] == SPEECH_RECOGNITION and index not in sized:
+            model["max_request_bytes"] = SPEECH_REQUEST_BYTES
     _check_semantics(cfg, explicit_generation, explicit_onnx, explicit_vllm)
     _check_gpus(cfg)
     _check_tune(cfg)

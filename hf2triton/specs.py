@@ -251,6 +251,7 @@ class OpenAISpec:
     allowed_origins: tuple[str, ...] = ()
     max_embedding_inputs: int | None = None  # None: the model's max_texts_per_request
     request_timeout_s: float = 30
+    max_audio_upload_mib: int = 25  # an audio endpoint's form (OpenAI's 25 MB files); JSON bodies: 8 MiB
     workers: int = 1  # gateway processes sharing the port
 
     def bind_host(self, server_host: str) -> str:

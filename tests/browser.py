@@ -15,7 +15,12 @@ import pytest
 SCREENSHOTS_ENV = "HF2TRITON_SCREENSHOTS"  # a directory to keep the screenshots in (docs/playground when refreshed)
 
 
-def start_chromium() -> Any:
+# Chromium's fake microphone (a beep) granted without asking: the playground's recording path, headless
+FAKE_MICROPHONE = ("--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream")
+
+
+def start_chromium(*arguments: str) -> Any:
+    """Headless Chromium with `arguments` added to its command line."""
     missing = [name for name in ("chromium", "chromedriver") if shutil.which(name) is None]
     try:
         from selenium import webdriver
@@ -26,7 +31,7 @@ def start_chromium() -> Any:
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,860",
-                     "--no-first-run", "--disable-extensions", "--disable-background-networking", "--lang=en-US"):  # fmt: skip
+                     "--no-first-run", "--disable-extensions", "--disable-background-networking", "--lang=en-US", *arguments):  # fmt: skip
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(shutil.which("chromedriver")))

@@ -54,6 +54,13 @@ def test_minimal_config_gets_all_defaults():
     assert GOOD["models"][0] == {"name": "m", "source": "org/model", "task": "feature-extraction"}, "input must not be modified"
 
 
+def test_speech_models_take_an_audio_upload_unless_their_request_bytes_are_set():
+    speech = {"task": "automatic-speech-recognition", "max_audio_seconds": 60}
+    assert validate_config(with_model(**speech))["models"][0]["max_request_bytes"] == 32 << 20, "above the gateway's 25 MiB form"
+    assert validate_config(with_model(**speech, max_request_bytes=1000))["models"][0]["max_request_bytes"] == 1000
+    assert validate_config(GOOD)["models"][0]["max_request_bytes"] == 8 << 20, "texts and images keep 8 MiB"
+
+
 def test_overrides_merge_over_the_file(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("models:\n  - {name: a, source: org/a, task: text-generation}\nserver: {http_port: 9000}\n")

@@ -187,6 +187,18 @@ def test_foreign_origins_are_refused_and_allowed_ones_get_cors(served, gateway):
     assert "*" not in json.dumps(headers)
 
 
+def test_a_cross_site_form_post_to_the_audio_endpoint_is_403_before_its_body_is_read(gateway):
+    """A page on another site can post a form without a preflight: refused on its headers alone (reading the body,
+    which never comes here, would end in a 408 after --request-timeout-s 2)."""
+    head = b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: https://evil.example\r\n"
+    sock = raw_socket(gateway.port, head + b"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: 20000000\r\n\r\n")
+    started = time.monotonic()
+    answer = read_all(sock)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 403") and b"origin_not_allowed" in answer, answer[:300]
+    assert time.monotonic() - started < 1.5 and not gateway.log_lines("did not send its request body")
+
+
 # ------------------------------------------------------------------ 3, 4: bounded work
 
 
@@ -438,7 +450,8 @@ def test_the_playground_page_loads_only_its_own_files_under_a_strict_policy(gate
     assert headers["x-content-type-options"] == "nosniff" and headers["referrer-policy"] == "no-referrer"
     loaded = re.findall(r'(?:src|href)="([^"]+)"', page)
     assert loaded and all(url.startswith("/playground/") for url in loaded), loaded
-    for name, kind in (("app.js", "text/javascript"), ("style.css", "text/css")):
+    assert "media-src blob:;" in policy, "only the user's own audio plays (the audio view's preview)"
+    for name, kind in (("app.js", "text/javascript"), ("audio.js", "text/javascript"), ("style.css", "text/css")):
         status, headers, answer = call(gateway.port, "GET", f"/playground/{name}")
         assert status == 200 and headers["content-type"].startswith(kind)
         text = answer["raw"].decode()

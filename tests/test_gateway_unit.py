@@ -13,7 +13,7 @@ import pytest
 from hf2triton.errors import UserError
 from hf2triton.gateway.app import create_app
 from hf2triton.gateway.backend import Gateway
-from hf2triton.gateway.boundary import host_name, served_names
+from hf2triton.gateway.boundary import MAX_AUDIO_UPLOAD_MIB, MIB, host_name, served_names
 from hf2triton.gateway.errors import ApiError, triton_error, unreachable
 from hf2triton.gateway.protocol import (
     ChoiceLogprobs,
@@ -129,10 +129,11 @@ def test_host_names_and_the_bearer_scheme():
 # ------------------------------------------------------------------ the boundary, as ASGI
 
 
-def asgi(method: str, path: str, headers: dict[str, str], chunks: list = (), timeout_s: float = 30.0):
+def asgi(method: str, path: str, headers: dict[str, str], chunks: list = (), timeout_s: float = 30.0, audio_mib: int = 25):
     """(status, headers, JSON answer) of one request to a gateway with no Triton behind it. `chunks`: the body's
     pieces as they arrive; a final None: the client stalls there (no end of body)."""
-    app = create_app(Gateway("127.0.0.1:1", None, ["m"]), served_names("127.0.0.1", ["ok.example"]), ["http://app.example:8080"], timeout_s)
+    hosts = served_names("127.0.0.1", ["ok.example"])
+    app = create_app(Gateway("127.0.0.1:1", None, ["m"]), hosts, ["http://app.example:8080"], timeout_s, audio_mib)
     stall = bool(chunks) and chunks[-1] is None
     body = [c for c in chunks if c is not None]
     pending = [{"type": "http.request", "body": c, "more_body": stall or i < len(body) - 1} for i, c in enumerate(body)]
@@ -185,6 +186,43 @@ def test_the_boundary_answers_every_route_with_openai_errors(method, path, heade
     assert got == status and answer["error"]["code"] == code, answer
     assert not any(h.startswith("access-control-") for h in sent)
     assert (sent.get("connection") == "close") == (status in (421, 403, 415, 413, 408))
+
+
+def multipart(size: int) -> tuple[dict[str, str], list[bytes]]:
+    """The headers and 1 MiB chunks of a form: a `model` field, a `file` of `size` bytes, then a `prompt` field (not
+    served: a 400 naming it once the form is read to its end, before any model is asked)."""
+    head = b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nm\r\n'
+    head += b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav\r\n\r\n'
+    tail = b'\r\n--b\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nhi\r\n--b--\r\n'
+    body = head + b"\0" * size + tail
+    return {"content-type": "multipart/form-data; boundary=b"}, [body[i : i + MIB] for i in range(0, len(body), MIB)]
+
+
+def test_an_audio_form_is_bounded_at_its_own_limit_and_json_at_8_mib():
+    from hf2triton.specs import OpenAISpec
+
+    assert OpenAISpec().max_audio_upload_mib == MAX_AUDIO_UPLOAD_MIB == 25, "the config's default is the gateway's: OpenAI's 25 MB"
+    form, chunks = multipart(20 * MIB)
+    status, _, answer = asgi("POST", "/v1/audio/transcriptions", form, chunks)
+    assert status == 400 and answer["error"]["param"] == "prompt", "read to its last field, not refused for its size"
+    for declared in (False, True):  # refused by its Content-Length at once, or once past the limit while it is read
+        form, chunks = multipart(26 * MIB)
+        headers = {**form, "content-length": str(sum(map(len, chunks)))} if declared else form
+        status, sent, answer = asgi("POST", "/v1/audio/translations", headers, chunks)
+        assert status == 413 and answer["error"]["code"] == "too_large" and sent["connection"] == "close", answer
+        assert "25 MiB (26214400 bytes) limit of an audio upload (openai.max_audio_upload_mib)" in answer["error"]["message"], answer
+    status, _, answer = asgi("POST", "/v1/embeddings", JSON, [b" " * MIB] * 20)
+    assert status == 413 and "8 MiB (8388608 bytes) limit of a JSON body" in answer["error"]["message"], answer
+    form, chunks = multipart(2 * MIB)
+    status, _, answer = asgi("POST", "/v1/audio/transcriptions", form, chunks, audio_mib=1)
+    assert status == 413 and "the 1 MiB (1048576 bytes) limit" in answer["error"]["message"], answer
+
+
+def test_a_cross_site_form_post_is_refused_before_its_body_is_read():
+    form, chunks = multipart(1024)
+    for path in ("/v1/audio/transcriptions", "/v1/audio/translations"):  # the body never comes: reading it would be a 408
+        status, sent, answer = asgi("POST", path, {**form, "origin": "https://evil.example"}, [*chunks, None], timeout_s=5)
+        assert status == 403 and answer["error"]["code"] == "origin_not_allowed" and sent["connection"] == "close", answer
 
 
 def test_allowed_origins_get_cors_headers_and_preflights():

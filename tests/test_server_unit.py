@@ -208,6 +208,7 @@ def test_gateway_binds_its_own_host_with_the_boundary_flags(settings):
         "--models": "a,b",
         "--api-key-env": "HF2TRITON_API_KEY",
         "--request-timeout-s": "30",
+        "--max-audio-upload-mib": "25",
     }, "no empty allowlists, no embedding cap unless configured"
     public = OpenAISpec(
         enabled=True,
@@ -217,11 +218,12 @@ def test_gateway_binds_its_own_host_with_the_boundary_flags(settings):
         allowed_origins=("http://x:1", "https://y"),
         max_embedding_inputs=7,
         request_timeout_s=2.5,
+        max_audio_upload_mib=40,
     )
     flags = dict(zip(*[iter(command(settings, public)[3:])] * 2))
     assert flags["--host"] == "0.0.0.0" and flags["--grpc"] == "127.0.0.1:18001", "the gateway public, Triton where server.host says"
     assert flags["--allowed-hosts"] == "a.example,b" and flags["--allowed-origins"] == "http://x:1,https://y"
-    assert flags["--max-embedding-inputs"] == "7" and flags["--request-timeout-s"] == "2.5"
+    assert flags["--max-embedding-inputs"] == "7" and flags["--request-timeout-s"] == "2.5" and flags["--max-audio-upload-mib"] == "40"
     assert url(settings, public) == "127.0.0.1:9100" and url(settings, OpenAISpec(host="::1", port=9100)) == "[::1]:9100"
     on_all = Settings.of(ServerSpec(host="::"), ["a"], settings.work, settings.repository)
     assert url(on_all, OpenAISpec(port=9100)) == "[::1]:9100", "openai.host unset: the gateway binds server.host"

@@ -5,7 +5,9 @@ audio decoding (formats, resampling, the duration bound before decoding, non-aud
 refusals and task inference, the engine equal to transformers' own pipeline in-process (short, resampled, 45 s
 long-form); and one real serve: validation PASS, tritonclient HTTP / gRPC equal the pipeline's text for a WAV and an
 8 kHz FLAC, the gateway's /v1/audio/transcriptions with the openai SDK (text, json, verbose_json) and a plain multipart
-post, too large a body (413), a foreign Origin (403), a non-audio file (400 naming file)."""
+post, a 20 MB file transcribed while a 20 MB JSON body and a 26 MiB form are 413, a foreign Origin (403), a non-audio
+file (400 naming file); the playground's Audio view in headless Chromium (an upload, the WAV encoder, a recording from
+the fake microphone)."""
 
 from __future__ import annotations
 
@@ -223,10 +225,109 @@ def test_gateway_transcriptions(served, whisper, tmp_path):
     )
     refused(400, "response_format", files=form["files"], data={"model": "whisper", "response_format": "srt"})
     refused(400, "language", files=form["files"], data={"model": "whisper", "language": "xx"})
-    assert refused(413, None, files={"file": ("big.wav", b"\0" * (9 * 1024 * 1024))}, data={"model": "whisper"})["code"] == "too_large"
+    # the audio endpoints take OpenAI's 25 MB files (25 MiB of form), JSON bodies stay bounded at 8 MiB
+    import soundfile
+
+    buffer = io.BytesIO()  # 20 MB of float32 stereo at 192 kHz: 13 s, one window of the model
+    soundfile.write(buffer, np.stack([synthetic_audio(13.0, 192000)] * 2, axis=1), 192000, format="WAV", subtype="FLOAT")
+    big = buffer.getvalue()
+    assert len(big) > 19_900_000
+    answer = httpx.post(f"{base}/audio/transcriptions", files={"file": ("big.wav", big)}, data={"model": "whisper"}, timeout=120)
+    assert answer.status_code == 200 and isinstance(answer.json()["text"], str), answer.text
+    embeddings = httpx.post(f"{base}/embeddings", content=b" " * len(big), headers={"Content-Type": "application/json"}, timeout=60)
+    assert embeddings.status_code == 413 and "8 MiB (8388608 bytes) limit of a JSON body" in embeddings.json()["error"]["message"]
+    too_big = refused(413, None, files={"file": ("big.wav", b"\0" * (26 << 20))}, data={"model": "whisper"})
+    assert too_big["code"] == "too_large" and "25 MiB (26214400 bytes) limit of an audio upload" in too_big["message"], too_big
     foreign = refused(403, None, headers={"Origin": "https://evil.example"}, **form)
     assert foreign["code"] == "origin_not_allowed"
     assert refused(415, None, content=b"file=x", headers={"Content-Type": "text/plain"})["code"] == "unsupported_media_type"
+
+
+@pytest.mark.integration
+def test_the_playground_transcribes_an_uploaded_file_and_a_recording(served, tmp_path):
+    """The Audio view in headless Chromium: an uploaded WAV's transcript (and with timestamps its segments) equals the
+    endpoint's for the same file; the WAV encoder keeps known samples to 16 bits; a recording from Chromium's fake
+    microphone is converted to a WAV the server reads, its transcript equal to the endpoint's for those bytes."""
+    import base64
+
+    import httpx
+    import soundfile
+
+    from tests.browser import FAKE_MICROPHONE, console_errors, screenshot, start_chromium, text_of, wait_for
+
+    port = served.config["openai"]["port"]
+    url = f"http://127.0.0.1:{port}/v1/audio/transcriptions"
+
+    def endpoint(audio: bytes, name: str, **fields: str) -> dict:
+        return httpx.post(url, files={"file": (name, audio)}, data={"model": "whisper", **fields}, timeout=60).json()
+
+    def transcribe_shown(previous: str | None) -> str:
+        browser.find_element("id", "audio-send").click()
+        wait_for(browser, lambda: text_of(browser, "#audio-stats") not in (previous, "") or text_of(browser, "#error"))
+        assert text_of(browser, "#error") == ""
+        return text_of(browser, "#audio-text")
+
+    browser = start_chromium(*FAKE_MICROPHONE)
+    try:
+        browser.get(f"http://127.0.0.1:{port}/playground/")
+        tab = 'button[data-view="audio"]'
+        wait_for(browser, lambda: browser.execute_script(f"return !document.querySelector('{tab}').hidden"))
+        browser.find_element("css selector", tab).click()
+        path = tmp_path / "tone.wav"
+        path.write_bytes(wav(3.0, 16000, 2))
+        browser.find_element("id", "audio-file").send_keys(str(path))
+        wait_for(browser, lambda: browser.execute_script("return document.getElementById('audio-preview').duration > 0"))
+        assert text_of(browser, "#audio-note") == f"tone.wav, {len(path.read_bytes())} bytes", "a WAV is sent as it is"
+        assert transcribe_shown(None) == endpoint(path.read_bytes(), "tone.wav")["text"]
+        stats = text_of(browser, "#audio-stats")
+        assert stats.startswith("tone.wav · 3.00 s of audio · transcribed in ") and stats.endswith(" ms"), stats
+        browser.find_element("id", "audio-timestamps").click()
+        verbose = endpoint(path.read_bytes(), "tone.wav", response_format="verbose_json")
+        assert transcribe_shown(stats) == verbose["text"]
+        shown = browser.execute_script("return [...document.querySelectorAll('#audio-segments .segment')].map((n) => n.textContent)")
+        assert shown == [segment["text"] for segment in verbose["segments"]]
+        screenshot(browser, "audio", tmp_path)
+
+        # the WAV encoder on a known AudioBuffer: two channels mixed to one, 16-bit PCM
+        samples = synthetic_audio(0.5, 16000, 1)
+        encoded = browser.execute_async_script(
+            """const [left, right, done] = arguments;
+            const buffer = new AudioBuffer({ length: left.length, numberOfChannels: 2, sampleRate: 16000 });
+            buffer.copyToChannel(Float32Array.from(left), 0);
+            buffer.copyToChannel(Float32Array.from(right), 1);
+            const reader = new FileReader();
+            reader.onload = () => done(String(reader.result).split(",")[1]);
+            reader.readAsDataURL(wavOf(buffer));""",
+            (samples * 0.5).tolist(),
+            (samples * 1.5).tolist(),
+        )
+        decoded, rate = soundfile.read(io.BytesIO(base64.b64decode(encoded)), dtype="float32")
+        info = soundfile.info(io.BytesIO(base64.b64decode(encoded)))
+        assert (rate, info.channels, info.subtype, len(decoded)) == (16000, 1, "PCM_16", len(samples))
+        assert np.abs(decoded - samples).max() <= 1.5 / 32767, "the channels' mean, to one 16-bit step"
+
+        # a recording from the fake microphone (a beep), converted to WAV in the browser
+        browser.find_element("id", "audio-timestamps").click()
+        browser.find_element("id", "audio-record").click()
+        wait_for(browser, lambda: text_of(browser, "#audio-note") == "recording…")
+        browser.execute_script("return new Promise((done) => setTimeout(done, 1500))")
+        browser.find_element("id", "audio-record").click()
+        wait_for(browser, lambda: (text_of(browser, "#audio-note") or "").startswith("recording.wav, "))
+        assert "converted to WAV here" in text_of(browser, "#audio-note")
+        recorded = base64.b64decode(
+            browser.execute_async_script(
+                """const done = arguments[0];
+                const reader = new FileReader();
+                reader.onload = () => done(String(reader.result).split(",")[1]);
+                reader.readAsDataURL(pickedAudio);"""
+            )
+        )
+        info = soundfile.info(io.BytesIO(recorded))
+        assert info.format == "WAV" and info.subtype == "PCM_16" and info.samplerate == 16000 and 1.0 < info.duration < 3.0, info
+        assert transcribe_shown(text_of(browser, "#audio-stats")) == endpoint(recorded, "recording.wav")["text"]
+        assert text_of(browser, "#error") == "" and not console_errors(browser), console_errors(browser)
+    finally:
+        browser.quit()
 
 
 @pytest.mark.integration

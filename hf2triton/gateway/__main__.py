@@ -1,5 +1,6 @@
 """`python -m hf2triton.gateway --grpc HOST:PORT[,HOST:PORT...] --host H --port P --models a,b --api-key-env NAME
-[--allowed-hosts a,b] [--allowed-origins o1,o2] [--max-embedding-inputs N] [--request-timeout-s S] [--workers N]`:
+[--allowed-hosts a,b] [--allowed-origins o1,o2] [--max-embedding-inputs N] [--request-timeout-s S] [--max-audio-upload-mib M]
+[--workers N]`:
 run the gateway in the foreground (`make serve` starts it in the background when openai.enabled). Several --grpc
 addresses are replicas of one repository: requests are spread over them (gRPC round_robin)."""
 
@@ -19,6 +20,8 @@ def _names(text: str) -> list[str]:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    from hf2triton.gateway.boundary import MAX_AUDIO_UPLOAD_MIB
+
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--grpc", required=True, help="tritonserver's gRPC host:port (several, comma-separated: replicas)")
     parser.add_argument("--host", default="127.0.0.1")
@@ -29,6 +32,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--allowed-origins", default="", help="web origins (scheme://host[:port]) allowed to call from a browser")
     parser.add_argument("--max-embedding-inputs", type=int, default=None, help="texts per /v1/embeddings request (default: the model's)")
     parser.add_argument("--request-timeout-s", type=float, default=30.0, help="seconds a client has to send its request body")
+    parser.add_argument(
+        "--max-audio-upload-mib", type=int, default=MAX_AUDIO_UPLOAD_MIB, choices=range(1, 1025), metavar="1..1024",
+        help="MiB an audio endpoint's form may have (JSON bodies: 8 MiB)",
+    )  # fmt: skip
     parser.add_argument("--workers", type=int, default=1, choices=range(1, 65), metavar="1..64", help="processes sharing the port")
     return parser.parse_args(argv)
 
@@ -41,7 +48,7 @@ def build(args: argparse.Namespace):
 
     gateway = Gateway(args.grpc, os.environ.get(args.api_key_env) or None, _names(args.models), args.max_embedding_inputs)
     hosts = served_names(args.host.strip("[]"), _names(args.allowed_hosts))
-    return create_app(gateway, hosts, _names(args.allowed_origins), args.request_timeout_s), hosts
+    return create_app(gateway, hosts, _names(args.allowed_origins), args.request_timeout_s, args.max_audio_upload_mib), hosts
 
 
 def app_factory():

@@ -9,6 +9,8 @@
     POST /v1/score              the same models: text pairs' scores (vLLM's shape)  api/rerank.py
     POST /v1/models/{m}:predict token-classification, fill-mask, text-classification: the pipeline's JSON per text
                                 (KServe's V1 protocol)                              api/predict.py
+    POST /v1/audio/transcriptions, /v1/audio/translations  speech recognition: a multipart form, up to
+                                25 MiB (openai.max_audio_upload_mib)                api/audio.py
     GET  /health                the gateway is up and Triton is ready               api/models.py
     GET  /playground/           the browser playground (static)                     api/playground.py
 
@@ -31,7 +33,7 @@ from starlette.requests import ClientDisconnect
 
 from hf2triton.gateway.api import audio, embeddings, generation, models, playground, predict, rerank
 from hf2triton.gateway.backend import Gateway
-from hf2triton.gateway.boundary import Boundary, peer, served_names
+from hf2triton.gateway.boundary import MAX_AUDIO_UPLOAD_MIB, MIB, Boundary, peer, served_names
 from hf2triton.gateway.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -41,13 +43,21 @@ ROUTERS = [models.router, playground.router, generation.router, embeddings.route
 
 
 def create_app(
-    gateway: Gateway, hosts: frozenset[str] | None = None, origins: Iterable[str] = (), request_timeout_s: float = 30.0
+    gateway: Gateway,
+    hosts: frozenset[str] | None = None,
+    origins: Iterable[str] = (),
+    request_timeout_s: float = 30.0,
+    max_audio_upload_mib: int = MAX_AUDIO_UPLOAD_MIB,
 ) -> FastAPI:
     """The gateway's app; `hosts`: the names it answers under (served_names), `origins`: web origins allowed
-    to call it from a browser, `request_timeout_s`: the time a client has to send its body."""
+    to call it from a browser, `request_timeout_s`: the time a client has to send its body, `max_audio_upload_mib`:
+    the size of an audio endpoint's form (JSON bodies: boundary.MAX_BODY_BYTES)."""
     app = FastAPI(title="hf2triton OpenAI-compatible gateway", docs_url=None, redoc_url=None)
     app.state.gateway = gateway  # how the routes reach Triton (backend.gateway_of) and the key (boundary.require_key)
-    app.add_middleware(Boundary, hosts=served_names("127.0.0.1") if hosts is None else hosts, origins=origins, timeout_s=request_timeout_s)
+    app.add_middleware(
+        Boundary, hosts=served_names("127.0.0.1") if hosts is None else hosts, origins=origins, timeout_s=request_timeout_s,
+        max_form_bytes=max_audio_upload_mib * MIB,
+    )  # fmt: skip
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError):
@@ -61,7 +71,8 @@ def create_app(
     async def http_error(request: Request, err: HTTPException):  # unknown routes and methods: OpenAI's error object too
         path = request.url.path[:200]
         if err.status_code == 404:
-            endpoints = "POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank, /v1/score, /v1/models/{model}:predict"
+            endpoints = "POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank, /v1/score, /v1/models/{model}:predict, "
+            endpoints += "/v1/audio/transcriptions, /v1/audio/translations"
             message = f"no endpoint {path} (GET /v1/models, {endpoints})"
         elif err.status_code == 405:
             message = f"{request.method} is not allowed on {path} (allowed: {(err.headers or {}).get('Allow', '?')})"

@@ -6,8 +6,8 @@ Loopback is no boundary against web pages: a page can POST "simple" cross-site r
 name re-bound to 127.0.0.1 (DNS rebinding) makes it same-origin. So every request passes `Boundary` first: the Host
 must be a name the gateway serves under, a foreign Origin is refused (allowed ones get CORS headers, never a
 wildcard), POST bodies must be JSON (the audio endpoints: a multipart form), and a body is bounded in size and time
-while it is read. The API key comes from an environment variable, never from config.yaml; requests are compared in
-constant time and the key is never logged.
+while it is read: 8 MiB for JSON, 25 MiB (openai.max_audio_upload_mib) for an audio form. The API key comes from
+an environment variable, never from config.yaml; requests are compared in constant time and the key is never logged.
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ from hf2triton.gateway.errors import ApiError
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a JSON body
+# an audio form: OpenAI takes files up to 25 MB, refusing bodies over 26214400 bytes (25 MiB), which holds such a file
+# with its form fields; openai.max_audio_upload_mib sets it
+MAX_AUDIO_UPLOAD_MIB = 25
+MIB = 1024 * 1024
 # OpenAI's audio endpoints take a multipart form (the file): only there, and cross-site only from an allowed Origin
 # (a browser sends Origin on every cross-origin POST, so a foreign page's form post is refused like a JSON one)
 FORM = "multipart/form-data"
@@ -104,9 +108,19 @@ class Boundary:
     body is JSON (415: browsers send text/plain and forms cross-site without a preflight), and the body is
     bounded while it is read: by size (413, never buffered beyond it) and by time (408, then the connection closes)."""
 
-    def __init__(self, app: ASGIApp, hosts: frozenset[str], origins: Iterable[str] = (), timeout_s: float = 30.0):
-        self.app, self.hosts, self.timeout_s = app, hosts, timeout_s
+    def __init__(
+        self, app: ASGIApp, hosts: frozenset[str], origins: Iterable[str] = (), timeout_s: float = 30.0,
+        max_form_bytes: int = MAX_AUDIO_UPLOAD_MIB * MIB,
+    ):  # fmt: skip
+        self.app, self.hosts, self.timeout_s, self.max_form_bytes = app, hosts, timeout_s, max_form_bytes
         self.origins = frozenset(origin.strip().rstrip("/").lower() for origin in origins)
+
+    def body_limit(self, form: bool) -> tuple[int, str]:
+        """The size a body may have (an audio form's or a JSON body's), and how a refusal names it."""
+        if form:
+            size = f"{self.max_form_bytes / MIB:g} MiB ({self.max_form_bytes} bytes)"
+            return self.max_form_bytes, f"the {size} limit of an audio upload (openai.max_audio_upload_mib)"
+        return MAX_BODY_BYTES, f"the {MAX_BODY_BYTES // MIB} MiB ({MAX_BODY_BYTES} bytes) limit of a JSON body"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -140,10 +154,10 @@ class Boundary:
                 message = f"the body must be a form sent as Content-Type: {FORM} (got {headers.get('content-type', 'none')!r})"
             await _refuse(scope, receive, send, ApiError(415, message, code="unsupported_media_type"))
             return
+        limit, what = self.body_limit(media == FORM and scope["path"] in FORM_PATHS)
         length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > MAX_BODY_BYTES:
-            message = f"request body of {length} bytes exceeds {MAX_BODY_BYTES}"
-            await _refuse(scope, receive, send, ApiError(413, message, code="too_large"))
+        if length.isdigit() and int(length) > limit:
+            await _refuse(scope, receive, send, ApiError(413, f"request body of {length} bytes exceeds {what}", code="too_large"))
             return
 
         deadline = time.monotonic() + self.timeout_s
@@ -162,9 +176,9 @@ class Boundary:
                 raise ApiError(408, f"the request body did not arrive within {self.timeout_s:g} s", code="timeout") from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > MAX_BODY_BYTES:
+                if received > limit:
                     cut = True
-                    raise ApiError(413, f"request body exceeds {MAX_BODY_BYTES} bytes", code="too_large")
+                    raise ApiError(413, f"request body exceeds {what}", code="too_large")
             complete = not message.get("more_body", False)
             return message
 

@@ -48,7 +48,7 @@ def command(settings: Settings, openai: OpenAISpec) -> list[str]:
     cmd = [
         sys.executable, "-m", "hf2triton.gateway", "--grpc", settings.url("grpc_port"), "--host", openai.bind_host(settings.host),
         "--port", str(openai.port), "--models", ",".join(settings.models), "--api-key-env", openai.api_key_env,
-        "--request-timeout-s", f"{openai.request_timeout_s:g}",
+        "--request-timeout-s", f"{openai.request_timeout_s:g}", "--max-audio-upload-mib", str(openai.max_audio_upload_mib),
     ]  # fmt: skip
     if openai.workers > 1:
         cmd += ["--workers", str(openai.workers)]

@@ -34,13 +34,14 @@ def _utf8(item: Any, name: str, what: str, max_bytes: int, limit: str) -> str:
         raise RequestError(f"{what} is not valid UTF-8 (byte {err.start})") from None
 
 
-def check_request_size(values: np.ndarray, params: Any) -> None:
-    """A request's texts within max_texts_per_request and max_request_bytes, checked before decoding anything."""
+def check_request_size(values: np.ndarray, params: Any, what: str = "text") -> None:
+    """A request's texts (images, audios: `what`) within max_texts_per_request and max_request_bytes, checked before
+    decoding anything."""
     if values.size > params.max_texts_per_request:
-        raise RequestError(f"{values.size} texts exceed max_texts_per_request={params.max_texts_per_request}; split the request")
+        raise RequestError(f"{values.size} {what}s exceed max_texts_per_request={params.max_texts_per_request}; split the request")
     total = sum(len(item) for item in values.reshape(-1))
     if total > params.max_request_bytes:
-        raise RequestError(f"{total} bytes of text exceed max_request_bytes={params.max_request_bytes}; split the request")
+        raise RequestError(f"{total} bytes of {what} exceed max_request_bytes={params.max_request_bytes}; split the request")
 
 
 def decode_texts(values: np.ndarray, max_bytes: int) -> list[str]:

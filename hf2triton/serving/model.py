@@ -169,7 +169,7 @@ class TritonPythonModel:
         if images is None or texts is not None:
             either = f" (or '{interface.TEXT}' for text embeddings)" if self.task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION else ""
             raise inputs.RequestError(f"send the encoded images in input '{interface.IMAGE}'{either}")
-        inputs.check_request_size(images, self.params)
+        inputs.check_request_size(images, self.params, "image")
         embed = self._optional(request, interface.EMBED)
         if self.task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION and embed is not None and bool(np.asarray(embed).reshape(-1).any()):
             return self.engine.decode(images), {interface.EMBED: "images"}
@@ -188,7 +188,7 @@ class TritonPythonModel:
         audios = self._optional(request, interface.AUDIO)
         if audios is None:
             raise inputs.RequestError(f"send the audio files in input '{interface.AUDIO}'")
-        inputs.check_request_size(audios, self.params)
+        inputs.check_request_size(audios, self.params, "audio")
         names = (interface.LANGUAGE, interface.SPEECH_TASK, interface.RETURN_TIMESTAMPS)
         options = inputs.speech_options(*(self._optional(request, name) for name in names))
         self.engine.check_options(**options)

@@ -15,14 +15,16 @@ PLAYGROUND_FILES = {
     "index.html": (PLAYGROUND / "index.html", "text/html; charset=utf-8"),
     "app.js": (PLAYGROUND / "app.js", "text/javascript; charset=utf-8"),
     "tasks.js": (PLAYGROUND / "tasks.js", "text/javascript; charset=utf-8"),
+    "audio.js": (PLAYGROUND / "audio.js", "text/javascript; charset=utf-8"),
     "style.css": (PLAYGROUND / "style.css", "text/css; charset=utf-8"),
     "icon.svg": (PLAYGROUND / "icon.svg", "image/svg+xml"),
 }
 # The page loads nothing but its own files and talks only to this gateway; what a model says is never markup. img-src
-# blob: shows the image the user picked (an object URL of their own file) next to its labels.
+# blob: shows the image the user picked (an object URL of their own file) next to its labels, media-src blob: plays
+# the audio picked or recorded.
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' blob:; "
-    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "media-src blob:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",

@@ -25,17 +25,20 @@ function el(tag, props = {}, ...children) {
   return node;
 }
 
-function headers() {
-  const sent = { "Content-Type": "application/json" };
+function headers(json = true) {
+  const sent = json ? { "Content-Type": "application/json" } : {};
   if (state.key) sent.Authorization = `Bearer ${state.key}`;
   return sent;
 }
 
+// A GET without a body; a POST of JSON, or of a FormData (the audio endpoints' multipart form: the browser sets its
+// Content-Type with the boundary).
 async function api(path, body, signal) {
+  const form = body instanceof FormData;
   const response = await fetch(path, {
     method: body === undefined ? "GET" : "POST",
-    headers: headers(),
-    body: body === undefined ? undefined : JSON.stringify(body),
+    headers: headers(!form),
+    body: body === undefined || form ? body : JSON.stringify(body),
     signal,
     cache: "no-store",
   });
