@@ -9,6 +9,10 @@
 #   bash benchmarks/gpu/device.sh bench [SNAKEMAKE ARGS]      snakemake --cores 1 bench, results to $OUT/bench.tar.gz
 #   bash benchmarks/gpu/device.sh tasks                       issue 43 (after setup): benchmarks/tasks/ built and benched there
 #                                                             with benchmarks/h200/tasks-overlay.yaml -> $OUT/bench.tar.gz
+#   bash benchmarks/gpu/device.sh media                       issue 45 (after setup): benchmarks/tasks/build_media.py (Whisper
+#                                                             small's shape) and media.yaml benched with h200/media-overlay.yaml
+#   bash benchmarks/gpu/device.sh multigpu PART...            issue 47 (a machine of 2+ GPUs; after setup, setup-vllm):
+#                                                             tp-triton | tp-anchor | encoder -> $OUT/multigpu-PARTS.tar.gz
 #   bash benchmarks/gpu/device.sh bench-model MODEL            one model's bench cells (results/bench/MODEL.json; a config
 #                                                             of three 8-instance models outlasts one 10-minute call)
 #   bash benchmarks/gpu/device.sh replicas [ARGS]             (after serve) issue 26: replica two on ports 81xx, one vs two
@@ -52,7 +56,7 @@ COMPARE=${COMPARE:-results/vllm-compare}  # where serve_with and load write (tor
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for the ratio goals alone)
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
-step=${1:?stash|setup|tasks|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
+step=${1:?stash|setup|tasks|media|multigpu|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
 join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
   python3 - "$1" <<'PY'
@@ -96,10 +100,12 @@ load() {  # LABEL TARGET...: generation_bench.py, cells $CLIENTS, within what is
     --markdown "$COMPARE/generation.md" 2>&1 | tee -a "$COMPARE/load.log"
 }
 
-start_anchor() {  # PART DIR DTYPE: `vllm serve` (vLLM's own OpenAI server) on 8100, random weights, the overlay's sizes
-  VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 setsid "$VLLM_VENV/bin/vllm" serve "$2" \
+start_anchor() {  # PART DIR DTYPE [ARGS...]: `vllm serve` (vLLM's own OpenAI server) on 8100, random weights, the
+  # overlay's sizes (ARGS: more of vllm serve's, e.g. --tensor-parallel-size 2 --gpu-memory-utilization 0.85 after these)
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 \
+    setsid "$VLLM_VENV/bin/vllm" serve "$2" \
     --host 127.0.0.1 --port 8100 --served-model-name smollm2 --dtype "$3" --max-model-len 4096 \
-    --gpu-memory-utilization 0.3 --max-num-seqs 256 --load-format dummy > "$COMPARE/anchor-$1.log" 2>&1 &
+    --gpu-memory-utilization 0.3 --max-num-seqs 256 --load-format dummy "${@:4}" > "$COMPARE/anchor-$1.log" 2>&1 &
   echo $! > /tmp/vllm-anchor.pid
 }
 
@@ -152,6 +158,57 @@ tasks)  # issue 43 (after setup): the task benchmark's models built there from t
   export HF2TRITON_CONFIG=benchmarks/tasks/config.yaml
   "$VENV/bin/python" benchmarks/tasks/build_models.py
   exec bash "$0" bench --configfile benchmarks/h200/tasks-overlay.yaml "${@:2}"
+  ;;
+media)  # issue 45 (after setup): the image and speech models built there (Whisper small's shape), benched against
+  # their pipelines on the GPU with benchmarks/h200/media-overlay.yaml -> $OUT/bench.tar.gz
+  export HF2TRITON_CONFIG=benchmarks/tasks/media.yaml
+  "$VENV/bin/python" benchmarks/tasks/build_media.py --whisper small
+  exec bash "$0" bench --configfile benchmarks/h200/media-overlay.yaml "${@:2}"
+  ;;
+multigpu)  # issue 47 on a machine of 2+ GPUs (after setup and setup-vllm), one part per call:
+  #   tp-triton: a Qwen2.5-32B-shaped model (random weights) served by backend vllm, tensor_parallel_size 2, and loaded
+  #   tp-anchor: `vllm serve --tensor-parallel-size 2` on the same saved model, the same load
+  #   encoder:   MiniLM, 4 instances on GPU 0 and then on every GPU (gpus: all), bench texts/s each
+  [ $# -ge 2 ] || { echo "multigpu PART...: tp-triton | tp-anchor | encoder" >&2; exit 2; }
+  export PATH="$VENV/bin:$PATH"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the machine's rule (KINDS.md)
+  COMPARE=results/multigpu
+  mkdir -p "$COMPARE"
+  nvidia-smi -L > "$COMPARE/gpus.txt"
+  [ "$(wc -l < "$COMPARE/gpus.txt")" -ge 2 ] || { echo "multigpu: this machine has one GPU" >&2; exit 2; }
+  rc=0
+  for part in "${@:2}"; do
+    case "$part" in
+    tp-triton)
+      timeout 240 "$VENV/bin/python" benchmarks/gpu/random_checkpoint.py benchmarks/h200/multigpu/qwen2.5-32b-shape.json \
+        /tmp/hf2triton-vllm/qwen2.5-32b-shape 2>&1 | tail -n 3 || rc=$?
+      { serve_with "$part" benchmarks/h200/gpu-overlay.yaml benchmarks/h200/vllm-overlay.yaml benchmarks/h200/multigpu/tp2.yaml &&
+        load "Qwen2.5-32B shape bf16, TP 2, random weights" "32b-tp2-triton-vllm-sse=triton,http://127.0.0.1:8000,smollm2" \
+          "32b-tp2-triton-vllm-gateway=openai,http://127.0.0.1:9000,smollm2"; } || rc=$?
+      "$VENV/bin/snakemake" --cores 1 stop > /dev/null 2>&1 || true  # the anchor needs the GPUs
+      ;;
+    tp-anchor)
+      start_anchor "$part" .hf2triton/models/smollm2/pretrained bfloat16 --tensor-parallel-size 2 --gpu-memory-utilization 0.85
+      load "Qwen2.5-32B shape bf16, TP 2, random weights" "32b-tp2-vllm-serve=openai,http://127.0.0.1:8100,smollm2,ignore_eos" || rc=$?
+      stop_anchor
+      ;;
+    encoder)
+      for variant in encoder-one-gpu encoder-all-gpus; do
+        timeout 270 "$VENV/bin/snakemake" --cores 1 results/bench/minilm.json --configfile benchmarks/h200/gpu-overlay.yaml \
+          "benchmarks/h200/multigpu/$variant.yaml" --forcerun bench_model > "$COMPARE/bench-$variant.log" 2>&1 || rc=$?
+        cp results/bench/minilm.json "$COMPARE/minilm-$variant.json" 2>/dev/null || true
+      done
+      ;;
+    *)
+      echo "multigpu: unknown part $part (tp-triton | tp-anchor | encoder)" >&2
+      rc=2
+      ;;
+    esac
+    nvidia-smi > "$COMPARE/nvidia-smi-$part.txt" 2>&1 || true
+    echo "multigpu $part: done at $SECONDS s (exit so far $rc)"
+  done
+  [ -z "${OUT:-}" ] || tar -czf "$OUT/multigpu-$(IFS=-; echo "${*:2}").tar.gz" "$COMPARE"
+  exit "$rc"
   ;;
 bench-model)
   export PATH="$VENV/bin:$PATH"
