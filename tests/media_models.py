@@ -74,10 +74,11 @@ def build_image_models(root: Path) -> dict[str, Path]:
 
 
 def build_tiny_whisper(directory: Path) -> Path:
-    """A random 1-layer Whisper (d_model 32) with its feature extractor and a WhisperTokenizerFast, saved like a hub repo."""
-    import torch
+    """A random 1-layer Whisper (d_model 32) with its feature extractor and a WhisperTokenizerFast over a BPE trained
+    here, saved like a hub repo (the bench's builder, benchmarks/tasks/build_media.py, at the tiniest size)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizerFast
+
+    from benchmarks.tasks.build_media import whisper_checkpoint
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -86,46 +87,34 @@ def build_tiny_whisper(directory: Path) -> Path:
     bpe.train_from_iterator(["the quick brown fox jumps over the lazy dog", "hello world, speech recognition"] * 20, trainer)
     directory.mkdir(parents=True, exist_ok=True)
     bpe.save(str(directory / "tokenizer.json"))
-    eot = "<|endoftext|>"
-    tokenizer = WhisperTokenizerFast(
-        tokenizer_file=str(directory / "tokenizer.json"), unk_token=eot, bos_token=eot, eos_token=eot, pad_token=eot
-    )
-    specials = ["<|startoftranscript|>", *[f"<|{code}|>" for code in LANGUAGES], "<|translate|>", "<|transcribe|>"]
-    specials += ["<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
-    tokenizer.add_special_tokens({"additional_special_tokens": specials})
-    tokenizer.add_tokens([f"<|{i * 0.02:.2f}|>" for i in range(1501)])  # after <|notimestamps|>, as Whisper's
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in specials}
-    end = tokenizer.convert_tokens_to_ids(eot)
-    special = {"decoder_start_token_id": ids["<|startoftranscript|>"], "eos_token_id": end, "pad_token_id": end, "bos_token_id": end}
-    config = WhisperConfig(
-        vocab_size=len(tokenizer),
-        d_model=32,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        num_mel_bins=80,
-        max_source_positions=1500,  # 30 s of audio: 3000 frames, 1500 after the conv stride
-        max_target_positions=448,
-        **special,
+    return whisper_checkpoint(directory, {"d_model": 32, "layers": 1, "heads": 2, "ffn": 32}, LANGUAGES, MAX_TOKENS)
+
+
+def build_tiny_ctc(directory: Path) -> Path:
+    """A random 1-layer wav2vec2 (Wav2Vec2ForCTC) with a char-level CTC tokenizer made here and its feature extractor."""
+    import json
+
+    import torch
+    from transformers import Wav2Vec2Config, Wav2Vec2CTCTokenizer, Wav2Vec2FeatureExtractor, Wav2Vec2ForCTC
+
+    directory.mkdir(parents=True)
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "|": 4, **{c: 5 + i for i, c in enumerate("abcdefghij")}}
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    config = Wav2Vec2Config(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=37,
+        conv_dim=(16, 16),
+        conv_stride=(5, 4),
+        conv_kernel=(10, 8),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        pad_token_id=0,
     )
     torch.manual_seed(0)
-    model = WhisperForConditionalGeneration(config).eval()
-    model.generation_config = GenerationConfig(
-        **special,
-        lang_to_id={f"<|{code}|>": ids[f"<|{code}|>"] for code in LANGUAGES},
-        task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
-        no_timestamps_token_id=ids["<|notimestamps|>"],
-        prev_sot_token_id=ids["<|startofprev|>"],
-        is_multilingual=True,
-        suppress_tokens=[],
-        begin_suppress_tokens=[end],
-        max_length=MAX_TOKENS,
-        max_initial_timestamp_index=50,
-    )
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    WhisperFeatureExtractor().save_pretrained(directory)
+    Wav2Vec2ForCTC(config).eval().save_pretrained(directory)
+    Wav2Vec2CTCTokenizer(str(directory / "vocab.json")).save_pretrained(directory)
+    Wav2Vec2FeatureExtractor(sampling_rate=16000, return_attention_mask=False).save_pretrained(directory)
     return directory

@@ -178,10 +178,10 @@ def test_config_refuses_tensorrt_and_renders_the_image_interface(image_models, t
         assert config.parameters["max_image_pixels"].string_value == "5000" and "cuda_graphs" not in config.parameters
 
 
-def test_tune_and_bench_leave_image_models_out_clearly(image_models, tmp_path):
+def test_tune_leaves_image_models_out_clearly(image_models, tmp_path):
+    """tune's loads are texts (bench measures image models with images: perf.pipelines.media_load)."""
     from hf2triton.config import load_config, load_project
     from hf2triton.errors import UserError
-    from hf2triton.perf.bench import bench_model_step
 
     path = tmp_path / "config.yaml"
     models = [{"name": "vit", "source": str(image_models["vit"])}, {"name": "bert", "source": str(minilm_dir())}]
@@ -190,8 +190,6 @@ def test_tune_and_bench_leave_image_models_out_clearly(image_models, tmp_path):
     path.write_text(json.dumps({"models": models, "tune": {"models": ["vit"]}}))
     with pytest.raises(UserError, match="'vit' is an image or speech model"):
         load_config(path)
-    with pytest.raises(UserError, match="does not measure image or speech models yet"):
-        bench_model_step("vit", {}, ["vit"], "", "", {}, {"task": IC}, {}, "", str(tmp_path / "scratch"))
 
 
 def test_task_inference_from_architectures_and_pipeline_tags():

