@@ -304,3 +304,37 @@ def test_logprobs_of_chosen_and_prompt_tokens_are_the_models_own_in_a_mixed_batc
         assert [i for i, _ in item.top] == [int(reference[position - 1].argmax())]
     assert [item.id for item in short_echo.prompt_logprobs] == asked.prompt_ids and short_echo.logprobs == []
     assert all(item.top == () for item in short_echo.prompt_logprobs), "no alternatives asked"
+
+
+def test_samples_of_one_prompt_share_its_prefill(llm, new_batcher):
+    """Issue 44 #3: an OpenAI request's `n` samples arrive as n sequences of one prompt; joining together, the prompt
+    is prefilled once (one row for it in the prefill pass) and each sample draws as it would alone (its own seed)."""
+    sampled = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.95}
+    alone = []
+    for seed in (1, 2, 3):
+        batcher = new_batcher(llm)
+        alone.append(submit(batcher, llm, PROMPTS[2], seed=seed, **sampled))
+        drain(batcher)
+    batcher = new_batcher(llm)
+    rows = []
+    forward = batcher._forward
+
+    def counted(input_ids, *args, **kwargs):
+        rows.append(tuple(input_ids.shape))
+        return forward(input_ids, *args, **kwargs)
+
+    batcher._forward = counted
+    together = [submit(batcher, llm, PROMPTS[2], seed=seed, **sampled) for seed in (1, 2, 3)]
+    other = submit(batcher, llm, PROMPTS[0], max_new_tokens=8)
+    echo = Sequence(
+        llm[1](PROMPTS[2], add_special_tokens=False)["input_ids"], Sampling(max_new_tokens=1, prompt_logprobs=True), Collector()
+    )
+    batcher.submit(echo)
+    drain(batcher)
+    prompt_tokens = len(llm[1](PROMPTS[2], add_special_tokens=False)["input_ids"])
+    assert rows[0] == (2, prompt_tokens), "the prefill pass: one row per distinct prompt, not five"
+    assert [c.text for c in together] == [c.text for c in alone] and len({c.text for c in together}) > 1
+    assert other.text == solo(llm, PROMPTS[0], 8)
+    reference = reference_logprobs(llm, echo.prompt_ids)
+    assert [item.id for item in echo.prompt_logprobs] == echo.prompt_ids, "a shared row's prompt log-probabilities too"
+    assert all(abs(item.logprob - float(reference[i - 1, item.id])) < 1e-4 for i, item in enumerate(echo.prompt_logprobs) if i)

@@ -236,24 +236,33 @@ class ContinuousBatcher:
 
     def _prefill(self, joining: list[Sequence]) -> None:
         """Prefill the joining prompts together (left-padded), merge them into the running batch and take their
-        first token (the decode of the same step then advances every row, old and new)."""
+        first token (the decode of the same step then advances every row, old and new). Identical prompts (an OpenAI
+        request's `n` samples arrive as n sequences of one prompt) are prefilled once: their rows of the cache and
+        logits are copies of that one row."""
         torch = self.torch
-        width = max(len(s.prompt_ids) for s in joining)
-        ids = torch.full((len(joining), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(joining), width), dtype=torch.long)
-        for row, s in enumerate(joining):
-            ids[row, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
-            mask[row, width - len(s.prompt_ids) :] = 1
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(s.prompt_ids), len(distinct)) for s in joining]  # each sequence's prefilled row
+        prompts = list(distinct)
+        width = max(len(prompt) for prompt in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         echo = any(s.sampling.prompt_logprobs for s in joining)  # only then every position's logits (tokens x vocabulary)
         logits, cache = self._forward(ids.to(self.device), mask.to(self.device), positions.to(self.device), None, every_position=echo)
         if echo:
-            for row, s in enumerate(joining):
+            for row, s in zip(rows, joining):
                 if s.sampling.prompt_logprobs:
                     self._record_prompt_logprobs(s, logits[row, width - len(s.prompt_ids) :], 0)
             logits = logits[:, -1]
-        new_positions = mask.sum(-1).to(self.device)
-        self._merge(joining, cache, mask.to(self.device), new_positions)
+        mask = mask.to(self.device)
+        if len(prompts) < len(joining):  # one row per sequence again
+            index = torch.tensor(rows, device=self.device)
+            logits, mask = logits[index], mask[index]
+            cache = [(keys[index], values[index]) for keys, values in cache]
+        self._merge(joining, cache, mask, mask.sum(-1))
         self._advance(joining, logits, offset=len(self.running) - len(joining))
 
     def _prefill_chunk(self, count: int) -> None:
