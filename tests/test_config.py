@@ -229,19 +229,19 @@ def test_a_generation_block_shared_through_a_yaml_anchor_is_derived_per_model():
 models:
   - {name: a, source: org/llm, task: text-generation, generation: &gen {max_new_tokens: 8}}
   - {name: b, source: org/llm, task: text-generation, backend: onnx, generation: *gen}
+  - {name: c, source: org/llm, task: text-generation, backend: onnx, generation: {<<: *gen, streaming: false}}
 """
     models = validate_config(yaml.safe_load(text))["models"]
-    assert [m["generation"]["streaming"] for m in models] == [True, False]
+    assert [m["generation"]["streaming"] for m in models] == [True, True, False]
     assert all(m["generation"]["max_new_tokens"] == 8 for m in models)
 
 
-def test_streaming_is_the_default_on_python_and_refused_with_onnx():
+def test_streaming_is_the_default_on_python_and_onnx():
     generation = {"source": "org/llm", "task": "text-generation"}
     assert validate_config(with_model(**generation))["models"][0]["generation"]["streaming"] is True
-    assert validate_config(with_model(**generation, backend="onnx"))["models"][0]["generation"]["streaming"] is False
-    with pytest.raises(UserError) as info:
-        validate_config(with_model(**generation, backend="onnx", generation={"streaming": True}))
-    assert "generation.streaming = true: needs backend python (backend is onnx)" in info.value.message
+    assert validate_config(with_model(**generation, backend="onnx"))["models"][0]["generation"]["streaming"] is True
+    static = with_model(**generation, backend="onnx", generation={"streaming": False})
+    assert validate_config(static)["models"][0]["generation"]["streaming"] is False
     cfg = with_model(**generation)
     cfg["tune"] = {"models": ["m"]}
     with pytest.raises(UserError) as info:
