@@ -13,6 +13,13 @@ On a GPU (the H200 run, benchmarks/h200/README.md): `--random-from DIR` builds t
 from DIR's config.json + tokenizer (written by benchmarks/gpu/prepare_generation.sh from the shipped SmolLM2),
 `--device cuda` (fp16), and `--closed-loop C` also runs a closed loop of C clients (each submits its next
 request when its last one finished) through the continuous batcher: tokens/s and TTFT p50/p99 at that load.
+
+`--onnx EXPORTER` (genai-builder or optimum; issue 46 #3) instead exports the model and runs the closed loops of
+`--closed-loop` through the torch batcher and the ONNX Runtime one (batching/onnx.py) in turn, `--rounds` times
+interleaved (the machine is shared: the ratio of the medians is the figure), and counts the answers whose greedy
+tokens are identical:
+
+    .venv/bin/python benchmarks/probes/continuous_batching.py --onnx genai-builder --closed-loop 1 8 --out FILE
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from hf2triton.perf.corpus import bench_texts  # noqa: E402
 from hf2triton.pipeline.fetch import fetch_step  # noqa: E402
 from hf2triton.pipeline.pretrained import pretrained_step  # noqa: E402
 from hf2triton.serving.batching.continuous import ContinuousBatcher  # noqa: E402
+from hf2triton.serving.batching.onnx import OnnxBatcher  # noqa: E402
 from hf2triton.serving.batching.sequences import Sampling, Sequence  # noqa: E402
 from hf2triton.serving.tasks.generation import GenerationEngine  # noqa: E402
 
@@ -98,14 +106,20 @@ def continuous(engine: GenerationEngine, prompts: list[str], budgets: list[int],
     }
 
 
-def closed_loop(engine: GenerationEngine, prompts: list[str], budgets: list[int], clients: int, max_sequences: int) -> dict:
-    """`clients` sequences always in flight (a finished one is replaced at once) until every prompt is answered."""
-    batcher = ContinuousBatcher(engine.model, engine.tokenizer, engine.device, max_sequences, len(prompts), engine.max_length)
+def closed_loop(engine: GenerationEngine, prompts: list[str], budgets: list[int], clients: int, max_sequences: int, model=None) -> dict:
+    """`clients` sequences always in flight (a finished one is replaced at once) until every prompt is answered;
+    `model`: an ONNX Runtime decoder (OrtDecoder) run by the ONNX batcher instead of the engine's torch model."""
+    limits = (max_sequences, len(prompts), engine.max_length)
+    if model is not None:
+        batcher = OnnxBatcher(model, engine.tokenizer, "cpu", *limits)
+    else:
+        batcher = ContinuousBatcher(engine.model, engine.tokenizer, engine.device, *limits)
     ids = [engine.tokenizer(engine.prompt(p), add_special_tokens=False)["input_ids"] for p in prompts]
     submitted: dict[int, float] = {}
     first_at: dict[int, float] = {}
     counts: dict[int, int] = {}
     finished: list[int] = []
+    sequences: dict[int, Sequence] = {}
 
     def submit(index: int) -> None:
         def emit(text, finish):
@@ -115,7 +129,8 @@ def closed_loop(engine: GenerationEngine, prompts: list[str], budgets: list[int]
                 finished.append(index)
 
         submitted[index] = time.perf_counter()
-        batcher.submit(Sequence(ids[index], Sampling(max_new_tokens=budgets[index]), emit))
+        sequences[index] = Sequence(ids[index], Sampling(max_new_tokens=budgets[index]), emit)
+        batcher.submit(sequences[index])
 
     started = time.perf_counter()
     queue = list(range(len(prompts)))
@@ -138,7 +153,31 @@ def closed_loop(engine: GenerationEngine, prompts: list[str], budgets: list[int]
         "tokens_per_s": round(tokens / elapsed, 1),
         "ttft_p50_ms": round(1000 * ttft[len(ttft) // 2], 1),
         "ttft_p99_ms": round(1000 * ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))], 1),
+        "generated": [sequences[i].generated for i in range(len(prompts))],
     }
+
+
+def onnx_ab(engine: GenerationEngine, model_dir: str, exporter: str, work: Path, args, prompts: list[str], budgets: list[int]) -> dict:
+    """Closed loops through the torch batcher and the ONNX one, interleaved `args.rounds` times per client count."""
+    from hf2triton.pipeline.export import export_onnx_step
+    from hf2triton.serving.runtimes.onnxruntime import OrtDecoder
+
+    export_onnx_step(model_dir, "text-generation", 17, exporter, "O2", "none", str(work / "onnx"))
+    decoder = OrtDecoder(str(work / "onnx"), 0)
+    cells = []
+    for clients in args.closed_loop:
+        runs: dict[str, list[dict]] = {"torch": [], "onnx": []}
+        for _ in range(args.rounds):
+            for name, model in (("torch", None), ("onnx", decoder)):
+                runs[name].append(closed_loop(engine, prompts, budgets, clients, max(clients, args.max_sequences), model))
+        same = sum(a == b for a, b in zip(runs["torch"][0]["generated"], runs["onnx"][0]["generated"]))
+        medians = {name: p50([r["tokens_per_s"] for r in rounds]) for name, rounds in runs.items()}
+        rounds = {name: [{k: v for k, v in r.items() if k != "generated"} for r in rs] for name, rs in runs.items()}
+        ratio = round(medians["onnx"] / medians["torch"], 2)
+        identical = f"{same}/{len(prompts)}"
+        cell = {"clients": clients, "tokens_per_s_median": medians, "onnx_over_torch": ratio, "greedy_identical": identical}
+        cells.append({**cell, "rounds": rounds})
+    return {"exporter": exporter, "cells": cells}
 
 
 def random_model(source: Path, target: Path) -> str:
@@ -167,6 +206,8 @@ def main() -> int:
     parser.add_argument("--random-from", default="", help="a folder with config.json + tokenizer: random weights (say so)")
     parser.add_argument("--closed-loop", type=int, nargs="*", default=[], help="client counts for closed-loop runs")
     parser.add_argument("--closed-loop-requests", type=int, default=128)
+    parser.add_argument("--onnx", choices=["genai-builder", "optimum"], default="", help="torch vs ONNX batcher, closed loops only")
+    parser.add_argument("--rounds", type=int, default=3, help="--onnx: interleaved rounds per client count")
     args = parser.parse_args()
     rng = random.Random(0)  # noqa: S311 - a fixed workload
     prompts = bench_texts(args.requests, max_words=40)
@@ -177,12 +218,20 @@ def main() -> int:
         model_dir = random_model(Path(args.random_from), Path(tmp) / "random") if args.random_from else saved_model(Path(tmp))
         engine = GenerationEngine(model_dir, num_threads=0, device=args.device)
         engine.run(prompts[:1], max_new_tokens=4)  # warm-up
+        if args.onnx:
+            result = {"device": args.device, "weights": "the shipped SmolLM2 (real weights)", "max_new_tokens": loop_budgets}
+            result.update(onnx_ab(engine, model_dir, args.onnx, Path(tmp), args, loop_prompts, loop_budgets))
+            print(json.dumps([{k: v for k, v in c.items() if k != "rounds"} for c in result["cells"]], indent=1))
+            if args.out:
+                Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+            return 0
         fixed = static(engine, prompts, budgets, args.max_batch_size)
         rolling = continuous(engine, prompts, budgets, args.max_sequences)
         solo = [engine.run([p], max_new_tokens=b)["text_output"][0].decode() for p, b in zip(prompts, budgets)]
         loops = [closed_loop(engine, loop_prompts, loop_budgets, c, max(c, args.max_sequences)) for c in args.closed_loop]
         lone = static(engine, loop_prompts[:8], loop_budgets[:8], 1)  # generate() one request at a time
     identical = sum(a == b for a, b in zip(rolling.pop("texts"), solo))
+    loops = [{k: v for k, v in loop.items() if k != "generated"} for loop in loops]
     result = {
         "device": args.device,
         "weights": f"random, from {args.random_from}/config.json" if args.random_from else "the shipped SmolLM2 (real weights)",
