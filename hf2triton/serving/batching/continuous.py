@@ -182,7 +182,8 @@ class ContinuousBatcher:
     def step(self) -> None:
         """Prefill under the token budget (prompts that fit together, the long one by one more chunk), then one
         decoding step for everyone running: a long prompt holds the running streams up for one chunk at most."""
-        self._drop(self._gone, "cancelled")
+        with self.torch.inference_mode():  # a preallocated cache (slots.py) is moved in place: inference tensors
+            self._drop(self._gone, "cancelled")
         if self.partial is not None and self._cancelled_early(self.partial):
             self.partial = None
         with self.lock:
