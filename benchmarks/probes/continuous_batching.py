@@ -161,6 +161,16 @@ def closed_loop(
     }
 
 
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
+    """How many answers are token for token the same, and where the others first differ (token index / length)."""
+    differ = []
+    for s, t in zip(a, b):
+        if s != t:
+            at = next((i for i, (x, y) in enumerate(zip(s, t)) if x != y), min(len(s), len(t)))
+            differ.append(f"{at}/{len(s)}")
+    return {"identical": f"{len(a) - len(differ)}/{len(a)}", "first_difference_at": differ}
+
+
 def onnx_ab(engine: GenerationEngine, model_dir: str, exporter: str, work: Path, args, prompts: list[str], budgets: list[int]) -> dict:
     """Closed loops through the torch batcher and the ONNX one, interleaved `args.rounds` times per client count."""
     from hf2triton.pipeline.export import export_onnx_step
@@ -169,20 +179,27 @@ def onnx_ab(engine: GenerationEngine, model_dir: str, exporter: str, work: Path,
     precision = "float16" if engine.device.startswith("cuda") else "float32"  # as hf2triton.specs.onnx_precision
     export_onnx_step(model_dir, "text-generation", 17, exporter, "O2", "none", str(work / "onnx"), precision)
     decoder = OrtDecoder(str(work / "onnx"), 0, engine.device)
-    cells = []
+    cells, answers = [], {}
     for clients in args.closed_loop:
         runs: dict[str, list[dict]] = {"torch": [], "onnx": []}
         for _ in range(args.rounds):
             for name, model in (("torch", None), ("onnx", decoder)):
                 sequences = max(clients, args.max_sequences)
                 runs[name].append(closed_loop(engine, prompts, budgets, clients, sequences, model, args.onnx_slots))
-        same = sum(a == b for a, b in zip(runs["torch"][0]["generated"], runs["onnx"][0]["generated"]))
+        answers[clients] = {name: rounds[0].pop("generated") for name, rounds in runs.items()}
         medians = {name: p50([r["tokens_per_s"] for r in rounds]) for name, rounds in runs.items()}
-        rounds = {name: [{k: v for k, v in r.items() if k != "generated"} for r in rs] for name, rs in runs.items()}
-        ratio = round(medians["onnx"] / medians["torch"], 2)
-        identical = f"{same}/{len(prompts)}"
-        cell = {"clients": clients, "tokens_per_s_median": medians, "onnx_over_torch": ratio, "greedy_identical": identical}
-        cells.append({**cell, "rounds": rounds})
+        for rounds in runs.values():
+            for r in rounds:
+                r.pop("generated", None)
+        paired = [round(o["tokens_per_s"] / t["tokens_per_s"], 2) for t, o in zip(runs["torch"], runs["onnx"])]
+        cell = {"clients": clients, "tokens_per_s_median": medians, "onnx_over_torch": round(medians["onnx"] / medians["torch"], 2)}
+        cell.update(onnx_over_torch_per_round=paired, onnx_over_torch_per_round_median=p50(paired))
+        # greedy answers: ONNX vs torch here, and each engine batched vs its own one-client answers (batch-shape noise)
+        cell["greedy_identical"] = agreement(answers[clients]["torch"], answers[clients]["onnx"])
+        if clients != args.closed_loop[0]:
+            first = answers[args.closed_loop[0]]
+            cell["vs_own_first_cell"] = {name: agreement(first[name], answers[clients][name]) for name in first}
+        cells.append({**cell, "rounds": runs})
     return {"exporter": exporter, "onnx_cache": "preallocated (slots)" if args.onnx_slots else "dynamic", "cells": cells}
 
 
