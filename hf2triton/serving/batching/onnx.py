@@ -49,6 +49,8 @@ class OnnxBatcher(ContinuousBatcher):
 
     def _bind(self, binding, name: str, tensor, output: bool = False) -> None:
         """Bind a contiguous torch tensor by its address (the tensor must outlive the Run)."""
+        if not tensor.is_contiguous():  # a .contiguous() copy made here would be freed before the Run reads it
+            raise ValueError(f"{name}: bind a contiguous tensor, held until the Run ends")
         kind = self.np.dtype(str(tensor.dtype).removeprefix("torch."))
         bind = binding.bind_output if output else binding.bind_input
         bind(name, *self.place, kind, tuple(tensor.shape), tensor.data_ptr())
@@ -72,10 +74,11 @@ class OnnxBatcher(ContinuousBatcher):
         keep = [value.to(torch.int64).contiguous() for name, value in feeds.items() if name in self.inputs]
         for name, tensor in zip((n for n in feeds if n in self.inputs), keep):
             self._bind(binding, name, tensor)
-        past, cache[:] = list(cache), []
+        # held until the Run is done: a retired row's trim leaves strided views, bound as contiguous copies
+        past, cache[:] = [(keys.contiguous(), values.contiguous()) for keys, values in cache], []
         for layer, (keys, values) in enumerate(past):
-            self._bind(binding, f"past_key_values.{layer}.key", keys.contiguous())
-            self._bind(binding, f"past_key_values.{layer}.value", values.contiguous())
+            self._bind(binding, f"past_key_values.{layer}.key", keys)
+            self._bind(binding, f"past_key_values.{layer}.value", values)
         logits = torch.empty((rows, length, self.vocabulary), dtype=self.logits_dtype, device=self.device)
         self._bind(binding, "logits", logits, output=True)
         shape = (rows, self.kv_heads, total, self.head_size)
