@@ -168,6 +168,7 @@ def _schema_error_line(error: jsonschema.ValidationError) -> UserError:
     return UserError(f"{_key_path(path)} = {value}: not allowed", f"use {_allowed(error)}")
 
 
+STREAMING_BACKENDS = ("python", "onnx", "vllm")  # the engines a continuous batcher (or vLLM's own) runs on
 TORCH_ONLY_TASKS = (TEXT2TEXT,)  # no ONNX export yet
 # automatic-speech-recognition's max_request_bytes unless set: audio files are larger than texts, and the gateway's
 # audio endpoints take OpenAI's 25 MB files (openai.max_audio_upload_mib); their duration is bounded on its own
@@ -267,17 +268,17 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
             )
         generation = model.get("generation") if model["task"] in GENERATIVE_TASKS else None
         if generation is not None and "streaming" not in generation:
-            # streaming (continuous batching) runs on the torch engine and vLLM's; the ONNX decoder answers per request
-            generation["streaming"] = model["backend"] in ("python", "vllm")
+            # streaming (continuous batching) on every engine that generates: torch, vLLM's, the ONNX decoder's
+            generation["streaming"] = model["backend"] in STREAMING_BACKENDS
         elif generation is not None and not generation["streaming"] and model["backend"] == "vllm":
             raise UserError(
                 f"config.models[{index}].generation.streaming = false: backend vllm always streams (a decoupled model)",
                 "remove generation.streaming (a request may still ask for one whole answer: stream false)",
             )
-        elif generation is not None and generation["streaming"] and model["backend"] not in ("python", "vllm"):
+        elif generation is not None and generation["streaming"] and model["backend"] not in STREAMING_BACKENDS:
             raise UserError(
-                f"config.models[{index}].generation.streaming = true: needs backend python (backend is {model['backend']})",
-                "use backend: python, or streaming: false (the ONNX decoder answers each request whole)",
+                f"config.models[{index}].generation.streaming = true: needs backend python, onnx or vllm (backend is {model['backend']})",
+                "use one of those backends, or streaming: false (each request answered whole)",
             )
         if model["onnx"]["exporter"] == "genai-builder" and model["task"] != "text-generation":
             raise UserError(

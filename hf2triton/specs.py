@@ -85,7 +85,7 @@ class GenerationSpec:
     max_new_tokens: int = DEFAULTS.max_new_tokens
     temperature: float = DEFAULTS.temperature
     chat_template: bool = DEFAULTS.chat_template
-    streaming: bool = True  # the config default for backend python (onnx: false)
+    streaming: bool = True  # the config default (backends python, onnx, vllm)
     checkpoint_defaults: bool = DEFAULTS.checkpoint_defaults
     max_sequences: int = DEFAULTS.max_sequences
     max_prefill_tokens: int = DEFAULTS.max_prefill_tokens

@@ -236,19 +236,19 @@ def test_a_generation_block_shared_through_a_yaml_anchor_is_derived_per_model():
 models:
   - {name: a, source: org/llm, task: text-generation, generation: &gen {max_new_tokens: 8}}
   - {name: b, source: org/llm, task: text-generation, backend: onnx, generation: *gen}
+  - {name: c, source: org/llm, task: text-generation, backend: onnx, generation: {<<: *gen, streaming: false}}
 """
     models = validate_config(yaml.safe_load(text))["models"]
-    assert [m["generation"]["streaming"] for m in models] == [True, False]
+    assert [m["generation"]["streaming"] for m in models] == [True, True, False]
     assert all(m["generation"]["max_new_tokens"] == 8 for m in models)
 
 
-def test_streaming_is_the_default_on_python_and_refused_with_onnx():
+def test_streaming_is_the_default_on_python_and_onnx():
     generation = {"source": "org/llm", "task": "text-generation"}
     assert validate_config(with_model(**generation))["models"][0]["generation"]["streaming"] is True
-    assert validate_config(with_model(**generation, backend="onnx"))["models"][0]["generation"]["streaming"] is False
-    with pytest.raises(UserError) as info:
-        validate_config(with_model(**generation, backend="onnx", generation={"streaming": True}))
-    assert "generation.streaming = true: needs backend python (backend is onnx)" in info.value.message
+    assert validate_config(with_model(**generation, backend="onnx"))["models"][0]["generation"]["streaming"] is True
+    static = with_model(**generation, backend="onnx", generation={"streaming": False})
+    assert validate_config(static)["models"][0]["generation"]["streaming"] is False
     cfg = with_model(**generation)
     cfg["tune"] = {"models": ["m"]}
     with pytest.raises(UserError) as info:
@@ -269,16 +269,23 @@ def test_genai_builder_is_for_decoders_only():
 
 
 TASK_BENCH_OVERLAYS = ("benchmarks/h200/tasks-overlay.yaml", "benchmarks/tasks/onnx-overlay.yaml")
+MEDIA_BENCH_OVERLAYS = ("benchmarks/h200/media-overlay.yaml",)  # issue 45's image and speech benchmark
+# overlays documented on top of others than gpu-overlay.yaml alone (device.sh multigpu tp-triton)
+STACKED = {"benchmarks/h200/multigpu/tp2.yaml": ("benchmarks/h200/vllm-overlay.yaml", "benchmarks/h200/vllm-dummy.yaml")}
 
 
 @pytest.mark.parametrize("overlay", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").rglob("*.yaml")), ids=lambda p: p)
 def test_benchmark_overlays_are_valid_configs(overlay):
     """The overlays the documented GPU/CPU sequences pass with --configfile (a typo must fail here, not on the GPU machine)."""
     data = read_yaml(ROOT / overlay) or {}
-    if overlay in TASK_BENCH_OVERLAYS:  # issue 43's task benchmark: its own config of task models
-        cfg = load_config(ROOT / "benchmarks/tasks/config.yaml", data)
+    if overlay in TASK_BENCH_OVERLAYS + MEDIA_BENCH_OVERLAYS:  # the task benchmarks: their own configs of task models
+        config = "benchmarks/tasks/media.yaml" if overlay in MEDIA_BENCH_OVERLAYS else "benchmarks/tasks/config.yaml"
+        cfg = load_config(ROOT / config, data)
         assert set(data["overrides"]) <= {m["name"] for m in cfg["models"]}
         return
+    for below in reversed(STACKED.get(overlay, ())):
+        base = read_yaml(ROOT / below)
+        data = {**base, **data, "overrides": {name: {**base["overrides"].get(name, {}), **values} for name, values in data["overrides"].items()}}
     if overlay.startswith("benchmarks/h200/") and overlay != "benchmarks/h200/gpu-overlay.yaml" and "overrides" in data:
         base = read_yaml(ROOT / "benchmarks/h200/gpu-overlay.yaml")  # the probe variants apply on top of the overlay
         data = {**base, **data, "overrides": {**base.get("overrides", {}), **data["overrides"]}}

@@ -129,6 +129,20 @@ def test_cancelled_sequence_leaves_within_one_step_and_frees_its_place(llm, new_
     assert waiting.text == solo(llm, PROMPTS[1], 4)
 
 
+def test_a_cancelled_row_among_running_ones_leaves_and_the_rest_decode_on(llm, new_batcher):
+    """Regression: the slots' move of the last row into a cancelled one's slot ran outside inference mode, on
+    inference tensors (RuntimeError: every running stream failed)."""
+    batcher = new_batcher(llm)
+    gone = {"flag": False}
+    ids = llm[1](PROMPTS[2], add_special_tokens=False)["input_ids"]
+    batcher.submit(Sequence(ids, Sampling(max_new_tokens=40), Collector(), cancelled=lambda: gone["flag"]))
+    others = [submit(batcher, llm, prompt, max_new_tokens=12) for prompt in PROMPTS[:2]]
+    batcher.step()
+    gone["flag"] = True
+    drain(batcher)
+    assert [collector.text for collector in others] == [solo(llm, prompt, 12) for prompt in PROMPTS[:2]]
+
+
 def test_full_queue_is_refused_at_once(llm, new_batcher):
     batcher = new_batcher(llm, max_sequences=1, max_queue=2)
     for _ in range(2):

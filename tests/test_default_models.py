@@ -82,7 +82,8 @@ def test_minilm_embeddings_match_in_process_sentence_embeddings(default_workflow
 
 def test_default_models_on_the_onnx_backend(tmp_path_factory):
     """Both shipped models switched to backend onnx (SmolLM2 with its GGUF's 4-bit blocks kept): served,
-    validated, parity with torch -- the re-packed decoder says exactly what torch says."""
+    validated, parity with torch -- the re-packed decoder, streamed by the continuous batcher (the default),
+    says exactly what torch says."""
     workflow = Workflow(
         tmp_path_factory.mktemp("default-onnx"),
         {
@@ -112,6 +113,7 @@ def test_default_models_on_the_onnx_backend(tmp_path_factory):
         report = workflow.report()
         assert report["ok"], report
         assert report["models"]["minilm"]["parity"]["cosine_min"] >= 0.999
+        assert report["models"]["smollm2"]["streaming"]
         assert report["models"]["smollm2"]["parity"]["greedy_identical"] == report["models"]["smollm2"]["parity"]["prompts"]
         assert "Paris" in report["models"]["smollm2"]["sample"]["output"]
         export = json.loads((workflow.work / "models/smollm2/onnx/export.json").read_text())

@@ -1,20 +1,29 @@
 """backend: onnx for all three tasks (fp32 and int8) through the real workflow and server, with the
-parity gate against torch, and exact reruns when onnx.quantize changes."""
+parity gate against torch, and exact reruns when onnx.quantize changes. Generation streams by default: the
+ONNX decoder behind the continuous batcher (streams of different lengths at once, a cancelled one's row freed)."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
-from tests.helpers import make_workflow, tiny_model_entries
+from hf2triton.triton import client
+from tests.helpers import long_context_copy, make_workflow, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def onnx_workflow(tmp_path_factory, tiny_models):
-    models = tiny_model_entries(tiny_models)
+    # the decoder with a 4096-token context, so a long stream lasts seconds; 2 rows run, 2 more may wait
+    long_context = long_context_copy(tiny_models["text-generation"], tmp_path_factory.mktemp("long-context"))
+    models = tiny_model_entries({**tiny_models, "text-generation": long_context})
     for model in models:
         model["backend"] = "onnx"
+    generate = next(model for model in models if model["name"] == "generate")
+    generate["generation"] = {"max_sequences": 2, "max_queue": 4, "max_new_tokens_limit": 3000}
     models.append({**models[0], "name": "embed8", "onnx": {"quantize": "dynamic-int8", "parity_floor": 0.9}})
     models.append({**models[1], "name": "classify8", "onnx": {"quantize": "dynamic-int8"}})
     workflow = make_workflow(tmp_path_factory.mktemp("onnx-workflow"), models)
@@ -127,3 +136,58 @@ def test_onnx_decoder_loop_answers_like_torch_generate(onnx_workflow):
     sampled = onnx_engine.model.generate(batch["input_ids"], batch["attention_mask"], 5, onnx_engine.tokenizer.pad_token_id, 0.9)
     assert sampled.shape[0] == 3 and 1 <= sampled.shape[1] <= 5
     assert ((sampled >= 0) & (sampled < onnx_engine.model.config.vocab_size)).all()
+
+
+STREAM_PROMPTS = ["What is the capital of France?", "Hi", "Tell me a very long story about a dragon and a knight", "x y z"]
+
+
+def test_onnx_generation_streams_like_torch_with_rows_joining_and_leaving(onnx_workflow):
+    """Streams of different prompt and answer lengths sent at once (2 run, 2 wait for a row): each is the torch
+    model's greedy text; validation held the streamed answers to torch too (parity onnx vs torch)."""
+    from hf2triton.serving.tasks.generation import GenerationEngine
+
+    model = onnx_workflow.report()["models"]["generate"]
+    checks = {c["name"]: c for c in model["checks"]}
+    assert model["streaming"] and checks["parity onnx vs torch"]["ok"] and checks["served equals in-process"]["ok"], checks
+    assert checks["grpc stream"]["ok"], checks["grpc stream"]
+    grpc = onnx_workflow.settings().url("grpc_port")
+    lengths = [12, 30, 7, 20]
+    torch_engine = GenerationEngine(str(onnx_workflow.work / "models" / "generate" / "pretrained"), num_threads=1)
+    want = [torch_engine.run([p], max_new_tokens=n)["text_output"][0].decode() for p, n in zip(STREAM_PROMPTS, lengths)]
+    got: dict[int, str] = {}
+
+    def stream(index: int) -> None:
+        got[index] = client.stream_generate(grpc, "generate", STREAM_PROMPTS[index], {"max_new_tokens": lengths[index]})["text"]
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join()
+    assert [got[i].strip() for i in range(4)] == want
+
+
+def test_a_cancelled_onnx_stream_frees_its_row(onnx_workflow):
+    """Two long streams fill the running batch; their clients go; a new request is answered at once, not after
+    the long answers (which take `alone` seconds each)."""
+    import tritonclient.grpc as grpcclient
+
+    grpc = onnx_workflow.settings().url("grpc_port")
+    long = {"max_new_tokens": 3000, "temperature": 1.0, "seed": 1}  # sampled: a random model's greedy answer may end at once
+    started = time.monotonic()
+    assert client.stream_generate(grpc, "generate", STREAM_PROMPTS[2], long)["completion_tokens"] == 3000
+    alone = time.monotonic() - started
+    running, streams = [threading.Event(), threading.Event()], []
+    for event in running:
+        triton = client.grpc_client(grpc)
+        triton.start_stream(callback=lambda result, error, event=event: event.set())
+        triton.async_stream_infer("generate", client.build_inputs(grpcclient, [STREAM_PROMPTS[2]], long, one_prompt=True))
+        streams.append(triton)
+    assert all(event.wait(timeout=60) for event in running), "both long streams run"
+    for triton in streams:
+        triton.stop_stream(cancel_requests=True)
+        triton.close()
+    started = time.monotonic()
+    answer = client.stream_generate(grpc, "generate", STREAM_PROMPTS[1], {"max_new_tokens": 4})
+    assert answer["completion_tokens"] >= 1 and time.monotonic() - started < alone / 2, (time.monotonic() - started, alone)

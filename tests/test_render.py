@@ -118,6 +118,7 @@ def test_render_generation_parameters(tmp_path):
         ("onnx", "text-classification", False, ["runtimes.onnxruntime"]),
         ("tensorrt", "feature-extraction", False, ["runtimes.tensorrt"]),
         ("onnx", "text-generation", False, ["runtimes.onnxruntime"]),
+        ("onnx", "text-generation", True, ["runtimes.onnxruntime", "batching.responder", "batching.onnx"]),
         ("python", "text-generation", True, ["runtimes.pytorch", "batching.responder", "batching.slots"]),
         ("vllm", "text-generation", True, ["runtimes.vllm"]),
         ("python", "text2text-generation", True, ["runtimes.pytorch", "batching.responder", "batching.seq2seq"]),

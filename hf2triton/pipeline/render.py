@@ -51,7 +51,7 @@ def serving_files(serving: ServingValues) -> tuple[Path, ...]:
     else:
         roots.append(f"runtimes/{runtime_module(serving.backend)}.py")
         if streaming:
-            roots += ["batching/responder.py", f"{batcher_module(serving.task).replace('.', '/')}.py"]
+            roots += ["batching/responder.py", f"{batcher_module(serving.task, serving.backend).replace('.', '/')}.py"]
     files: set[Path] = set()
     pending = [SERVING_DIR / root for root in roots]
     while pending:

@@ -42,6 +42,7 @@ from hf2triton.pipeline.pipeline_answers import (
 from hf2triton.pipeline.render import VERSION, prune_repository
 from hf2triton.pipeline.serve import FAILED_REPORT, settings_from_params
 from hf2triton.pipeline.text2text_checks import pipeline_check, stream_check
+from hf2triton.pipeline.text_probes import PARITY_GENERATION_PROMPTS, PARITY_PROBES, PROBES, RANKING_QUERY
 from hf2triton.pipeline.validation_report import render_markdown
 from hf2triton.serving import interface, pooling
 from hf2triton.serving.interface import GENERATION, GENERATIVE_TASKS, NON_TEXT_TASKS, ModelParameters
@@ -55,52 +56,12 @@ from hf2triton.triton.state import public_state
 
 log = logging.getLogger(__name__)
 
-PROBES = {
-    interface.FEATURE_EXTRACTION: [
-        "The quick brown fox jumps over the lazy dog.",
-        "Triton sert des modèles — ça marche très bien.",
-        "東京は日本の首都です。",
-    ],
-    interface.CLASSIFICATION: ["I loved this film, it was wonderful.", "Terrible service, never again.", "Un repas correct, sans plus."],
-    interface.GENERATION: ["What is the capital of France?"],
-    interface.TEXT2TEXT: ["translate English to German: The house is wonderful.", "summarize: The dragon met the knight at dawn."],
-    interface.TOKEN_CLASSIFICATION: [
-        "Angela Merkel met Emmanuel Macron in Paris on Tuesday.",
-        "Hugging Face Inc. is based in New York City; its CEO is Clément Delangue.",
-        "Ada Lovelace wohnte in London, 東京 ist weit weg.",
-    ],
-    interface.FILL_MASK: [  # {mask}: the model's own mask token (pipeline_answers.probe_texts)
-        "Paris is the {mask} of France.",
-        "The cat sat on the {mask}, purring.",
-        "Ich trinke gern {mask} am Morgen; 東京 ist weit weg.",
-    ],
-    interface.TEXT_RANKING: [  # the documents ranked against RANKING_QUERY
-        "Paris is the capital and largest city of France.",
-        "The cat sat on the mat, purring.",
-        "Berlin ist die Hauptstadt Deutschlands; 東京 ist weit weg.",
-    ],
-}
-RANKING_QUERY = "What is the capital of France?"
 VALIDATION_MAX_NEW_TOKENS = 24
 # Greedy, whatever generation.temperature is configured: served, gRPC and in-process answers must be equal.
 VALIDATION_OPTIONS = {interface.MAX_NEW_TOKENS: VALIDATION_MAX_NEW_TOKENS, interface.TEMPERATURE: 0.0}
 COSINE_FLOOR = 0.999
 VLLM_AGREEMENT_CHARS = 40  # backend vllm vs the torch reference: greedy answers agree at least this far
 SUCCESS_METRIC = "nv_inference_request_success"
-_SUBJECTS = ["the weather", "a new phone", "this restaurant", "la réunion", "das Konzert", "el viaje", "東京の夜", "the quarterly report"]
-_VERBS = ["was surprisingly good", "disappointed everyone", "changed my mind", "ist ausgezeichnet", "fue increíble", "は静かだった"]
-# Parity probes: 40 texts of varied length (3 to ~60 words), several scripts and languages.
-PARITY_PROBES = [
-    f"{_SUBJECTS[i % len(_SUBJECTS)]} {_VERBS[i % len(_VERBS)]}"
-    + (" and " + " ".join(["more", "details", "follow"] * (i % 20)) if i % 3 else "")
-    for i in range(40)
-]
-PARITY_GENERATION_PROMPTS = [
-    "What is the capital of France?",
-    "Name three colours.",
-    "Translate 'good morning' to French.",
-    "What is 2 + 2?",
-]
 
 
 def check(name: str, ok: bool, detail: str) -> dict[str, Any]:
@@ -378,14 +339,22 @@ def export_precision(rendered: mc.ModelConfig) -> str:
     return onnx_precision(params.backend, kind, params.dtype, params.task, params.quantize)
 
 
-def parity_check(rendered: mc.ModelConfig, name: str, http_client, floor: float) -> dict[str, Any]:
-    """Served non-torch backend vs the torch reference on the fixed probe set, with the figures."""
+def parity_check(rendered: mc.ModelConfig, name: str, http_client, floor: float, grpc_url: str = "") -> dict[str, Any]:
+    """Served non-torch backend vs the torch reference on the fixed probe set, with the figures. A streaming model's
+    (`grpc_url`) answers are streamed, all prompts at once: rows of different lengths join and leave one batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import tritonclient.http as httpclient
 
     params = model_parameters(rendered)
     texts = PARITY_GENERATION_PROMPTS if params.task == GENERATION else parity_texts(params.task, params.model_dir, PARITY_PROBES)
     outputs = tuple(o.name for o in rendered.output)
-    served = infer_in_chunks(http_client, httpclient, name, params.task, texts, outputs, rendered.max_batch_size or len(texts))
+    if grpc_url:
+        with ThreadPoolExecutor(len(texts)) as pool:
+            streamed = pool.map(lambda text: client.stream_generate(grpc_url, name, text, VALIDATION_OPTIONS)["text"].strip(), texts)
+            served = {interface.TEXT_OUTPUT: np.array([text.encode() for text in streamed], dtype=np.object_)}
+    else:
+        served = infer_in_chunks(http_client, httpclient, name, params.task, texts, outputs, rendered.max_batch_size or len(texts))
     # a float16 export (ONNX Runtime on a GPU) answers to the full-precision model: torch float32 on the CPU
     torch_ref = reference_outputs(rendered, texts, backend="python", float32_cpu=export_precision(rendered) == "float16")
     lossy = params.quantize == "dynamic-int8"  # gguf-blocks is lossless: held to the float32 floor
@@ -412,7 +381,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     params = model_parameters(rendered)
     task = params.task
     if rendered.model_transaction_policy.decoupled:
-        return validate_streaming(settings, name, rendered, checks)
+        return validate_streaming(settings, name, rendered, checks, parity_floor)
     texts = probe_texts(task, params.model_dir, PROBES.get(task, []))[: rendered.max_batch_size or None]  # one request fits
     outputs = tuple(o.name for o in rendered.output)
     before = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
@@ -480,10 +449,10 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     }
 
 
-def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, checks: list[dict[str, Any]]) -> dict[str, Any]:
+def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, checks: list[dict], floor: float) -> dict[str, Any]:
     """A streaming (decoupled) generation model: the answer streamed over gRPC, joined, equals the one JSON answer
     of HTTP /generate ("stream": false) and the in-process greedy text; it arrived in pieces with a finish
-    reason and token counts."""
+    reason and token counts. Backend onnx: the parity gate on streamed answers too."""
     params = model_parameters(rendered)
     prompt = PROBES[params.task][0]
     before = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
@@ -526,6 +495,9 @@ def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, 
             same = agreed >= min(VLLM_AGREEMENT_CHARS, len(served), len(reference))
             detail = f"vLLM and torch agree on the first {agreed} characters: {detail}"
         checks.append(check("served equals in-process", same, detail))
+    parity = parity_check(rendered, name, None, floor, settings.url("grpc_port")) if params.backend == "onnx" else None
+    if parity:
+        checks.append(check("parity onnx vs torch", parity["ok"], ", ".join(f"{k} {v}" for k, v in parity.items() if k != "ok")))
     if params.temperature > 0:
         checks.append(seeded_sampling_check(settings.url(), name, prompt, params.temperature))
     time.sleep(0.2)
@@ -536,6 +508,7 @@ def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, 
         "task": params.task,
         "backend": params.backend,
         "streaming": True,
+        "parity": parity,
         "latency_ms": {"first_piece": round(1000 * streamed["first_piece_s"], 1), "stream": round(1000 * streamed["piece_times_s"][-1], 1)},
         "sample": {"input": prompt, "output": streamed["text"]},
         "checks": checks,

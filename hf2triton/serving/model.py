@@ -202,7 +202,7 @@ class TritonPythonModel:
         only parses and submits; every response goes out through the request's response sender."""
         engine = self.engine
         self.responder = _load_sibling("batching.responder").Responder(self._log)
-        self.batcher = _load_sibling(tasks.batcher_module(self.task)).new_batcher(
+        self.batcher = _load_sibling(tasks.batcher_module(self.task, self.params.backend)).new_batcher(
             engine.model,
             engine.tokenizer,
             engine.device,

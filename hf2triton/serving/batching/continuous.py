@@ -61,13 +61,22 @@ def _vocabulary(model, tokenizer) -> int:
     """The width of the model's logits (the output embedding's rows; at least the tokenizer's tokens)."""
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     rows = output.weight.shape[0] if output is not None and hasattr(output, "weight") else 0
+    if not rows:  # a runtime without torch modules (ONNX Runtime): its config's vocabulary
+        rows = getattr(getattr(model, "config", None), "vocab_size", 0) or 0
     return max(int(rows), len(tokenizer))
 
 
 class ContinuousBatcher:
     """A running batch over one model. Thread-safe `submit`; `step()` does one decoding iteration (the
     background loop calls it while there is work; tests call it directly). `max_prefill_tokens`: prompt tokens
-    prefilled per step, padding included (None: no bound; the served model passes generation.max_prefill_tokens)."""
+    prefilled per step, padding included (None: no bound; the served model passes generation.max_prefill_tokens).
+
+    `right_padded`: where a row's tokens sit in the batch's columns. Left-padded (the default), every row ends at
+    the last column, so a step appends one column for all. Right-padded, every row starts at column 0 and a
+    row's new token goes to its own column (its position): what ONNX Runtime's GroupQueryAttention reads from a
+    mask (batching/onnx.py)."""
+
+    right_padded = False
 
     def __init__(
         self,
@@ -87,7 +96,9 @@ class ContinuousBatcher:
         self.max_prefill_tokens = max_prefill_tokens or sys.maxsize
         # the last position's logits only, as generate() asks: a prompt's full logits are tokens x vocabulary floats
         # (8,000 tokens of SmolLM2: 1.6 GB)
-        self.last_logits = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        forward = getattr(model, "forward", None)  # none: ONNX Runtime (batching/onnx.py)
+        keeps = forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
+        self.last_logits = {"logits_to_keep": 1} if keeps else {}
         self.trim = _malloc_trim() if device == "cpu" else None
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (min(self.eos_ids) if self.eos_ids else 0)
@@ -171,7 +182,8 @@ class ContinuousBatcher:
     def step(self) -> None:
         """Prefill under the token budget (prompts that fit together, the long one by one more chunk), then one
         decoding step for everyone running: a long prompt holds the running streams up for one chunk at most."""
-        self._drop(self._gone, "cancelled")
+        with self.torch.inference_mode():  # a preallocated cache (slots.py) is moved in place: inference tensors
+            self._drop(self._gone, "cancelled")
         if self.partial is not None and self._cancelled_early(self.partial):
             self.partial = None
         with self.lock:
@@ -246,17 +258,19 @@ class ContinuousBatcher:
         width = max(len(prompt) for prompt in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            mask[row, width - len(prompt) :] = 1
+        starts = [0 if self.right_padded else width - len(prompt) for prompt in prompts]  # each row's first column
+        for row, (prompt, start) in enumerate(zip(prompts, starts)):
+            ids[row, start : start + len(prompt)] = torch.tensor(prompt)
+            mask[row, start : start + len(prompt)] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         echo = any(s.sampling.prompt_logprobs for s in joining)  # only then every position's logits (tokens x vocabulary)
         logits, cache = self._forward(ids.to(self.device), mask.to(self.device), positions.to(self.device), None, every_position=echo)
         if echo:
             for row, s in zip(rows, joining):
                 if s.sampling.prompt_logprobs:
-                    self._record_prompt_logprobs(s, logits[row, width - len(s.prompt_ids) :], 0)
-            logits = logits[:, -1]
+                    self._record_prompt_logprobs(s, logits[row, starts[row] : starts[row] + len(s.prompt_ids)], 0)
+            ends = [start + len(prompt) - 1 for prompt, start in zip(prompts, starts)]
+            logits = logits[torch.arange(len(prompts)), torch.tensor(ends)]
         mask = mask.to(self.device)
         if len(prompts) < len(joining):  # one row per sequence again
             index = torch.tensor(rows, device=self.device)
@@ -288,7 +302,10 @@ class ContinuousBatcher:
 
     def _decode(self) -> None:
         torch = self.torch
-        mask = torch.cat([self.mask, torch.ones((len(self.running), 1), dtype=self.mask.dtype, device=self.device)], dim=1)
+        column = (torch.zeros if self.right_padded else torch.ones)((len(self.running), 1), dtype=self.mask.dtype, device=self.device)
+        mask = torch.cat([self.mask, column], dim=1)
+        if self.right_padded:  # each row's new token at its own position
+            mask[torch.arange(len(self.running), device=self.device), self.positions] = 1
         logits, cache = self._forward(self.last[:, None], mask, self.positions[:, None], self.cache)
         self.cache, self.mask, self.positions = cache, mask, self.positions + 1
         self._advance(list(self.running), logits, offset=0)
@@ -303,12 +320,13 @@ class ContinuousBatcher:
         old, new = self.mask.shape[1], mask.shape[1]
         width = max(old, new)
 
-        def pad(tensor, length):  # left-pad dim 2 (cache) / dim 1 (mask) with zeros
+        def pad(tensor, length):  # pad dim 2 (cache) / dim 1 (mask) with zeros, on the left (or right) of the tokens
             if length == width:
                 return tensor
             shape = list(tensor.shape)
             shape[-2 if tensor.dim() == 4 else -1] = width - length
-            return torch.cat([tensor.new_zeros(shape), tensor], dim=-2 if tensor.dim() == 4 else -1)
+            parts = [tensor, tensor.new_zeros(shape)] if self.right_padded else [tensor.new_zeros(shape), tensor]
+            return torch.cat(parts, dim=-2 if tensor.dim() == 4 else -1)
 
         for index, (k1, v1) in enumerate(cache):  # layer by layer: one old layer at a time next to the merged cache
             k0, v0 = self.cache[index]
@@ -394,10 +412,11 @@ class ContinuousBatcher:
             return
         index = torch.tensor(keep, device=self.device)
         mask = self.mask[index]
-        first = int((mask.sum(0) > 0).nonzero()[0])  # columns before this are padding in every remaining row
-        self.mask = mask[:, first:]
+        used = (mask.sum(0) > 0).nonzero()  # columns outside first..end are padding in every remaining row
+        first, end = (0, int(used[-1]) + 1) if self.right_padded else (int(used[0]), mask.shape[1])
+        self.mask = mask[:, first:end]
         for layer, (k, v) in enumerate(self.cache):  # in place: one old layer at a time next to the kept rows
-            self.cache[layer] = (k[index][:, :, first:], v[index][:, :, first:])
+            self.cache[layer] = (k[index][:, :, first:end], v[index][:, :, first:end])
         self.positions, self.last = self.positions[index], self.last[index]
 
     def fail_all(self, message: str) -> None:

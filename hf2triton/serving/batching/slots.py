@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -152,16 +153,17 @@ class SlotBatcher(ContinuousBatcher):
             )
 
     def _merge(self, joining: list[Sequence], cache, mask, positions) -> None:
-        """Copy the prefilled rows (left-padded to the batch's longest prompt) into the next free slots."""
+        """Copy the prefilled rows (padded to the batch's longest prompt, on the left unless right_padded) into the next
+        free slots."""
         if not self.slots:
             self._allocate(cache)
         first, lengths = len(self.running), [int(p) for p in positions.tolist()]
         width = cache[0][0].shape[2]
         for index, length in enumerate(lengths):
-            slot = first + index
+            slot, start = first + index, 0 if self.right_padded else width - length
             for (keys, values), (new_keys, new_values) in zip(self.slots, cache):
-                keys[slot, :, :length] = new_keys[index, :, width - length :]
-                values[slot, :, :length] = new_values[index, :, width - length :]
+                keys[slot, :, :length] = new_keys[index, :, start : start + length]
+                values[slot, :, :length] = new_values[index, :, start : start + length]
         cache.clear()
         self.positions[first : first + len(lengths)] = positions.to(self.positions.dtype)
         self.lengths += lengths
@@ -208,6 +210,25 @@ def _greedy_ids(batcher: ContinuousBatcher, prompts: list[list[int]], count: int
     return [sequence.generated for sequence in sequences]
 
 
+def slots_agree(dynamic: Callable[..., Any], slotted: Callable[..., Any], tokenizer, context: int, log: Callable[[str], None]) -> bool:
+    """Whether a preallocated-cache batcher (`slotted(**limits)`) produces the dynamic cache's (`dynamic(**limits)`)
+    greedy tokens for two probe prompts decoded together (a padded bucket and a second slot are used); if not, or
+    if it fails, the log says why and the dynamic cache serves."""
+    probe = {"max_sequences": 4, "max_queue": 4, "context": min(context, 256)}
+    prompts = [
+        tokenizer("The capital of France is", add_special_tokens=False)["input_ids"],
+        tokenizer("1, 2, 3,", add_special_tokens=False)["input_ids"],
+    ]
+    try:
+        expected, got = _greedy_ids(dynamic(**probe), prompts, 6), _greedy_ids(slotted(**probe), prompts, 6)
+        if got != expected:
+            raise ValueError(f"greedy tokens {got} differ from the dynamic cache's {expected}")
+    except Exception as err:  # noqa: BLE001 - the dynamic cache still serves
+        log(f"hf2triton: generation keeps the dynamic KV cache (the preallocated one failed its probe: {type(err).__name__}: {err})")
+        return False
+    return True
+
+
 def new_batcher(
     model, tokenizer, device: str, *, cuda_graphs: bool, log: Callable[[str], None] = print, slots: bool | None = None, **limits
 ) -> ContinuousBatcher:
@@ -218,20 +239,11 @@ def new_batcher(
     (`slots` forces the choice)."""
     if not (device.startswith("cuda") if slots is None else slots):
         return ContinuousBatcher(model, tokenizer, device, **limits)
-    probe = {"max_sequences": 4, "max_queue": 4, "context": min(limits["context"], 256)}
-    prompts = [
-        tokenizer("The capital of France is", add_special_tokens=False)["input_ids"],
-        tokenizer("1, 2, 3,", add_special_tokens=False)["input_ids"],
-    ]
-    try:
-        expected = _greedy_ids(ContinuousBatcher(model, tokenizer, device, **probe), prompts, 6)
-        got = _greedy_ids(SlotBatcher(model, tokenizer, device, cuda_graphs=cuda_graphs, **probe), prompts, 6)
-        if got != expected:
-            raise ValueError(f"greedy tokens {got} differ from the dynamic cache's {expected}")
-    except Exception as err:  # noqa: BLE001 - the dynamic cache still serves
-        log(f"hf2triton: generation keeps the dynamic KV cache (the preallocated one failed its probe: {type(err).__name__}: {err})")
-        return ContinuousBatcher(model, tokenizer, device, **limits)
-    batcher = SlotBatcher(model, tokenizer, device, cuda_graphs=cuda_graphs, **limits)
+    dynamic = functools.partial(ContinuousBatcher, model, tokenizer, device)
+    slotted = functools.partial(SlotBatcher, model, tokenizer, device, cuda_graphs=cuda_graphs)
+    if not slots_agree(dynamic, slotted, tokenizer, limits["context"], log):
+        return dynamic(**limits)
+    batcher = slotted(**limits)
     graphs = "on" if batcher.use_graphs else "off"
     size = f"{limits['max_sequences']} slots x {limits['context']} tokens"
     log(f"hf2triton: generation on a preallocated KV cache ({size}), CUDA graphs {graphs}")

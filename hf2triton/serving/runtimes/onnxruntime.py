@@ -233,6 +233,7 @@ class OrtDecoder:
         except OSError:  # no generation_config.json: the model config's
             eos = self.config.eos_token_id
         self.eos = np.array([t for t in (eos if isinstance(eos, list) else [eos]) if t is not None], dtype=np.int64)
+        self.generation_config = SimpleNamespace(eos_token_id=self.eos.tolist())  # what the batcher reads of a model
         inputs = self.session.get_inputs()
         self.input_names = {i.name for i in inputs}
         # (name, heads, head size, dtype) of every past key / value input; newer builders leave the head size

@@ -23,13 +23,14 @@ ENGINES = {
     interface.ZERO_SHOT_IMAGE_CLASSIFICATION: ("vision", "ZeroShotImageEngine"),
     interface.SPEECH_RECOGNITION: ("speech", "SpeechEngine"),
 }
-# a streaming model's batcher module (in serving/), by task; the causal one (preallocated cache on a GPU) otherwise
-BATCHERS = {interface.TEXT2TEXT: "batching.seq2seq"}
+# a streaming model's batcher module (in serving/), by task (and backend); the causal one (preallocated cache on a
+# GPU) otherwise
+BATCHERS = {interface.TEXT2TEXT: "batching.seq2seq", (interface.GENERATION, "onnx"): "batching.onnx"}
 
 
-def batcher_module(task: str) -> str:
-    """The module whose `new_batcher` builds a streaming torch model's batcher."""
-    return BATCHERS.get(task, "batching.slots")
+def batcher_module(task: str, backend: str = "python") -> str:
+    """The module whose `new_batcher` builds a streaming model's batcher (vLLM's engine batches itself)."""
+    return BATCHERS.get((task, backend)) or BATCHERS.get(task, "batching.slots")
 
 
 def engine_class(task: str) -> type:

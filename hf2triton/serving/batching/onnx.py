@@ -1,0 +1,143 @@
+"""The continuous batcher over an ONNX Runtime decoder (backend onnx, text-generation): the torch batcher's
+scheduling, sampling, stop strings, grammars, log-probabilities and cancellation, with each model pass run by
+the export's own session (runtimes/onnxruntime.py OrtDecoder).
+
+Both exporters' graphs take the running batch with per-row masks, each in its own layout:
+- optimum's (`past_key_values.N.key` in, `present.N.key` = past + new out, explicit position ids): the torch
+  batcher's left-padded cache as it is;
+- ONNX Runtime GenAI's builder (GroupQueryAttention): a row's length is its mask's sum, its tokens from column 0
+  and its new key/value written at its own column (rotary positions come from that length), so the batch is
+  right-padded (ContinuousBatcher.right_padded) and a decoding step's mask marks each row's own next column.
+
+The KV cache is torch tensors on the instance's device, bound to the session by address (I/O binding) in and
+out: nothing is copied between steps but what ONNX Runtime itself writes, and on a GPU the cache never leaves
+it (a plain Run would copy every present key/value to the host). On a GPU the builder's graph decodes on a
+preallocated cache (OnnxSlotBatcher): GroupQueryAttention given one buffer as past and present writes each row's
+new key/value in place, where the dynamic layout's Run copies the whole past into a new present at every step.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from .continuous import ContinuousBatcher
+from .slots import SlotBatcher, slots_agree
+
+ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
+
+
+class OnnxBatcher(ContinuousBatcher):
+    """The running batch over `decoder` (an OrtDecoder); `device` is where its cache lives (the session's GPU, or
+    the CPU)."""
+
+    def __init__(self, decoder, tokenizer, device: str, **limits: Any):
+        super().__init__(decoder, tokenizer, device, **limits)
+        import numpy as np
+
+        self.np, self.session = np, decoder.session
+        self.right_padded = decoder.right_padded
+        self.inputs = decoder.input_names
+        self.layers = len(decoder.past) // 2
+        _, self.kv_heads, self.head_size, cache_type = decoder.past[0]
+        self.cache_dtype = getattr(self.torch, np.dtype(cache_type).name)
+        (logits,) = [o for o in self.session.get_outputs() if o.name == "logits"]
+        self.logits_dtype = getattr(self.torch, ORT_TYPES[logits.type])
+        self.vocabulary = logits.shape[-1] if isinstance(logits.shape[-1], int) else decoder.config.vocab_size
+        self.place = ("cuda", decoder.device_id) if decoder.device_id is not None else ("cpu", 0)
+
+    def _bind(self, binding, name: str, tensor, output: bool = False) -> None:
+        """Bind a contiguous torch tensor by its address (the tensor must outlive the Run)."""
+        if not tensor.is_contiguous():  # a .contiguous() copy made here would be freed before the Run reads it
+            raise ValueError(f"{name}: bind a contiguous tensor, held until the Run ends")
+        kind = self.np.dtype(str(tensor.dtype).removeprefix("torch."))
+        bind = binding.bind_output if output else binding.bind_input
+        bind(name, *self.place, kind, tuple(tensor.shape), tensor.data_ptr())
+
+    def _run(self, binding) -> None:
+        if self.place[0] == "cuda":  # ONNX Runtime runs on its own stream: what torch wrote must be there first
+            self.torch.cuda.current_stream(self.device).synchronize()
+        self.session.run_with_iobinding(binding)
+
+    def _forward(self, input_ids, mask, positions, cache: list | None, every_position: bool = False):
+        """One session run; the last position's logits of every row (`every_position`: all) and the grown cache
+        ((keys, values) per layer, [rows, kv_heads, mask width, head_size]). `cache` is consumed (emptied)."""
+        torch = self.torch
+        rows, length = input_ids.shape
+        total = mask.shape[1]
+        if cache is None:  # a prefill: no past
+            empty = torch.zeros((rows, self.kv_heads, 0, self.head_size), dtype=self.cache_dtype, device=self.device)
+            cache = [(empty, empty)] * self.layers
+        binding = self.session.io_binding()
+        feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions}
+        keep = [value.to(torch.int64).contiguous() for name, value in feeds.items() if name in self.inputs]
+        for name, tensor in zip((n for n in feeds if n in self.inputs), keep):
+            self._bind(binding, name, tensor)
+        # held until the Run is done: a retired row's trim leaves strided views, bound as contiguous copies
+        past, cache[:] = [(keys.contiguous(), values.contiguous()) for keys, values in cache], []
+        for layer, (keys, values) in enumerate(past):
+            self._bind(binding, f"past_key_values.{layer}.key", keys)
+            self._bind(binding, f"past_key_values.{layer}.value", values)
+        logits = torch.empty((rows, length, self.vocabulary), dtype=self.logits_dtype, device=self.device)
+        self._bind(binding, "logits", logits, output=True)
+        shape = (rows, self.kv_heads, total, self.head_size)
+        present = [tuple(torch.empty(shape, dtype=self.cache_dtype, device=self.device) for _ in "kv") for _ in past]
+        for layer, (keys, values) in enumerate(present):
+            self._bind(binding, f"present.{layer}.key", keys, output=True)
+            self._bind(binding, f"present.{layer}.value", values, output=True)
+        self._run(binding)
+        del past, keep  # the old cache goes as soon as the new one is written
+        if every_position:
+            return logits.float(), present
+        if self.right_padded:  # a row's last token: its mask's last one within this pass's input
+            last = (mask.sum(-1) - 1 - (total - length)).clamp(min=0)
+            return logits[torch.arange(rows, device=self.device), last].float(), present
+        return logits[:, -1].float(), present
+
+
+class OnnxSlotBatcher(SlotBatcher, OnnxBatcher):
+    """The builder's graph on the SlotBatcher's preallocated cache ([max_sequences, kv_heads, context, head_size] per
+    layer, a row's tokens at their positions): prompts are prefilled as in OnnxBatcher and copied into slots; a
+    decoding step binds each layer's first `rows` slots as both past and present, so GroupQueryAttention appends in
+    place. No CUDA graphs: a step's mask is as wide as the furthest row's next column and no row is padded."""
+
+    def __init__(self, decoder, tokenizer, device: str, **limits: Any):
+        super().__init__(decoder, tokenizer, device, cuda_graphs=False, **limits)
+
+    def bucket(self, rows: int) -> tuple[int, int]:
+        return rows, max(self.lengths) + 1
+
+    def _pass(self, rows: int, columns: int):
+        torch = self.torch
+        binding = self.session.io_binding()
+        mask = (self.columns[None, :columns] <= self.positions[:rows, None]).to(torch.int64)  # a row's sum: its position + 1
+        self._bind(binding, "input_ids", self.tokens[:rows, None])
+        self._bind(binding, "attention_mask", mask)
+        for layer, (keys, values) in enumerate(self.slots):
+            for kind, slots in (("key", keys[:rows]), ("value", values[:rows])):
+                self._bind(binding, f"past_key_values.{layer}.{kind}", slots)
+                self._bind(binding, f"present.{layer}.{kind}", slots, output=True)
+        logits = torch.empty((rows, 1, self.vocabulary), dtype=self.logits_dtype, device=self.device)
+        self._bind(binding, "logits", logits, output=True)
+        self._run(binding)
+        return logits[:, -1].float()
+
+
+def new_batcher(
+    decoder, tokenizer, device: str, *, cuda_graphs: bool, log: Callable[[str], None] = print, slots: bool | None = None, **limits: Any
+) -> OnnxBatcher:
+    """The served batcher of a backend onnx text-generation model. Its cache lives where the session runs (the
+    engine's `device` is the host's for the ONNX decoder, which reads numpy). The builder's graph on a GPU: the
+    preallocated cache, once it has reproduced the dynamic one's greedy tokens (slots.slots_agree); on the CPU the
+    dynamic cache, which holds only the tokens written (`slots` forces the choice)."""
+    place = f"cuda:{decoder.device_id}" if decoder.device_id is not None else "cpu"
+    dynamic = functools.partial(OnnxBatcher, decoder, tokenizer, place)
+    slotted = functools.partial(OnnxSlotBatcher, decoder, tokenizer, place)
+    wanted = decoder.right_padded and (place != "cpu" if slots is None else slots)
+    batcher = slotted(**limits) if wanted and slots_agree(dynamic, slotted, tokenizer, limits["context"], log) else dynamic(**limits)
+    layout = "GenAI builder graph, right-padded" if batcher.right_padded else "optimum graph, left-padded"
+    cache = f"preallocated, {limits['max_sequences']} slots x {limits['context']} tokens" if isinstance(batcher, SlotBatcher) else "dynamic"
+    graphs = "; no CUDA graphs for ONNX decoding steps" if cuda_graphs and place != "cpu" else ""
+    log(f"hf2triton: generation streams on ONNX Runtime ({layout}; {cache} KV cache on {place}{graphs})")
+    return batcher
