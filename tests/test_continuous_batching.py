@@ -352,3 +352,52 @@ def test_samples_of_one_prompt_share_its_prefill(llm, new_batcher):
     reference = reference_logprobs(llm, echo.prompt_ids)
     assert [item.id for item in echo.prompt_logprobs] == echo.prompt_ids, "a shared row's prompt log-probabilities too"
     assert all(abs(item.logprob - float(reference[i - 1, item.id])) < 1e-4 for i, item in enumerate(echo.prompt_logprobs) if i)
+
+
+def test_several_response_threads_keep_each_stream_in_order():
+    """Issue 46 #1: with 4 response threads, different streams are sent at once, each stream by one thread at a
+    time: every stream's responses arrive in order, its final one last, and pieces posted meanwhile coalesce."""
+    import random
+    import threading
+    import time
+
+    from hf2triton.serving.batching.responder import Responder
+    from hf2triton.serving.batching.sequences import Finish
+
+    received: dict[int, list[str]] = {index: [] for index in range(16)}
+    finals: dict[int, str] = {}
+    active, most = [0], [0]
+    lock = threading.Lock()
+
+    def emitter(index: int):
+        def emit(text, finish):
+            with lock:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            time.sleep(random.uniform(0, 0.002))  # noqa: S311 - a send's jitter
+            with lock:
+                active[0] -= 1
+                assert index not in finals, "nothing after the final response"
+                received[index].append(text)
+                if finish is not None:
+                    finals[index] = finish.reason
+
+        return emit
+
+    responder = Responder(log=print, threads=4)
+    sequences = [Sequence([1], Sampling(max_new_tokens=50), emitter(index)) for index in range(16)]
+    for sequence in sequences:
+        responder.watch(sequence)
+    for step in range(50):
+        for sequence in sequences:
+            responder.post(sequence, f"{step},")
+    for sequence in sequences:
+        responder.post(sequence, "", Finish("length", 1, 50))
+    deadline = time.monotonic() + 10
+    while len(finals) < 16 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    responder.stop()
+    expected = "".join(f"{step}," for step in range(50))
+    assert all("".join(received[index]) == expected for index in range(16)), "each stream whole and in order"
+    assert set(finals.values()) == {"length"} and most[0] > 1, "streams were sent on several threads at once"
+    assert sum(len(pieces) for pieces in received.values()) < 16 * 51, "pieces posted during a send went out together"

@@ -117,8 +117,9 @@ class Sequence:
 
 def add_pending(item: Any, text: str, finish: Finish | None) -> bool:
     """Add a piece of text (and, at the end, the finish) to what `item` (a Sequence, or vLLM's stream) waits to
-    have sent; True when it must join its response thread's queue (it is not there yet). Pieces added while it
-    waits go out together as one response. The caller holds its lock."""
+    have sent; True when it must join the response threads' queue (it is neither there nor being sent). Pieces
+    added while it waits or while its last response is being sent go out together as one response. The caller
+    holds its lock."""
     if text:
         item.pieces.append(text)
     if finish is not None:
@@ -127,3 +128,18 @@ def add_pending(item: Any, text: str, finish: Finish | None) -> bool:
         return False
     item.queued = True
     return True
+
+
+def take_pending(item: Any) -> tuple[str, Finish | None]:
+    """What `item` waits to have sent, taken by the response thread that sends it; it stays `queued` (in flight: no
+    other thread sends for it) until `after_send`. The caller holds its lock."""
+    text = "".join(item.pieces)
+    item.pieces.clear()
+    return text, item.finish
+
+
+def after_send(item: Any, sent_final: bool) -> bool:
+    """Its response went out: True when more arrived meanwhile (it goes back to the queue, still `queued`), else it
+    leaves the queue. The caller holds its lock."""
+    item.queued = not sent_final and bool(item.pieces or item.finish is not None)
+    return item.queued

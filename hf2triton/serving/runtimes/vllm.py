@@ -30,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..batching.sequences import Busy, Finish, TokenLogprob, add_pending
+from ..batching.responder import response_threads
+from ..batching.sequences import Busy, Finish, TokenLogprob, add_pending, after_send, take_pending
 
 POLL_S = 0.1  # how often the clients of requests that get no output (waiting for a place) are asked if they are gone
 STOP_GRACE_S = 5.0  # finalize(): time for cancelled requests to send their final response
@@ -230,12 +231,14 @@ class VllmGenerator:
         self.stop_event: asyncio.Event | None = None
         self.last_poll = 0.0
         self.loop_thread = threading.Thread(target=self._run_loop, name="hf2triton-vllm-loop", daemon=True)
-        self.response_thread = threading.Thread(target=self._send_responses, name="hf2triton-vllm-responses", daemon=True)
-        self.response_thread.start()
+        names = [f"hf2triton-vllm-responses-{index}" for index in range(response_threads())]  # the first also polls
+        self.response_threads = [threading.Thread(target=self._send_responses, args=(n == names[0],), name=n, daemon=True) for n in names]
+        for thread in self.response_threads:
+            thread.start()
         self.loop_thread.start()
         self.started.wait()
         if self.error is not None:
-            self.responses.put(None)
+            self._stop_responses()
             raise RuntimeError(f"vLLM's engine did not start: {type(self.error).__name__}: {self.error}") from self.error
 
     # ------------------------------------------------------------------ the loop thread
@@ -355,30 +358,37 @@ class VllmGenerator:
 
     # ------------------------------------------------------------------ responses out (the response thread)
 
-    def _send_responses(self) -> None:
+    def _send_responses(self, polls: bool) -> None:
+        """A response thread (batching/responder.py's scheme): a stream is sent by one thread at a time, in order;
+        pieces that arrive during its send go out together next; gone clients are polled every POLL_S."""
         while True:
             try:
                 stream = self.responses.get(timeout=POLL_S)
             except queue.Empty:
-                self._poll_cancelled()
+                if polls:
+                    self._poll_cancelled()
                 continue
             if stream is None:
                 return
             with self.lock:
-                text, finish = "".join(stream.pieces), stream.finish
-                stream.pieces.clear()
-                stream.queued = False
+                text, finish = take_pending(stream)
                 if finish is not None:
                     self.streams.pop(stream.request_id, None)
             try:
                 stream.sequence.emit(text, finish)
-                if finish is None and not stream.cancelled and stream.sequence.cancelled():
-                    self._cancel(stream)
             except Exception as err:  # noqa: BLE001 - a failed send ends that request, not the thread
                 self.log(f"hf2triton: sending a response failed: {type(err).__name__}: {err}")
                 self._cancel(stream)
-            if time.monotonic() - self.last_poll > POLL_S:
+            with self.lock:
+                again = after_send(stream, finish is not None)
+            if again:
+                self.responses.put(stream)
+            if polls and time.monotonic() - self.last_poll > POLL_S:
                 self._poll_cancelled()
+
+    def _stop_responses(self) -> None:
+        for _ in self.response_threads:
+            self.responses.put(None)
 
     def _poll_cancelled(self) -> None:
         """Ask about every request still open: one that gets no output (waiting for a place) is noticed too."""
@@ -413,5 +423,6 @@ class VllmGenerator:
         if self.loop is not None and self.loop_thread.is_alive():
             self.loop.call_soon_threadsafe(self.stop_event.set)
             self.loop_thread.join(timeout=STOP_GRACE_S + 60)
-        self.responses.put(None)
-        self.response_thread.join(timeout=STOP_GRACE_S)
+        self._stop_responses()
+        for thread in self.response_threads:
+            thread.join(timeout=STOP_GRACE_S)
