@@ -508,3 +508,17 @@ def tiny_bart(directory: Path, seed: int = 0) -> Path:
     )  # fmt: skip
     BartForConditionalGeneration(config).eval().save_pretrained(directory)
     return directory
+
+
+def staggered(target, count: int, gap_s: float) -> None:
+    """target(i) for i in range(count), each on its own thread started `gap_s` after the last; returns when all end
+    (streams that join a running batch one after another)."""
+    import threading
+    import time
+
+    threads = [threading.Thread(target=target, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+        time.sleep(gap_s)
+    for thread in threads:
+        thread.join()

@@ -285,7 +285,8 @@ def test_benchmark_overlays_are_valid_configs(overlay):
         return
     for below in reversed(STACKED.get(overlay, ())):
         base = read_yaml(ROOT / below)
-        data = {**base, **data, "overrides": {name: {**base["overrides"].get(name, {}), **values} for name, values in data["overrides"].items()}}
+        overrides = {name: {**base["overrides"].get(name, {}), **values} for name, values in data["overrides"].items()}
+        data = {**base, **data, "overrides": overrides}
     if overlay.startswith("benchmarks/h200/") and overlay != "benchmarks/h200/gpu-overlay.yaml" and "overrides" in data:
         base = read_yaml(ROOT / "benchmarks/h200/gpu-overlay.yaml")  # the probe variants apply on top of the overlay
         data = {**base, **data, "overrides": {**base.get("overrides", {}), **data["overrides"]}}

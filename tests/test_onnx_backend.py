@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hf2triton.triton import client
-from tests.helpers import long_context_copy, make_workflow, tiny_model_entries
+from tests.helpers import long_context_copy, make_workflow, staggered, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 
@@ -159,12 +159,7 @@ def test_onnx_generation_streams_like_torch_with_rows_joining_and_leaving(onnx_w
     def stream(index: int) -> None:
         got[index] = client.stream_generate(grpc, "generate", STREAM_PROMPTS[index], {"max_new_tokens": lengths[index]})["text"]
 
-    threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-        time.sleep(0.02)
-    for thread in threads:
-        thread.join()
+    staggered(stream, 4, 0.02)
     assert [got[i].strip() for i in range(4)] == want
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from hf2triton import host
 from hf2triton.triton import client
-from tests.helpers import long_context_copy, make_workflow, tiny_model_entries
+from tests.helpers import long_context_copy, make_workflow, staggered, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 
@@ -104,12 +104,7 @@ def test_staggered_streams_each_equal_their_solo_result(streaming):
                     raise
                 time.sleep(0.1)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-        time.sleep(0.05)
-    for thread in threads:
-        thread.join()
+    staggered(run, 4, 0.05)
     assert [together[i] for i in range(4)] == solo
 
 
