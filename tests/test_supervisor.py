@@ -134,6 +134,7 @@ def chat_status(workflow) -> tuple[int, str | None]:
         with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - our gateway on loopback
             return response.status, response.headers.get("Retry-After")
     except urllib.error.HTTPError as err:
+        print(f"chat answered {err.code}: {err.read()[:300]!r}")  # shown with a failure: which words a 400 had
         return err.code, err.headers.get("Retry-After")
 
 

@@ -10,7 +10,7 @@ from hf2triton.errors import UserError
 
 # gRPC's words for "no connection" (down, restarting, or this channel in its reconnect back-off), as opposed to
 # Triton's own UNAVAILABLE answers about a request (a full queue is 429, not retried)
-UNREACHABLE = ("failed to connect", "connection refused", "connection reset", "socket closed", "broken pipe", "goaway")
+UNREACHABLE = ("failed to connect", "connection refused", "connection reset", "socket closed", "broken pipe", "goaway", "rst_stream")
 # Triton's words for a model of ours that is not (yet) loaded: a restart, a reload. A 400 would tell SDKs not to retry.
 LOADING = ("unknown model", "no available versions", "is not ready")
 RETRY_AFTER_S = 2  # sent with every 503 and 429: how long a client waits before trying again
@@ -40,6 +40,18 @@ def reason(err: BaseException) -> str:
     return re.sub(r"^\[StatusCode\.\w+\]\s*", "", str(text or "")).strip() or type(err).__name__
 
 
+def status_code(err: BaseException) -> str:
+    """gRPC's status code of a failure ("UNAVAILABLE", ...; "" where it has none): tritonclient's status(), grpc's
+    code(), or the "[StatusCode.X]" its text starts with."""
+    for name in ("status", "code"):
+        value = getattr(err, name, None)
+        value = value() if callable(value) else value
+        if value:
+            return str(getattr(value, "name", value)).removeprefix("StatusCode.")
+    found = re.match(r"^\[StatusCode\.(\w+)\]", str(err))
+    return found.group(1) if found else ""
+
+
 def triton_error(err: Exception, model: str = "") -> ApiError:
     """Triton's error for one request (of `model`) -> the OpenAI status class, in Triton's words."""
     if isinstance(err, UserError):  # ours, on the way to Triton: the client key file (hf2triton.triton.client)
@@ -59,6 +71,8 @@ def triton_error(err: Exception, model: str = "") -> ApiError:
         return not_loaded(model)
     if "stub process" in lowered or "not healthy" in lowered:  # the model's Python process died: the server's fault
         return ApiError(503, f"the model's process is not healthy (the supervisor restarts it): {text}", "server_error", code="unavailable")
+    if status_code(err) == "UNAVAILABLE":  # gRPC's, whatever its words (a connection to a server dying has several)
+        return unavailable(text)
     return ApiError(400, text)
 
 
