@@ -12,7 +12,7 @@ from typing import Any, Callable, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from hf2triton.gateway.errors import ApiError
+from hf2triton.gateway.errors import ApiError, unavailable
 
 try:
     import orjson
@@ -79,10 +79,14 @@ async def unless_client_leaves(request: Request, work: Coroutine[Any, Any, T]) -
 
     watcher = asyncio.ensure_future(disconnected())
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
         if not task.done():
             task.cancel()
             await asyncio.wait((task,))
-    return None if task.cancelled() else task.result()
+    if watcher in done and not (task in done and not task.cancelled()):
+        return None
+    if task.cancelled():  # not by us: the channel to Triton was closed under it (a reconnect after tritonserver died)
+        raise unavailable("the connection to the Triton server was closed during the request")
+    return task.result()
