@@ -380,8 +380,8 @@ def gpu_placement(gpus: str | Sequence[int] | None, span: int, kind: str, gpu_co
     if kind != "KIND_GPU":
         return ()
     if gpus == "all":
-        every = tuple(range(max(gpu_count, 1)))
-        return tuple(i for i in every if i not in set(reserved)) or every
+        every, taken = tuple(range(max(gpu_count, 1))), set(reserved)
+        return tuple(i for i in every if i not in taken) or every
     if gpus is not None:
         return tuple(int(i) for i in gpus)
     return tuple(range(span))

@@ -24,7 +24,6 @@ from hf2triton.triton.settings import REPOSITORY
 CONFIG_FILE = os.environ.get("HF2TRITON_CONFIG") or str(Path(workflow.basedir) / "config.yaml")
 GPU_AVAILABLE = host.has_gpu()  # probed once per run
 GPU_NAME = host.gpu_name() if GPU_AVAILABLE else "none"
-GPU_COUNT = host.gpu_count() if GPU_AVAILABLE else 0  # `gpus: all` renders this many
 
 try:
     check_project_paths(str(Path.cwd()), sys.executable)  # a space etc. would break the run late: refused now
@@ -43,6 +42,8 @@ if clear_stale_locks(Path.cwd()):
     print("hf2triton: removed the locks of an earlier run that was killed; resuming", file=sys.stderr)
 
 WORK = PROJECT.work
+GPU_COUNT = host.gpu_count() if GPU_AVAILABLE else 0  # `gpus: all` renders this many
+RESERVED_GPUS = reserved_gpus(PROJECT.models, GPU_AVAILABLE, GPU_COUNT)  # the vllm engines' GPUs: left out of `all`
 MODELS = PROJECT.names
 SERVER = to_param(PROJECT.server)
 SERVING_CODE = [str(path) for path in SERVING_FILES]  # all of it: tune renders variants of every backend
@@ -151,8 +152,8 @@ def export_precision(wildcards):
 
 def serving(wildcards):
     """The model's derived serving values (hf2triton.specs.serving_values): what the repository renders."""
-    model, reserved = PROJECT.model(wildcards.model), reserved_gpus(PROJECT.models, GPU_AVAILABLE, GPU_COUNT)
-    return to_param(serving_values(model, GPU_AVAILABLE, host.cpu_count(), PROJECT.vllm_env, GPU_COUNT, reserved))
+    model = PROJECT.model(wildcards.model)
+    return to_param(serving_values(model, GPU_AVAILABLE, host.cpu_count(), PROJECT.vllm_env, GPU_COUNT, RESERVED_GPUS))
 
 
 def local_source(wildcards):
