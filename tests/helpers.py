@@ -415,9 +415,35 @@ def server_block() -> dict:
     }  # fmt: skip
 
 
+# HF2TRITON_TEST_BACKEND=vllm (a GPU host with the vLLM environment at HF2TRITON_TEST_VLLM_ENV: the H200's
+# `benchmarks/gpu/device.sh vllm-tests`): the generation tests' served models run on backend vllm instead of torch.
+TEST_BACKEND = os.environ.get("HF2TRITON_TEST_BACKEND", "python")
+TEST_VLLM_ENV = os.environ.get("HF2TRITON_TEST_VLLM_ENV", "")
+
+
+def on_test_backend(entries: list[dict], **vllm: object) -> list[dict]:
+    """The text-generation `entries` on HF2TRITON_TEST_BACKEND: as they are, or on backend vllm in float32 (the
+    tests' references are the float32 model in-process) with as many running sequences as their `generation` allows
+    (`vllm`: more of its keys). Skips where backend vllm cannot run."""
+    if TEST_BACKEND != "vllm":
+        return entries
+    if not host.has_gpu() or not TEST_VLLM_ENV:
+        import pytest
+
+        pytest.skip("HF2TRITON_TEST_BACKEND=vllm needs a CUDA GPU and HF2TRITON_TEST_VLLM_ENV (run on the H200)")
+    for entry in entries:
+        sequences = entry.get("generation", {}).get("max_sequences", 8)
+        entry.update(backend="vllm", dtype="float32")
+        entry["vllm"] = {"max_num_seqs": sequences, "gpu_memory_utilization": 0.2, **vllm}
+    return entries
+
+
 def make_workflow(directory: Path, models: list[dict]) -> Workflow:
     directory.mkdir(parents=True, exist_ok=True)
-    return Workflow(directory, {"models": models, "server": server_block(), "paths": {"work": ".hf2triton"}})
+    paths = {"work": ".hf2triton"}
+    if TEST_VLLM_ENV and any(model.get("backend") == "vllm" for model in models):
+        paths["vllm_env"] = TEST_VLLM_ENV
+    return Workflow(directory, {"models": models, "server": server_block(), "paths": paths})
 
 
 def ask_each_model(repository: Path, work: Path, names: list[str]) -> dict[str, dict]:

@@ -17,7 +17,7 @@ import pytest
 
 from hf2triton import host
 from hf2triton.triton import client
-from tests.helpers import ROOT, make_workflow, tiny_model_entries
+from tests.helpers import ROOT, make_workflow, on_test_backend, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 def served(tmp_path_factory, tiny_models):
     entries = [e for e in tiny_model_entries(tiny_models) if e["name"] == "generate"]
     entries[0]["generation"] = {"max_new_tokens": 6, "max_sequences": 8, "max_queue": 16, "max_n": MAX_N}
-    workflow = make_workflow(tmp_path_factory.mktemp("logprobs"), entries)
+    workflow = make_workflow(tmp_path_factory.mktemp("logprobs"), on_test_backend(entries))
     workflow.config["openai"] = {"enabled": True, "port": host.free_ports(1)[0]}
     workflow.run("serve")
     yield workflow

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import threading
 import time
 import urllib.request
 
 import pytest
 
-from hf2triton import host
 from hf2triton.triton import client
-from tests.helpers import long_context_copy, make_workflow, staggered, tiny_model_entries
+from tests.helpers import long_context_copy, make_workflow, on_test_backend, staggered, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 
@@ -27,24 +25,12 @@ LONG = {"max_new_tokens": 2000, "temperature": 1.0, "seed": 1}
 PROMPTS = ["What is the capital of France?", "Hi", "Tell me a very long story about a dragon and a knight", "你好，介绍一下你自己"]
 
 
-# HF2TRITON_TEST_BACKEND=vllm (a GPU host with the vLLM environment at HF2TRITON_TEST_VLLM_ENV: the H200's
-# `benchmarks/gpu/device.sh vllm-tests`): every test below against backend vllm, 2 running sequences as here.
-BACKEND = os.environ.get("HF2TRITON_TEST_BACKEND", "python")
-VLLM_ENV = os.environ.get("HF2TRITON_TEST_VLLM_ENV", "")
-
-
 @pytest.fixture(scope="module")
 def streaming(tmp_path_factory, tiny_models):
     long_context = long_context_copy(tiny_models["text-generation"], tmp_path_factory.mktemp("long-context"))
     entries = tiny_model_entries({"text-generation": long_context})
     entries[0]["generation"] = {"max_new_tokens": 16, "max_sequences": 2, "max_queue": 2, "max_new_tokens_limit": 3000}
-    if BACKEND == "vllm":
-        if not host.has_gpu() or not VLLM_ENV:
-            pytest.skip("HF2TRITON_TEST_BACKEND=vllm needs a CUDA GPU and HF2TRITON_TEST_VLLM_ENV (run on the H200)")
-        entries[0].update(backend="vllm", vllm={"max_num_seqs": 2, "gpu_memory_utilization": 0.2, "max_model_len": 4096})
-    workflow = make_workflow(tmp_path_factory.mktemp("streaming"), entries)
-    if BACKEND == "vllm":
-        workflow.config["paths"]["vllm_env"] = VLLM_ENV
+    workflow = make_workflow(tmp_path_factory.mktemp("streaming"), on_test_backend(entries, max_model_len=4096))
     workflow.run("serve")
     workflow.original_config = copy.deepcopy(workflow.config)
     yield workflow

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from hf2triton import host
-from tests.helpers import make_workflow, tiny_model_entries
+from tests.helpers import make_workflow, on_test_backend, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ class Person(BaseModel):
 def served(tmp_path_factory, tiny_models):
     entries = [e for e in tiny_model_entries(tiny_models) if e["name"] == "generate"]
     entries[0]["generation"] = {"max_new_tokens": 200, "max_sequences": 8, "max_queue": 16, "max_n": 3}
-    workflow = make_workflow(tmp_path_factory.mktemp("structured"), entries)
+    workflow = make_workflow(tmp_path_factory.mktemp("structured"), on_test_backend(entries))
     workflow.config["openai"] = {"enabled": True, "port": host.free_ports(1)[0]}
     workflow.run("serve")
     yield workflow

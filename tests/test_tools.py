@@ -294,7 +294,7 @@ def test_tool_parser_is_checked_in_the_config_and_against_the_template_at_render
 @pytest.fixture(scope="module")
 def gateway_url(tmp_path_factory):
     from hf2triton import host
-    from tests.helpers import make_workflow, tiny_llama
+    from tests.helpers import make_workflow, on_test_backend, tiny_llama
 
     root = tmp_path_factory.mktemp("tools-models")
     path = tiny_llama(root / "hermes", 1024)  # room for the tools in its prompt
@@ -305,7 +305,7 @@ def gateway_url(tmp_path_factory):
     for name, parser in (("chat", "hermes"), ("chat3", "llama3_json")):
         entry = {"name": name, "source": str(root / parser.split("_")[0]), "task": "text-generation", "max_batch_size": 4}
         entries.append({**entry, "generation": {"max_new_tokens": 8, "max_sequences": 4, "tool_parser": parser}})
-    workflow = make_workflow(tmp_path_factory.mktemp("tools"), entries)
+    workflow = make_workflow(tmp_path_factory.mktemp("tools"), on_test_backend(entries))
     workflow.config["openai"] = {"enabled": True, "port": host.free_ports(1)[0]}
     workflow.run("serve")
     yield f"http://127.0.0.1:{workflow.config['openai']['port']}/v1"

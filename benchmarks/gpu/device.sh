@@ -34,7 +34,7 @@
 #                                                             interleaved in each round -> $OUT/repeat.tar.gz
 #   bash benchmarks/gpu/device.sh stash-vllm .gpu-assets/vllm/callN   keep prepare_vllm.sh's pieces in /tmp/gpu-assets-vllm
 #   bash benchmarks/gpu/device.sh setup-vllm                  (after setup) the vLLM environment /tmp/v-vllm over /tmp/v
-#   bash benchmarks/gpu/device.sh vllm-tests [PYTEST ARGS]    (after setup-vllm) tests/test_streaming.py on backend vllm
+#   bash benchmarks/gpu/device.sh vllm-tests [PYTEST ARGS]    (after setup-vllm) the generation tests on backend vllm
 #   bash benchmarks/gpu/device.sh torch-gen PART...           issue 25 #3, the torch engine (no vLLM needed), parts in order:
 #                                                             serve (graphs; + decode_probe.py in-process + the GPU tests) |
 #                                                             load | eager (serve without graphs + load)
@@ -131,8 +131,9 @@ setup)
   SITE=$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')
   "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile "$STORE"/wheels/*.whl "$STORE"/models/*.whl
   echo "$BASE_SITE" > "$SITE/base-site.pth"  # torch, CUDA libraries, accelerate, matplotlib: the machine's own
-  # scipy, scikit-learn and jax there need numpy 2; transformers imports them only if present, so they are hidden.
-  echo "import sys; [sys.modules.setdefault(m, None) for m in ('sklearn', 'scipy', 'jax', 'jaxlib', 'flax', 'optax')]" > "$SITE/zz-hide-numpy2.pth"
+  # scikit-learn and jax there need numpy 2; transformers imports them only if present, so they are hidden (scipy
+  # is carried in a numpy 1 build: the speech models resample with it).
+  echo "import sys; [sys.modules.setdefault(m, None) for m in ('sklearn', 'jax', 'jaxlib', 'flax', 'optax')]" > "$SITE/zz-hide-numpy2.pth"
   tar -xJf "$STORE/server/tritonserver-trimmed.tar.xz" -C "$SITE"
   echo '"""nvidia-pytriton 0.7.0: its tritonserver files only (trimmed for the GPU machine)."""' > "$SITE/pytriton/__init__.py"
   "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation -e .
@@ -334,12 +335,19 @@ from vllm.v1.engine.async_llm import AsyncLLM
 print("vLLM environment ready: python", sys.version.split()[0], "vllm", vllm.__version__, "torch", torch.__version__,
       "transformers", transformers.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available())'
   ;;
-vllm-tests)  # (after setup-vllm) tests/test_streaming.py against backend vllm -> $OUT/vllm-tests.txt
+vllm-tests)  # (after setup-vllm) the generation tests against backend vllm -> $OUT/vllm-tests.txt: streaming and
+  # cancellation, logprobs / echo / n, structured output, tools (PYTEST ARGS: other files or -k). lm-eval, guidellm and
+  # the browser are not carried; the gateway checks schemas with xgrammar: vLLM's own wheel, installed into /tmp/v.
   export PATH="$VENV/bin:$PATH"
+  "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile "$VLLM_STORE"/vllm-wheels/xgrammar-*.whl \
+    "$VLLM_STORE"/vllm-wheels/apache_tvm_ffi-*.whl
   mkdir -p results
+  tests=("${@:2}")
+  [ ${#tests[@]} -gt 0 ] || tests=(tests/test_streaming.py tests/test_logprobs.py tests/test_structured_output.py tests/test_tools.py
+    -k "not lm_eval and not guidellm and not playground")
   set +e
-  HF2TRITON_TEST_BACKEND=vllm HF2TRITON_TEST_VLLM_ENV="$VLLM_VENV" timeout 540 "$VENV/bin/python" -m pytest -ra -p no:cacheprovider \
-    tests/test_streaming.py "${@:2}" > results/vllm-tests.txt 2>&1
+  HF2TRITON_TEST_BACKEND=vllm HF2TRITON_TEST_VLLM_ENV="$VLLM_VENV" timeout "${TESTS_S:-540}" "$VENV/bin/python" -m pytest -ra -p no:cacheprovider \
+    "${tests[@]}" > results/vllm-tests.txt 2>&1
   rc=$?
   set -e
   tail -n 40 results/vllm-tests.txt

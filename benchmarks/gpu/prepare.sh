@@ -40,7 +40,7 @@ done
 # What the machine has (KINDS.md, 2026-11) in a version that works: not carried.
 ON_MACHINE=" aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi charset-normalizer click filelock \
 frozenlist fsspec grpcio h11 hf-xet idna jinja2 markupsafe ml-dtypes multidict packaging propcache psutil pyyaml \
-regex requests safetensors tqdm typing-extensions urllib3 uvloop wrapt yarl tabulate accelerate matplotlib "
+regex requests safetensors tqdm typing-extensions urllib3 uvloop wrapt yarl tabulate accelerate matplotlib pillow "
 # The closure of what the workflow imports, with the versions installed here (= the pins).
 mapfile -t WANTED < <("$PY" - <<'PY'
 import re
@@ -48,7 +48,9 @@ from importlib import metadata
 from packaging.requirements import Requirement
 
 roots = ["snakemake", "jsonschema", "gguf", "fastapi", "uvicorn", "httptools", "tritonclient", "transformers",
-         "tokenizers", "huggingface_hub", "numpy", "protobuf", "python-rapidjson", "orjson"]
+         "tokenizers", "huggingface_hub", "numpy", "protobuf", "python-rapidjson", "orjson",
+         "soundfile", "scipy", "python-multipart",  # speech (issue 45): decoding, resampling, the gateway's forms
+         "openai", "langchain-openai"]  # the OpenAI clients the generation tests drive (`device.sh vllm-tests`)
 seen, stack = {}, list(roots)
 while stack:
     name = stack.pop()
