@@ -252,11 +252,19 @@ class OpenAISpec:
     max_embedding_inputs: int | None = None  # None: the model's max_texts_per_request
     request_timeout_s: float = 30
     max_audio_upload_mib: int = 25  # an audio endpoint's form (OpenAI's 25 MB files); JSON bodies: 8 MiB
-    workers: int = 1  # gateway processes sharing the port
+    workers: int | str = "auto"  # gateway processes sharing the port; auto: worker_count()
 
     def bind_host(self, server_host: str) -> str:
         """Where the gateway listens: its own host, or Triton's."""
         return self.host or server_host
+
+    def worker_count(self, cores: int) -> int:
+        """`workers`, or for auto one process per 4 of the host's cores, at most 4: one process turns ~2-3k small
+        requests/s (or one vLLM engine's 128 streams) into Triton calls, and the server, its engines and the clients
+        need the other cores (2 cores: 1, as always)."""
+        if self.workers != "auto":
+            return int(self.workers)
+        return max(1, min(4, cores // 4))
 
 
 @dataclass(frozen=True)

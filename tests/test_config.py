@@ -125,6 +125,8 @@ BAD = [
     ({**GOOD, "openai": {"enabled": True, "port": 8000}}, ["config.openai.port = 8000", "same as server.http_port", "a port of its own"]),
     ({**with_server(grpc_port=9100), "openai": {"enabled": True, "port": 9100}}, ["openai.port = 9100", "same as server.grpc_port"]),
     ({**GOOD, "openai": {"enabled": True, "port": 8002}}, ["openai.port = 8002", "same as server.metrics_port"]),
+    ({**GOOD, "openai": {"workers": 0}}, ["openai.workers"]),
+    ({**GOOD, "openai": {"workers": "many"}}, ["openai.workers", "'many'"]),
     (with_server(startup_timeout_s=1), ["startup_timeout_s"]),
     (with_server(log_verbose=True), ["log_verbose"]),
     ({**GOOD, "paths": {"work": ""}}, ["paths.work"]),
@@ -293,3 +295,19 @@ def test_benchmark_overlays_are_valid_configs(overlay):
         data = {**base, **data, "overrides": {**base.get("overrides", {}), **data["overrides"]}}
     cfg = load_config(ROOT / "config.yaml", data)
     assert cfg["models"]
+
+
+def test_gateway_workers_auto_is_one_per_four_cores_at_most_four(tmp_path, monkeypatch):
+    from hf2triton import host
+    from hf2triton.gateway import process
+    from hf2triton.specs import OpenAISpec, ServerSpec
+    from hf2triton.triton.settings import Settings
+
+    assert validate_config({**GOOD, "openai": {"workers": "auto"}}) is not None
+    assert [OpenAISpec().worker_count(cores) for cores in (1, 2, 7, 8, 16, 128)] == [1, 1, 1, 2, 4, 4]
+    assert OpenAISpec(workers=3).worker_count(2) == 3, "a number is taken as it is"
+    settings = Settings.of(ServerSpec(), ["m"], str(tmp_path / "w"), str(tmp_path / "r"))
+    for cores, workers in ((2, None), (16, "4")):
+        monkeypatch.setattr(host, "cpu_count", lambda cores=cores: cores)
+        command = process.command(settings, OpenAISpec(enabled=True))
+        assert (command[command.index("--workers") + 1] if "--workers" in command else None) == workers, cores
