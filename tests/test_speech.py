@@ -391,3 +391,13 @@ def test_a_ctc_model_equals_the_pipeline_in_process(tmp_path):
     assert served == pipeline_speech_answers(str(directory), audios)[interface.TEXT_OUTPUT].tolist() and any(served)
     with pytest.raises(inputs.RequestError, match="this is a CTC model"):
         engine.check_options(return_timestamps=True)
+
+
+def test_bench_pipeline_yardstick_calls_the_speech_pipeline_again_and_again(whisper):
+    """bench's in-process pipeline loop over the same audios (the speech pipeline pops the keys of the dicts it takes:
+    each call gets its own)."""
+    from hf2triton.perf.pipelines import media_load, pipeline_throughput
+
+    load = media_load(interface.SPEECH_RECOGNITION)
+    cells = pipeline_throughput(interface.SPEECH_RECOGNITION, str(whisper), "cpu", "auto", load, [1, 2], 0)
+    assert set(cells) == {"1", "2"} and all(cell["calls"] >= 5 and cell["items_per_s"] > 0 for cell in cells.values())
