@@ -223,6 +223,7 @@ class BenchSpec:
     static_baseline: bool = True
     openai_concurrency: tuple[int, ...] = (1, 4)
     openai_rounds: int = 2
+    guidellm: bool = True  # a streaming model through the gateway: guidellm's sweep too (perf/guidellm.py)
     tool: str = "auto"
     inprocess_backends: bool = True
 

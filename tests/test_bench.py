@@ -79,6 +79,18 @@ def test_bench_writes_json_plots_report_and_ratios(measured):
     assert sorted(dry) == ["bench", "bench_model", "bench_model", "bench_model"], "bench settings reach the rule as params"
 
 
+def check_guidellm(data: dict) -> None:
+    """Issue 44: guidellm's sweep ran through the bench's own gateway (its key from the environment) to the end:
+    one request at a time, the top concurrency, two constant rates, each with TTFT and ITL."""
+    sweep = data["guidellm"]
+    assert "skipped" not in sweep, sweep
+    assert "--rate-type" in sweep["command"] and not any("key" in part.lower() for part in sweep["command"]), "no key on its command line"
+    assert [b["strategy"] for b in sweep["benchmarks"]] == ["synchronous", "throughput", "constant", "constant"], sweep
+    for benchmark in sweep["benchmarks"]:
+        assert benchmark["requests"]["successful"] >= 1 and benchmark["requests"]["errored"] == 0, benchmark
+        assert benchmark["ttft_ms"]["p50"] > 0 and benchmark["itl_ms"]["p50"] > 0 and benchmark["output_tokens_per_s"] > 0, benchmark
+
+
 def check_streaming_generation(data: dict) -> None:
     """The streaming model's cells: streamed and static (scratch server) over the same mixed load."""
     assert data["task"] == "text-generation" and data["streaming"] and data["inprocess"]["items_per_s"] > 0
@@ -150,6 +162,8 @@ def test_bench_measures_a_gateway_of_its_own_and_leaves_the_users_alone(measured
         for name in ("generate", "embed"):
             cost = json.loads((measured.directory / "results" / "bench" / f"{name}.json").read_text())["openai"]
             assert cost["gateway"] != base and cost["cells"][0]["errors"] == 0, cost
+        check_guidellm(json.loads((measured.directory / "results" / "bench" / "generate.json").read_text()))
+        assert "guidellm 0.3.1 through the gateway" in (measured.directory / "results" / "bench" / "report.md").read_text()
         marker = ["-m", "hf2triton.gateway", "--grpc", settings.url("grpc_port")]
         assert [p for p in host.pids() if (host.process_cmdline(p) or [])[1:5] == marker] == [users], "the bench's own gateways are gone"
     finally:

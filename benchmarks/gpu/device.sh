@@ -142,7 +142,7 @@ setup)
 serve | bench)
   export PATH="$VENV/bin:$PATH"  # the Python-backend stub takes numpy from the first python3 on PATH
   set +e
-  "$VENV/bin/snakemake" --cores 1 "$step" "${@:2}"
+  timeout "${STEP_S:-0}" "$VENV/bin/snakemake" --cores 1 "$step" "${@:2}"  # STEP_S: a limit, what finished comes back
   rc=$?
   set -e
   "$VENV/bin/snakemake" --cores 1 status "${@:2}" > results/status.json 2>/dev/null || true

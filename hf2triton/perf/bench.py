@@ -30,6 +30,7 @@ from hf2triton.gateway.process import exposure, require_api_key
 from hf2triton.perf import gateway_cost, loadgen
 from hf2triton.perf.corpus import bench_texts
 from hf2triton.perf.gateway_cost import GatewayTarget
+from hf2triton.perf.guidellm import guidellm_sweep
 from hf2triton.perf.pipelines import (
     PIPELINE_BATCHES,
     PIPELINE_TASKS,
@@ -413,6 +414,9 @@ def bench_served_model(
         if with_gateway:
             with gateway() as target:
                 add_openai_cost(result, openai_cost(name, urls, params, bench, target, 1))
+                if bench.guidellm:
+                    base_url = target.base.removesuffix("/v1")
+                    result["guidellm"] = guidellm_sweep(base_url, target.api_key, name, params.model_dir, bench, scratch_dir / "guidellm")
         atomic_write_json(output_json, result)
         log.info("bench %s: %s", name, result["ratios"])
         return result

@@ -198,8 +198,31 @@ def generation_section(result: dict[str, Any], plots: dict[str, str]) -> list[st
             f"| {c['mode']} | {c['concurrency']} | {c['requests']} | {_fmt(c['items_per_s'])} | {_fmt(t['p50'])} | {_fmt(t['p99'])} "
             f"| {_fmt(i['p50'])} | {_fmt(i['p99'])} | {_fmt(lat['p50'])} | {_fmt(lat['p99'])} | {c['errors']} |"
         )
-    lines += ["", *openai_section(result), "Ratios:", "", *[f"- {line}" for line in ratio_lines(result)], ""]
+    lines += ["", *openai_section(result), *guidellm_section(result), "Ratios:", "", *[f"- {line}" for line in ratio_lines(result)], ""]
     return lines
+
+
+def guidellm_section(result: dict[str, Any]) -> list[str]:
+    """guidellm's sweep through the gateway (perf/guidellm.py), or why it did not run."""
+    sweep = result.get("guidellm")
+    if not sweep:
+        return []
+    if "skipped" in sweep:
+        return [f"guidellm through the gateway: not run ({sweep['skipped']}).", ""]
+    lines = [
+        f"### {sweep['tool']} through the gateway (its own load and counting; streamed /v1/completions)",
+        "",
+        "| strategy | rate req/s | requests ok / errored | mean concurrency | output tokens/s | TTFT p50 ms | TTFT p99 ms "
+        "| ITL p50 ms | ITL p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for b in sweep["benchmarks"]:
+        t, i, r = b["ttft_ms"], b["itl_ms"], b["requests"]
+        lines.append(
+            f"| {b['strategy']} | {_fmt(b['rate'])} | {r['successful']} / {r['errored']} | {_fmt(b['concurrency'])} "
+            f"| {_fmt(b['output_tokens_per_s'])} | {_fmt(t['p50'])} | {_fmt(t['p99'])} | {_fmt(i['p50'])} | {_fmt(i['p99'])} |"
+        )
+    return [*lines, ""]
 
 
 def openai_ratio_lines(result: dict[str, Any]) -> list[str]:
