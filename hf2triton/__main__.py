@@ -11,7 +11,7 @@
     python -m hf2triton infer MODEL IMAGE_FILE...      an image model: each file's labels (--top-k, --function-to-apply;
                                                        zero-shot: --labels 'cat,dog' and --hypothesis-template)
     python -m hf2triton infer MODEL AUDIO_FILE...      a speech model (Whisper): each file's text (--language, --task
-                                                       transcribe|translate, --timestamps)
+                                                       transcribe|translate, --timestamps, --word-timestamps, --prompt)
     python -m hf2triton chat MODEL                     a conversation with a streaming generation model
     python -m hf2triton embed MODEL TEXT...            embeddings as JSON (--prompt-name: one of the model's prompts)
     python -m hf2triton key                            where the client key is (curl needs it), never the key
@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("--language", help="automatic-speech-recognition: the audio's language (en, english; default: detected)")
             command.add_argument("--task", choices=SPEECH_TASKS, help="automatic-speech-recognition: transcribe, or translate to English")
             command.add_argument("--timestamps", action="store_true", help="automatic-speech-recognition: each file's timestamped chunks")
+            command.add_argument("--word-timestamps", action="store_true", help="automatic-speech-recognition: each file's words, timed")
+            command.add_argument("--prompt", help="automatic-speech-recognition: text the transcript continues (spellings, names, style)")
         if name in ("infer", "embed"):
             prompt = "feature-extraction: the model's prompt to start each TEXT with (e.g. query; default: its default_prompt_name)"
             command.add_argument("--prompt-name", help=prompt)

@@ -155,6 +155,13 @@ def test_served_onnx_image_and_speech_models_validate_against_torch(served, medi
     try:
         answer = triton.infer("vit", client.build_inputs(httpclient, images, {interface.TOP_K: 2}, primary=interface.IMAGE))
         served_labels = entity_lists(answer.as_numpy(interface.LABELS).reshape(-1))
+        from tritonclient.utils import InferenceServerException
+
+        from hf2triton.pipeline.audio_probes import probe_audios
+
+        with pytest.raises(InferenceServerException, match="'word_timestamps': not served by this model.*ONNX Runtime"):
+            words = {interface.WORD_TIMESTAMPS: True}  # optimum's decoder returns no cross-attentions to time words by
+            triton.infer("whisper", client.build_inputs(httpclient, probe_audios()[:1], words, primary=interface.AUDIO))
     finally:
         triton.close()
     reference = entity_lists(pipeline_image_answers(IC, str(media_models["vit"]), images, top_k=2)[interface.LABELS])

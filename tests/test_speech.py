@@ -67,11 +67,19 @@ def test_audio_decoding_resamples_and_bounds_before_decoding():
 
 def test_speech_request_options():
     none = {interface.LANGUAGE: "", interface.SPEECH_TASK: "", interface.RETURN_TIMESTAMPS: False}
+    none |= {interface.WORD_TIMESTAMPS: False, interface.SPEECH_PROMPT: ""}
     assert inputs.speech_options(None, None, None) == none
-    asked = inputs.speech_options(
-        np.array([[b"German"]], dtype=np.object_), np.array([[b"translate"]], dtype=np.object_), np.array([[True]])
-    )
-    assert asked == {interface.LANGUAGE: "de", interface.SPEECH_TASK: "translate", interface.RETURN_TIMESTAMPS: True}
+    text = lambda value: np.array([[value]], dtype=np.object_)  # noqa: E731
+    asked = inputs.speech_options(text(b"German"), text(b"translate"), np.array([[True]]), np.array([[True]]), text(b" Kubernetes "))
+    assert asked == {
+        interface.LANGUAGE: "de",
+        interface.SPEECH_TASK: "translate",
+        interface.RETURN_TIMESTAMPS: True,
+        interface.WORD_TIMESTAMPS: True,
+        interface.SPEECH_PROMPT: "Kubernetes",
+    }
+    with pytest.raises(inputs.RequestError, match="prompt of 4097 bytes exceeds"):
+        inputs.speech_options(None, None, None, None, text(b"x" * 4097))
     with pytest.raises(inputs.RequestError, match="task='summarize' is not allowed: use one of transcribe, translate"):
         inputs.speech_options(None, np.array([[b"summarize"]], dtype=np.object_), None)
     with pytest.raises(inputs.RequestError, match="sampling_rate=10 must be"):
@@ -113,6 +121,45 @@ def test_engine_equals_the_pipeline_in_process(whisper):
     assert isinstance(json.loads(stamped[interface.CHUNKS][0]), list)
     with pytest.raises(inputs.RequestError, match="language='xx' is not one of this model's languages: de, en, fr"):
         engine.check_options(language="xx")
+
+
+def test_engine_prompts_and_word_timestamps_equal_the_pipeline(whisper):
+    """OpenAI's `prompt` (Whisper's prompt_ids) and word timestamps (the alignment heads' times), short and long-form,
+    each equal to the pipeline called with the same options; both granularities at once are two decodings."""
+    from hf2triton.serving.tasks.speech import SpeechEngine
+
+    engine = SpeechEngine(str(whisper))
+    audios = [wav(3.0, 16000), wav(45.0, 8000, 2)]
+
+    def reference(**options) -> list[dict]:
+        from transformers import pipeline
+
+        from hf2triton.serving.audio import decode_audio
+
+        recognizer = pipeline(ASR, model=str(whisper))
+        return [recognizer({"raw": decode_audio(audio, 16000, 60), "sampling_rate": 16000}, **options) for audio in audios]
+
+    prompt_ids = engine.tokenizer.get_prompt_ids("the quick brown fox", return_tensors="pt")
+    prompted = engine.run(audios, prompt="the quick brown fox")
+    expected = reference(generate_kwargs={"prompt_ids": prompt_ids})
+    assert [t.decode() for t in prompted[interface.TEXT_OUTPUT]] == [a["text"] for a in expected]
+    worded = engine.run(audios, word_timestamps=True)
+    expected = reference(return_timestamps="word")
+    assert [t.decode() for t in worded[interface.TEXT_OUTPUT]] == [a["text"] for a in expected]
+    words = [json.loads(w) for w in worded[interface.WORDS]]
+    assert words == [[{"timestamp": list(c["timestamp"]), "text": c["text"]} for c in a["chunks"]] for a in expected]
+    assert words[0] and json.loads(worded[interface.CHUNKS][0]) == []
+    both = engine.run(audios[:1], word_timestamps=True, return_timestamps=True)
+    segments = reference(return_timestamps=True)[0]
+    assert both[interface.TEXT_OUTPUT][0].decode() == segments["text"] and json.loads(both[interface.WORDS][0]) == words[0]
+    assert json.loads(both[interface.CHUNKS][0]) == [{"timestamp": list(c["timestamp"]), "text": c["text"]} for c in segments["chunks"]]
+    with pytest.raises(inputs.RequestError, match="'prompt': Encountered text in the prompt corresponding to disallowed special"):
+        engine.check_options(prompt="<|endoftext|>")
+    with pytest.raises(inputs.RequestError, match=r"'prompt' is \d+ tokens: this model takes at most 223"):
+        engine.check_options(prompt="the quick brown fox " * 100)
+    engine.word_timestamps = False  # a checkpoint without alignment_heads
+    with pytest.raises(inputs.RequestError, match="'word_timestamps': not served by this model: .* no alignment_heads"):
+        engine.check_options(word_timestamps=True)
 
 
 # ---------------------------------------------------------------- one real serve
@@ -192,6 +239,20 @@ def test_gateway_transcriptions(served, whisper, tmp_path):
         verbose = sdk.audio.transcriptions.create(model="whisper", file=file, response_format="verbose_json")
     stamped = pipeline_speech_answers(str(whisper), [path.read_bytes()], return_timestamps=True)[interface.TEXT_OUTPUT][0].decode()
     assert verbose.text == stamped and verbose.duration == pytest.approx(3.0) and isinstance(verbose.segments, list)
+    assert verbose.words is None
+    with path.open("rb") as file:  # the SDK sends timestamp_granularities[] once per value
+        timed = sdk.audio.transcriptions.create(
+            model="whisper", file=file, response_format="verbose_json", timestamp_granularities=["word", "segment"]
+        )
+    assert timed.text == stamped and timed.segments is not None and timed.words, timed
+    assert all(w.start <= w.end and w.word == w.word.strip() for w in timed.words)
+    with path.open("rb") as file:
+        prompted = sdk.audio.transcriptions.create(model="whisper", file=file, prompt="the quick brown fox")
+    from transformers import AutoTokenizer
+
+    prompt_ids = AutoTokenizer.from_pretrained(whisper).get_prompt_ids("the quick brown fox", return_tensors="pt")
+    expected = pipeline_speech_answers(str(whisper), [path.read_bytes()], generate_kwargs={"prompt_ids": prompt_ids})
+    assert prompted.text == expected[interface.TEXT_OUTPUT][0].decode()
     # a plain multipart post (curl -F), an 8 kHz FLAC
     audio = flac(2.0, 8000, 1)
     answer = httpx.post(f"{base}/audio/transcriptions", files={"file": ("a.flac", audio)}, data={"model": "whisper"}, timeout=60)
@@ -211,6 +272,10 @@ def test_gateway_transcriptions(served, whisper, tmp_path):
         f"{base[:-3]}/v1/models/whisper:predict", json={"instances": instances[:1], "parameters": {"return_timestamps": True}}, timeout=60
     )
     assert stamped.status_code == 200 and set(stamped.json()["predictions"][0]) == {"text", "chunks"}, stamped.text
+    worded = httpx.post(
+        f"{base[:-3]}/v1/models/whisper:predict", json={"instances": instances[:1], "parameters": {"word_timestamps": True}}, timeout=60
+    )
+    assert worded.status_code == 200 and set(worded.json()["predictions"][0]) == {"text", "words"}, worded.text
 
     def refused(status: int, param: str | None, **kwargs) -> dict:
         reply = httpx.post(f"{base}/audio/transcriptions", timeout=60, **kwargs)
@@ -225,6 +290,13 @@ def test_gateway_transcriptions(served, whisper, tmp_path):
     )
     refused(400, "response_format", files=form["files"], data={"model": "whisper", "response_format": "srt"})
     refused(400, "language", files=form["files"], data={"model": "whisper", "language": "xx"})
+    refused(400, "prompt", files=form["files"], data={"model": "whisper", "prompt": "<|endoftext|>"})
+    granularity = "timestamp_granularities[]"
+    assert (
+        "needs response_format=verbose_json"
+        in refused(400, granularity, files=form["files"], data={"model": "whisper", granularity: "word"})["message"]
+    )
+    refused(400, granularity, files=form["files"], data={"model": "whisper", granularity: "token", "response_format": "verbose_json"})
     # the audio endpoints take OpenAI's 25 MB files (25 MiB of form), JSON bodies stay bounded at 8 MiB
     import soundfile
 
@@ -348,6 +420,10 @@ def test_cli_infer_audio_files(served, whisper, tmp_path):
     assert run.returncode == 0 and json.loads(run.stdout) == {"texts": expected}, run.stderr
     wrong = subprocess.run([*command, "--language", "xx"], capture_output=True, text=True, timeout=120, env=env, check=False)
     assert wrong.returncode != 0 and "language='xx' is not one of this model's languages" in wrong.stderr
+    worded = subprocess.run(
+        [*command[:-1], "--word-timestamps", "--json"], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+    assert worded.returncode == 0 and set(json.loads(worded.stdout)) == {"texts", "words"}, worded.stderr
     assert "Traceback" not in wrong.stderr
 
 
@@ -364,9 +440,10 @@ def test_rendered_interface(whisper, tmp_path):
     assert {"tasks/speech.py", "audio.py"} <= files and "images.py" not in files and "runtimes/onnxruntime.py" not in files
     config = read_model_config(render_model(str(tmp_path / "w"), serving, str(whisper)) / "config.pbtxt")
     inputs_ = [("audio", "TYPE_STRING", False), ("sampling_rate", "TYPE_INT32", True), ("language", "TYPE_STRING", True)]
-    inputs_ += [("task", "TYPE_STRING", True), ("return_timestamps", "TYPE_BOOL", True)]
+    inputs_ += [("task", "TYPE_STRING", True), ("return_timestamps", "TYPE_BOOL", True), ("word_timestamps", "TYPE_BOOL", True)]
+    inputs_ += [("prompt", "TYPE_STRING", True)]
     assert [(t.name, mc.DataType.Name(t.data_type), t.optional) for t in config.input] == inputs_
-    assert [(t.name, list(t.dims)) for t in config.output] == [("text_output", [1]), ("chunks", [1]), ("duration", [1])]
+    assert [(t.name, list(t.dims)) for t in config.output] == [("text_output", [1]), ("chunks", [1]), ("words", [1]), ("duration", [1])]
     assert config.parameters["max_audio_seconds"].string_value == "90" and "cuda_graphs" not in config.parameters
 
 

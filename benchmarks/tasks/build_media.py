@@ -106,6 +106,8 @@ def whisper_checkpoint(directory: Path, size: dict[str, int], languages: tuple[s
         begin_suppress_tokens=[end_id],
         max_length=max_length,
         max_initial_timestamp_index=50,
+        # word timestamps read these cross-attention heads: the decoder's last half, as Whisper's checkpoints choose
+        alignment_heads=[[layer, head] for layer in range(size["layers"] // 2, size["layers"]) for head in range(size["heads"])],
     )
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

@@ -3,8 +3,8 @@ Serving's) convention for binary data writes it -- `{"image_bytes": {"b64": "...
 (base64, or a `data:image/...;base64,` URL). The options are the pipeline's: `top_k` / `function_to_apply`
 (image-classification), `candidate_labels` / `hypothesis_template` (zero-shot), each in `parameters`, at the top of the
 body, or (a per-image choice) in the instance itself. Instances with the same options go to Triton together. Speech
-models take their audio files the same way (`{"audio_bytes": {"b64": ...}}` or `{"b64": ...}`), with `language`, `task`
-and `return_timestamps`."""
+models take their audio files the same way (`{"audio_bytes": {"b64": ...}}` or `{"b64": ...}`), with `language`, `task`,
+`return_timestamps`, `word_timestamps` and `prompt`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hf2triton.serving import interface
 OPTIONS = {
     interface.IMAGE_CLASSIFICATION: (interface.TOP_K, interface.FUNCTION_TO_APPLY),
     interface.ZERO_SHOT_IMAGE_CLASSIFICATION: (interface.CANDIDATE_LABELS, interface.HYPOTHESIS_TEMPLATE),
-    interface.SPEECH_RECOGNITION: (interface.LANGUAGE, interface.SPEECH_TASK, interface.RETURN_TIMESTAMPS),
+    interface.SPEECH_RECOGNITION: interface.SPEECH_OPTION_NAMES,
 }
 IMAGE_KEYS = ("image_bytes", "audio_bytes", "b64", "image", "audio", "data")
 
@@ -59,7 +59,7 @@ def _option(task: str, key: str, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(label, str) for label in value):
             raise ApiError(400, f"'{key}' must be a list of strings", param=key)
         return tuple(value)
-    if key == interface.RETURN_TIMESTAMPS:
+    if key in (interface.RETURN_TIMESTAMPS, interface.WORD_TIMESTAMPS):
         if not isinstance(value, bool):
             raise ApiError(400, f"'{key}' must be true or false", param=key)
         return value

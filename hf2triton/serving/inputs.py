@@ -322,9 +322,14 @@ def guided_option(raw: Any, max_bytes: int) -> Guided | None:
     return Guided(kind, value)
 
 
+def is_set(raw: Any) -> bool:
+    """Whether an optional BOOL input is sent and true (absent: False)."""
+    return raw is not None and bool(np.asarray(raw).reshape(-1).any())
+
+
 def asks_prompt_logprobs(raw: Any) -> bool:
     """Whether a request's PROMPT_LOGPROBS input is set (before its other options are checked)."""
-    return raw is not None and bool(np.asarray(raw).reshape(-1).any())
+    return is_set(raw)
 
 
 def token_id_prompt(raw: np.ndarray, vocabulary: int) -> list[int]:
@@ -423,10 +428,15 @@ def zero_shot_image_options(raw_labels: Any, raw_template: Any, max_bytes: int) 
     return {name: tuple(labels), interface.HYPOTHESIS_TEMPLATE: template}
 
 
-def speech_options(raw_language: Any, raw_task: Any, raw_timestamps: Any) -> dict[str, Any]:
+# a Whisper prompt is at most half the decoder's 448 positions: 4 KiB of text is more than that in any tokenizer
+MAX_SPEECH_PROMPT_BYTES = 4096
+
+
+def speech_options(raw_language: Any, raw_task: Any, raw_timestamps: Any, raw_words: Any = None, raw_prompt: Any = None) -> dict[str, Any]:
     """An automatic-speech-recognition request's `language` (a code, or a name Whisper knows: "english" -> "en"; "":
     the model detects it), `task` (transcribe | translate; "": none sent, the model's generation config decides, as
-    the pipeline's default) and `return_timestamps` (the pipeline's chunks)."""
+    the pipeline's default), `return_timestamps` (the pipeline's chunks), `word_timestamps` (its word chunks) and
+    `prompt` (the text the decoder continues from; "": none)."""
     language = ""
     if raw_language is not None:
         language = _one_string(raw_language, interface.LANGUAGE, 64).strip().lower()
@@ -439,8 +449,14 @@ def speech_options(raw_language: Any, raw_task: Any, raw_timestamps: Any) -> dic
         task = _one_string(raw_task, interface.SPEECH_TASK, 64).strip().lower()
         if task not in interface.SPEECH_TASKS:
             raise RequestError(f"{interface.SPEECH_TASK}={task!r} is not allowed: use one of {', '.join(interface.SPEECH_TASKS)}")
-    timestamps = raw_timestamps is not None and bool(np.asarray(raw_timestamps).reshape(-1).any())
-    return {interface.LANGUAGE: language, interface.SPEECH_TASK: task, interface.RETURN_TIMESTAMPS: timestamps}
+    prompt = "" if raw_prompt is None else _one_string(raw_prompt, interface.SPEECH_PROMPT, MAX_SPEECH_PROMPT_BYTES).strip()
+    return {
+        interface.LANGUAGE: language,
+        interface.SPEECH_TASK: task,
+        interface.RETURN_TIMESTAMPS: is_set(raw_timestamps),
+        interface.WORD_TIMESTAMPS: is_set(raw_words),
+        interface.SPEECH_PROMPT: prompt,
+    }
 
 
 def raw_sampling_rate(raw: Any) -> int | None:

@@ -100,16 +100,23 @@ EMBED = "embed"
 # server with soundfile, its duration bounded by max_audio_seconds before decoding), or with SAMPLING_RATE (INT32) its
 # raw float32 little-endian mono samples at that rate; resampled to the model's rate. Options LANGUAGE (BYTES: a code
 # or name, "en" / "english"; absent: the model detects it), SPEECH_TASK (BYTES: transcribe | translate) and
-# RETURN_TIMESTAMPS (BOOL). Per row TEXT_OUTPUT (the pipeline's text), CHUNKS (JSON list of {timestamp: [start, end],
-# text}; [] unless timestamps were asked) and DURATION (FP32, the audio's seconds).
+# RETURN_TIMESTAMPS (BOOL: segments), WORD_TIMESTAMPS (BOOL: words, from the cross-attention's alignment heads) and
+# SPEECH_PROMPT (BYTES: text the decoder continues from, Whisper's prompt / OpenAI's `prompt`). Per row TEXT_OUTPUT
+# (the pipeline's text), CHUNKS (JSON list of {timestamp: [start, end], text}; [] unless timestamps were asked), WORDS
+# (the same for words; [] unless word timestamps were asked) and DURATION (FP32, the audio's seconds).
 AUDIO = "audio"
 SAMPLING_RATE = "sampling_rate"
 LANGUAGE = "language"
 SPEECH_TASK = "task"
 RETURN_TIMESTAMPS = "return_timestamps"
+WORD_TIMESTAMPS = "word_timestamps"
+SPEECH_PROMPT = "prompt"
 CHUNKS = "chunks"
+WORDS = "words"
 DURATION = "duration"
 SPEECH_TASKS = ("transcribe", "translate")
+# the options of a speech request, in inputs.speech_options' order
+SPEECH_OPTION_NAMES = (LANGUAGE, SPEECH_TASK, RETURN_TIMESTAMPS, WORD_TIMESTAMPS, SPEECH_PROMPT)
 SAMPLING_RATE_RANGE = (1000, 384_000)
 
 FEATURE_EXTRACTION = "feature-extraction"
@@ -229,6 +236,8 @@ SPEECH_OPTIONS = (
     Tensor(LANGUAGE, "BYTES", optional=True),
     Tensor(SPEECH_TASK, "BYTES", optional=True),
     Tensor(RETURN_TIMESTAMPS, "BOOL", optional=True),
+    Tensor(WORD_TIMESTAMPS, "BOOL", optional=True),
+    Tensor(SPEECH_PROMPT, "BYTES", optional=True),
 )
 
 
@@ -303,7 +312,7 @@ def task_outputs(task: str, embedding_dim: int | None = None, streaming: bool = 
     if task in IMAGE_TASKS:  # a JSON list of {label, score} per image
         return (Tensor(LABELS, "BYTES"),)
     if task == SPEECH_RECOGNITION:
-        return (Tensor(TEXT_OUTPUT, "BYTES"), Tensor(CHUNKS, "BYTES"), Tensor(DURATION, "FP32"))
+        return (Tensor(TEXT_OUTPUT, "BYTES"), Tensor(CHUNKS, "BYTES"), Tensor(WORDS, "BYTES"), Tensor(DURATION, "FP32"))
     return (Tensor(TEXT_OUTPUT, "BYTES"),)
 
 

@@ -171,7 +171,7 @@ class TritonPythonModel:
             raise inputs.RequestError(f"send the encoded images in input '{interface.IMAGE}'{either}")
         inputs.check_request_size(images, self.params, "image")
         embed = self._optional(request, interface.EMBED)
-        if self.task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION and embed is not None and bool(np.asarray(embed).reshape(-1).any()):
+        if self.task == interface.ZERO_SHOT_IMAGE_CLASSIFICATION and inputs.is_set(embed):
             return self.engine.decode(images), {interface.EMBED: "images"}
         if self.task == interface.IMAGE_CLASSIFICATION:
             raw = (self._optional(request, interface.TOP_K), self._optional(request, interface.FUNCTION_TO_APPLY))
@@ -184,13 +184,12 @@ class TritonPythonModel:
 
     def _parse_audio(self, request) -> tuple[list[Any], dict[str, Any]]:
         """A speech request: its options first (cheap), then its audio decoded and resampled (bounded in seconds
-        before decoding); requests with the same language / task / timestamps share one pass."""
+        before decoding); requests with the same language / task / timestamps / prompt share one pass."""
         audios = self._optional(request, interface.AUDIO)
         if audios is None:
             raise inputs.RequestError(f"send the audio files in input '{interface.AUDIO}'")
         inputs.check_request_size(audios, self.params, "audio")
-        names = (interface.LANGUAGE, interface.SPEECH_TASK, interface.RETURN_TIMESTAMPS)
-        options = inputs.speech_options(*(self._optional(request, name) for name in names))
+        options = inputs.speech_options(*(self._optional(request, name) for name in interface.SPEECH_OPTION_NAMES))
         self.engine.check_options(**options)
         raw_rate = inputs.raw_sampling_rate(self._optional(request, interface.SAMPLING_RATE))
         return self.engine.decode(audios, raw_rate), options

@@ -151,9 +151,12 @@ def infer(
         return {"relevance_scores": [float(v) for v in outputs[interface.SCORE].reshape(-1)]}
     if facts["task"] in interface.IMAGE_TASKS:  # per image the pipeline's JSON list of {label, score}
         return {"predictions": [json.loads(v) for v in outputs[interface.LABELS].reshape(-1)]}
-    if facts["task"] == interface.SPEECH_RECOGNITION and options.get(interface.RETURN_TIMESTAMPS):  # + each one's chunks
-        texts_out = [v.decode() for v in outputs[interface.TEXT_OUTPUT].reshape(-1)]
-        return {"texts": texts_out, "chunks": [json.loads(v) for v in outputs[interface.CHUNKS].reshape(-1)]}
+    if facts["task"] == interface.SPEECH_RECOGNITION:  # + each one's chunks and words where asked
+        answer: dict[str, Any] = {"texts": [v.decode() for v in outputs[interface.TEXT_OUTPUT].reshape(-1)]}
+        for name, asked in ((interface.CHUNKS, interface.RETURN_TIMESTAMPS), (interface.WORDS, interface.WORD_TIMESTAMPS)):
+            if options.get(asked):
+                answer[name] = [json.loads(v) for v in outputs[name].reshape(-1)]
+        return answer
     return {"texts": [v.decode() for v in outputs[interface.TEXT_OUTPUT].reshape(-1)]}
 
 
@@ -229,6 +232,8 @@ def generation_flags(args: Any) -> dict[str, Any]:
         interface.LANGUAGE: getattr(args, "language", None),  # automatic-speech-recognition
         interface.SPEECH_TASK: getattr(args, "task", None),
         interface.RETURN_TIMESTAMPS: getattr(args, "timestamps", None) or None,
+        interface.WORD_TIMESTAMPS: getattr(args, "word_timestamps", None) or None,
+        interface.SPEECH_PROMPT: getattr(args, "prompt", None),
     }
     labels = getattr(args, "labels", None)
     if labels is not None:  # zero-shot-image-classification: comma-separated

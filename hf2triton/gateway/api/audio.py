@@ -1,6 +1,8 @@
 """POST /v1/audio/transcriptions and /v1/audio/translations: automatic-speech-recognition models (Whisper), in OpenAI's
-shape: a multipart form (`file`, `model`, `language`, `response_format` json | text | verbose_json, `temperature`)
--> {"text"}, the bare text, or {task, language, duration, text, segments}. The audio file goes to Triton as it came (the
+shape: a multipart form (`file`, `model`, `language`, `prompt`, `response_format` json | text | verbose_json,
+`temperature`, `timestamp_granularities[]` segment and/or word) -> {"text"}, the bare text, or {task, language, duration,
+text, segments, words}: segments from Whisper's timestamp tokens, words from its alignment heads (two decodings when
+both are asked, as the pipeline's own `return_timestamps` True and "word" are). The audio file goes to Triton as it came (the
 model decodes and resamples it); the form is read through the Boundary (bounded in size and time as JSON bodies are;
 a cross-site form post carries a foreign Origin and is refused there)."""
 
@@ -19,11 +21,14 @@ from hf2triton.serving import interface
 
 router = APIRouter()
 FORMATS = ("json", "text", "verbose_json")
-FIELDS = ("file", "model", "language", "response_format", "temperature", "timestamp_granularities[]")
+GRANULARITY = "timestamp_granularities[]"
+GRANULARITIES = ("segment", "word")
+FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature", GRANULARITY)
 
 
 async def read_form(request: Request) -> tuple[bytes, dict[str, str]]:
-    """The form's audio file and its text fields; a field this endpoint does not serve is a 400 naming it."""
+    """The form's audio file and its text fields (a repeated `timestamp_granularities[]`: its values joined by
+    commas); a field this endpoint does not serve is a 400 naming it."""
     try:
         form = await request.form()
     except ApiError:
@@ -38,7 +43,7 @@ async def read_form(request: Request) -> tuple[bytes, dict[str, str]]:
         if key == "file":
             upload = value
         elif isinstance(value, str):
-            fields[key] = value
+            fields[key] = f"{fields[key]},{value}" if key == GRANULARITY and key in fields else value
     if upload is None or isinstance(upload, str):
         raise ApiError(400, "'file' is required: the audio file (WAV, FLAC, OGG, MP3) as a form file field", param="file")
     audio = await upload.read()
@@ -58,15 +63,30 @@ def speech_options(fields: dict[str, str], task: str) -> tuple[str, dict[str, An
         raise ApiError(400, f"temperature={fields['temperature']!r} is not a number", param="temperature") from None
     if temperature != 0:
         raise ApiError(400, f"temperature={temperature:g}: only 0 (greedy decoding) is served", param="temperature")
-    granularity = fields.get("timestamp_granularities[]", "segment")
-    if granularity != "segment":
-        raise ApiError(400, f"timestamp_granularities={granularity!r}: only 'segment' is served", param="timestamp_granularities[]")
-    options: dict[str, Any] = {interface.RETURN_TIMESTAMPS: response_format == "verbose_json"}
+    granularities = set(fields.get(GRANULARITY, "segment").split(","))
+    if not granularities <= set(GRANULARITIES):
+        wrong = ", ".join(sorted(granularities - set(GRANULARITIES)))
+        raise ApiError(400, f"timestamp_granularities: {wrong!r} is not served: use segment and/or word", param=GRANULARITY)
+    if GRANULARITY in fields and response_format != "verbose_json":
+        raise ApiError(400, "timestamp_granularities needs response_format=verbose_json (the others carry no times)", param=GRANULARITY)
+    verbose = response_format == "verbose_json"
+    options: dict[str, Any] = {
+        interface.RETURN_TIMESTAMPS: verbose and "segment" in granularities,
+        interface.WORD_TIMESTAMPS: verbose and "word" in granularities,
+    }
+    if fields.get("prompt"):  # Whisper's prompt: the transcript continues it (spellings, names, style)
+        options[interface.SPEECH_PROMPT] = fields["prompt"]
     if task == "translate":  # transcriptions send none: the model's own default, as the pipeline's
         options[interface.SPEECH_TASK] = task
     if fields.get("language"):
         options[interface.LANGUAGE] = fields["language"]
     return response_format, options
+
+
+def field_named(message: str) -> str:
+    """The form field a model's refusal is about: its option's name in the message, else the file."""
+    fields = {interface.LANGUAGE: "language", interface.SPEECH_PROMPT: "prompt", interface.WORD_TIMESTAMPS: GRANULARITY}
+    return next((field for name, field in fields.items() if f"'{name}'" in message or f"{name}=" in message), "file")
 
 
 async def recognize(request: Request, task: str):
@@ -78,22 +98,29 @@ async def recognize(request: Request, task: str):
         (result,) = await gateway.infer_texts(served, [audio], options, "file")
     except ApiError as err:  # the model's words about the audio or an option, named as the field that sent it
         if err.status == 400 and err.param is None:
-            err.param = interface.LANGUAGE if interface.LANGUAGE in err.message else "file"
+            err.param = field_named(err.message)
         raise
     text = result.as_numpy(interface.TEXT_OUTPUT).reshape(-1)[0].decode("utf-8")
     if response_format == "text":
         return PlainTextResponse(text)
     if response_format == "json":
         return {"text": text}
-    chunks = json.loads(result.as_numpy(interface.CHUNKS).reshape(-1)[0])
     duration = float(result.as_numpy(interface.DURATION).reshape(-1)[0])
-    segments = [
-        {"id": i, "seek": 0, "start": c["timestamp"][0], "end": c["timestamp"][1] if c["timestamp"][1] is not None else duration,
-         "text": c["text"], "tokens": [], "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 0.0, "no_speech_prob": 0.0}
-        for i, c in enumerate(chunks)
-    ]  # fmt: skip
-    language = fields.get("language", "")
-    return {"task": task, "language": language, "duration": duration, "text": text, "segments": segments}
+
+    def timed(name: str) -> list[tuple[dict[str, Any], float, float]]:  # the pipeline's chunks, an open end: the audio's
+        chunks = json.loads(result.as_numpy(name).reshape(-1)[0])
+        return [(c, c["timestamp"][0], c["timestamp"][1] if c["timestamp"][1] is not None else duration) for c in chunks]
+
+    answer = {"task": task, "language": fields.get("language", ""), "duration": duration, "text": text}
+    if options[interface.RETURN_TIMESTAMPS]:
+        answer["segments"] = [
+            {"id": i, "seek": 0, "start": start, "end": end, "text": c["text"], "tokens": [], "temperature": 0.0,
+             "avg_logprob": 0.0, "compression_ratio": 0.0, "no_speech_prob": 0.0}
+            for i, (c, start, end) in enumerate(timed(interface.CHUNKS))
+        ]  # fmt: skip
+    if options[interface.WORD_TIMESTAMPS]:
+        answer["words"] = [{"word": c["text"].strip(), "start": start, "end": end} for c, start, end in timed(interface.WORDS)]
+    return answer
 
 
 @router.post("/v1/audio/transcriptions", dependencies=KEY)

@@ -32,12 +32,15 @@ def predictions(task: str, result: Any) -> list[Any]:
 
 
 def rows_of(task: str, result: Any, options: dict[str, Any]) -> list[Any]:
-    """An image or speech request's answer per row: an image's [{label, score}], an audio's {text} (+ its chunks)."""
+    """An image or speech request's answer per row: an image's [{label, score}], an audio's {text} (+ its chunks, its words)."""
     if task != interface.SPEECH_RECOGNITION:
         return [json.loads(row) for row in result.as_numpy(interface.LABELS).reshape(-1)]
-    texts, chunks = result.as_numpy(interface.TEXT_OUTPUT).reshape(-1), result.as_numpy(interface.CHUNKS).reshape(-1)
-    stamped = options.get(interface.RETURN_TIMESTAMPS)
-    return [{"text": t.decode("utf-8"), **({"chunks": json.loads(c)} if stamped else {})} for t, c in zip(texts, chunks)]
+    rows = [{"text": text.decode("utf-8")} for text in result.as_numpy(interface.TEXT_OUTPUT).reshape(-1)]
+    for name, asked in ((interface.CHUNKS, interface.RETURN_TIMESTAMPS), (interface.WORDS, interface.WORD_TIMESTAMPS)):
+        if options.get(asked):  # the pipeline's chunks: segments or words
+            for row, value in zip(rows, result.as_numpy(name).reshape(-1)):
+                row[name] = json.loads(value)
+    return rows
 
 
 async def image_predictions(gateway: Any, served: Any, body: dict[str, Any]) -> list[Any]:

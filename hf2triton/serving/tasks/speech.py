@@ -34,7 +34,7 @@ from .base import media_torch
 class SpeechEngine:
     """Saved model + feature extractor + tokenizer on one device, run through transformers' ASR pipeline."""
 
-    outputs = (interface.TEXT_OUTPUT, interface.CHUNKS, interface.DURATION)
+    outputs = (interface.TEXT_OUTPUT, interface.CHUNKS, interface.WORDS, interface.DURATION)
 
     def __init__(
         self,
@@ -72,18 +72,25 @@ class SpeechEngine:
         generation = getattr(self.model, "generation_config", None)
         self.languages = dict(getattr(generation, "lang_to_id", None) or {})  # "<|en|>" -> id
         self.multilingual = bool(getattr(generation, "is_multilingual", bool(self.languages))) and bool(self.languages)
+        # word timestamps come from these cross-attention heads (openai/whisper-* checkpoints name them); optimum's
+        # ONNX decoder returns no attentions
+        self.word_timestamps = bool(getattr(generation, "alignment_heads", None)) and backend == "python"
+        # Whisper's generate() refuses a prompt of more than half the decoder's positions
+        self.max_prompt_tokens = int(getattr(self.model.config, "max_target_positions", 448)) // 2 - 1
 
     def decode(self, values: np.ndarray, raw_rate: int | None = None) -> list[np.ndarray]:
         """A request's AUDIO rows as mono float32 samples at the model's rate (RequestError: that request's own)."""
         return decode_audios(values, self.rate, self.max_audio_seconds, raw_rate)
 
-    def check_options(self, language: str = "", task: str = "", return_timestamps: bool = False, **_: Any) -> None:
-        """Raise RequestError for a language this model does not know, or a language / translation on an English-only one."""
-        if self.ctc and (language or task or return_timestamps):
-            raise RequestError(
-                f"this is a CTC model (no decoder): it takes no '{interface.LANGUAGE}', '{interface.SPEECH_TASK}' or "
-                f"'{interface.RETURN_TIMESTAMPS}'"
-            )
+    def check_options(
+        self, language: str = "", task: str = "", return_timestamps: bool = False, word_timestamps: bool = False,
+        prompt: str = "", **_: Any,
+    ) -> None:  # fmt: skip
+        """Raise RequestError for a language this model does not know, or a language / translation on an English-only
+        one, word timestamps on a model without alignment heads, a prompt that is not text or too long."""
+        if self.ctc and (language or task or return_timestamps or word_timestamps or prompt):
+            names = ", ".join(f"'{name}'" for name in interface.SPEECH_OPTION_NAMES)
+            raise RequestError(f"this is a CTC model (no decoder): it takes none of {names}")
         if not self.multilingual and (language or task == "translate"):
             raise RequestError(
                 f"this model is English-only (its generation config has no languages): send no '{interface.LANGUAGE}' "
@@ -92,16 +99,63 @@ class SpeechEngine:
         if language and f"<|{language}|>" not in self.languages:
             known = ", ".join(sorted(token.strip("<|>") for token in self.languages))
             raise RequestError(f"{interface.LANGUAGE}={language!r} is not one of this model's languages: {known}")
+        if word_timestamps and not self.word_timestamps:
+            raise RequestError(
+                f"'{interface.WORD_TIMESTAMPS}': not served by this model: its generation config names no alignment_heads "
+                "(the cross-attention heads words are timed by; openai/whisper-* checkpoints have them), or it runs on "
+                "ONNX Runtime, whose exported decoder returns no attentions (backend: python serves them)"
+            )
+        if prompt:
+            self.prompt_ids(prompt)
+
+    def prompt_ids(self, prompt: str):
+        """The decoder's prompt (<|startofprev|> + the text's tokens) as generate() takes it (RequestError: unusable)."""
+        try:
+            ids = self.tokenizer.get_prompt_ids(prompt, return_tensors="pt")
+        except ValueError as err:  # a special token's text in the prompt
+            raise RequestError(f"'{interface.SPEECH_PROMPT}': {err}") from None
+        if len(ids) - 1 > self.max_prompt_tokens:
+            raise RequestError(
+                f"'{interface.SPEECH_PROMPT}' is {len(ids) - 1} tokens: this model takes at most {self.max_prompt_tokens} "
+                "(half its decoder's positions); send a shorter one"
+            )
+        return ids.to(self.device)
 
     def run(
-        self, audios: list[Any], language: str = "", task: str = "", return_timestamps: bool = False, **_: Any
+        self,
+        audios: list[Any],
+        language: str = "",
+        task: str = "",
+        return_timestamps: bool = False,
+        word_timestamps: bool = False,
+        prompt: str = "",
+        **_: Any,
     ) -> dict[str, np.ndarray]:
-        """Per audio (samples at the model's rate; or encoded files: decoded here) its text, chunks and duration.
-        `language` / `task` "": not sent to generate() (the pipeline's default: the model detects the language)."""
+        """Per audio (samples at the model's rate; or encoded files: decoded here) its text, chunks, words and duration.
+        `language` / `task` "": not sent to generate() (the pipeline's default: the model detects the language).
+        Segments and words are two decodings (timestamp tokens change the text): both asked, two pipeline passes."""
         if audios and isinstance(audios[0], (bytes, np.bytes_)):
             audios = self.decode(np.array(audios, dtype=np.object_))
-        generate = {key: value for key, value in (("language", language), ("task", task)) if value}
-        options = {"generate_kwargs": generate, **({"return_timestamps": True} if return_timestamps else {})}
+        generate: dict[str, Any] = {key: value for key, value in (("language", language), ("task", task)) if value}
+        if prompt:
+            generate["prompt_ids"] = self.prompt_ids(prompt)
+        first = "word" if word_timestamps and not return_timestamps else return_timestamps
+        answers = self._answers(audios, generate, first)
+        words = answers if first == "word" else self._answers(audios, generate, "word") if word_timestamps else None
+
+        def chunks(answer: dict[str, Any] | None, asked: bool) -> bytes:
+            return chunks_json(answer.get("chunks", []) if answer and asked else []).encode("utf-8")
+
+        return {
+            interface.TEXT_OUTPUT: np.array([a["text"].encode("utf-8") for a in answers], dtype=np.object_),
+            interface.CHUNKS: np.array([chunks(a, return_timestamps) for a in answers], dtype=np.object_),
+            interface.WORDS: np.array([chunks(w, True) for w in words or [None] * len(audios)], dtype=np.object_),
+            interface.DURATION: np.array([len(audio) / self.rate for audio in audios], dtype=np.float32),
+        }
+
+    def _answers(self, audios: list[np.ndarray], generate: dict[str, Any], timestamps: bool | str) -> list[dict[str, Any]]:
+        """The pipeline's answer per audio: those that fit one window in one call, each longer one alone."""
+        options = {"generate_kwargs": generate, **({"return_timestamps": timestamps} if timestamps else {})}
         answers: list[dict[str, Any] | None] = [None] * len(audios)
         # Whisper pads every window to 30 s, so windows batch exactly; a CTC model's padding would change its answer
         window = 0 if self.ctc else self.feature_extractor.n_samples
@@ -113,11 +167,7 @@ class SpeechEngine:
         for i, audio in enumerate(audios):
             if answers[i] is None:  # long-form: one sequential generate() of its own (a CTC model: one forward pass)
                 answers[i] = self.pipeline({"raw": audio, "sampling_rate": self.rate}, **options)
-        return {
-            interface.TEXT_OUTPUT: np.array([a["text"].encode("utf-8") for a in answers], dtype=np.object_),
-            interface.CHUNKS: np.array([chunks_json(a.get("chunks", [])).encode("utf-8") for a in answers], dtype=np.object_),
-            interface.DURATION: np.array([len(audio) / self.rate for audio in audios], dtype=np.float32),
-        }
+        return answers  # type: ignore[return-value]
 
 
 def chunks_json(chunks: list[dict[str, Any]]) -> str:
