@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("model")
         if name in ("infer", "chat"):
             command.add_argument("--max-tokens", type=positive_int, help="generation: max_new_tokens (default: the model's)")
-            command.add_argument("--temperature", type=float, help="generation: sampling temperature (0: greedy; default: the model's)")
+            command.add_argument("--temperature", type=float, help="generation, speech: sampling temperature (0: greedy)")
             command.add_argument("--top-p", type=float, help="generation: nucleus sampling (0 < p <= 1)")
             command.add_argument("--seed", type=int, help="generation: sampling seed (the same seed, the same answer)")
             command.add_argument("--stop", action="append", help="generation: stop at this text (repeat for several)")

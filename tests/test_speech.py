@@ -67,17 +67,21 @@ def test_audio_decoding_resamples_and_bounds_before_decoding():
 
 def test_speech_request_options():
     none = {interface.LANGUAGE: "", interface.SPEECH_TASK: "", interface.RETURN_TIMESTAMPS: False}
-    none |= {interface.WORD_TIMESTAMPS: False, interface.SPEECH_PROMPT: ""}
+    none |= {interface.WORD_TIMESTAMPS: False, interface.SPEECH_PROMPT: "", interface.TEMPERATURE: 0.0}
     assert inputs.speech_options(None, None, None) == none
     text = lambda value: np.array([[value]], dtype=np.object_)  # noqa: E731
-    asked = inputs.speech_options(text(b"German"), text(b"translate"), np.array([[True]]), np.array([[True]]), text(b" Kubernetes "))
+    flag = np.array([[True]])
+    asked = inputs.speech_options(text(b"German"), text(b"translate"), flag, flag, text(b" Kubernetes "), np.array([[0.5]], np.float32))
     assert asked == {
         interface.LANGUAGE: "de",
         interface.SPEECH_TASK: "translate",
         interface.RETURN_TIMESTAMPS: True,
         interface.WORD_TIMESTAMPS: True,
         interface.SPEECH_PROMPT: "Kubernetes",
+        interface.TEMPERATURE: 0.5,
     }
+    with pytest.raises(inputs.RequestError, match="temperature=1.5 must be a finite number between 0.0 and 1.0"):
+        inputs.speech_options(None, None, None, None, None, np.array([[1.5]], np.float32))
     with pytest.raises(inputs.RequestError, match="prompt of 4097 bytes exceeds"):
         inputs.speech_options(None, None, None, None, text(b"x" * 4097))
     with pytest.raises(inputs.RequestError, match="task='summarize' is not allowed: use one of transcribe, translate"):
@@ -131,12 +135,13 @@ def test_engine_prompts_and_word_timestamps_equal_the_pipeline(whisper):
     engine = SpeechEngine(str(whisper))
     audios = [wav(3.0, 16000), wav(45.0, 8000, 2)]
 
+    from transformers import pipeline
+
+    from hf2triton.serving.audio import decode_audio
+
+    recognizer = pipeline(ASR, model=str(whisper))
+
     def reference(**options) -> list[dict]:
-        from transformers import pipeline
-
-        from hf2triton.serving.audio import decode_audio
-
-        recognizer = pipeline(ASR, model=str(whisper))
         return [recognizer({"raw": decode_audio(audio, 16000, 60), "sampling_rate": 16000}, **options) for audio in audios]
 
     prompt_ids = engine.tokenizer.get_prompt_ids("the quick brown fox", return_tensors="pt")
@@ -153,6 +158,13 @@ def test_engine_prompts_and_word_timestamps_equal_the_pipeline(whisper):
     segments = reference(return_timestamps=True)[0]
     assert both[interface.TEXT_OUTPUT][0].decode() == segments["text"] and json.loads(both[interface.WORDS][0]) == words[0]
     assert json.loads(both[interface.CHUNKS][0]) == [{"timestamp": list(c["timestamp"]), "text": c["text"]} for c in segments["chunks"]]
+    import torch
+
+    torch.manual_seed(7)  # sampled (OpenAI's temperature): the pipeline's sampling with one beam, the same draws
+    sampled = engine.run(audios[:1], temperature=0.8)[interface.TEXT_OUTPUT][0].decode()
+    torch.manual_seed(7)
+    sampling = {"do_sample": True, "temperature": 0.8, "num_beams": 1}
+    assert sampled == recognizer({"raw": decode_audio(audios[0], 16000, 60), "sampling_rate": 16000}, generate_kwargs=sampling)["text"]
     with pytest.raises(inputs.RequestError, match="'prompt': Encountered text in the prompt corresponding to disallowed special"):
         engine.check_options(prompt="<|endoftext|>")
     with pytest.raises(inputs.RequestError, match=r"'prompt' is \d+ tokens: this model takes at most 223"):
@@ -291,6 +303,9 @@ def test_gateway_transcriptions(served, whisper, tmp_path):
     refused(400, "response_format", files=form["files"], data={"model": "whisper", "response_format": "srt"})
     refused(400, "language", files=form["files"], data={"model": "whisper", "language": "xx"})
     refused(400, "prompt", files=form["files"], data={"model": "whisper", "prompt": "<|endoftext|>"})
+    refused(400, "temperature", files=form["files"], data={"model": "whisper", "temperature": "1.5"})
+    with path.open("rb") as file:  # sampled: a transcript, not the pipeline's greedy one necessarily
+        assert isinstance(sdk.audio.transcriptions.create(model="whisper", file=file, temperature=0.7).text, str)
     granularity = "timestamp_granularities[]"
     assert (
         "needs response_format=verbose_json"

@@ -4,7 +4,7 @@ Serving's) convention for binary data writes it -- `{"image_bytes": {"b64": "...
 (image-classification), `candidate_labels` / `hypothesis_template` (zero-shot), each in `parameters`, at the top of the
 body, or (a per-image choice) in the instance itself. Instances with the same options go to Triton together. Speech
 models take their audio files the same way (`{"audio_bytes": {"b64": ...}}` or `{"b64": ...}`), with `language`, `task`,
-`return_timestamps`, `word_timestamps` and `prompt`."""
+`return_timestamps`, `word_timestamps`, `prompt` and `temperature`."""
 
 from __future__ import annotations
 
@@ -59,6 +59,10 @@ def _option(task: str, key: str, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(label, str) for label in value):
             raise ApiError(400, f"'{key}' must be a list of strings", param=key)
         return tuple(value)
+    if key == interface.TEMPERATURE:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ApiError(400, f"'{key}' must be a number, got {str(value)[:40]}", param=key)
+        return float(value)
     if key in (interface.RETURN_TIMESTAMPS, interface.WORD_TIMESTAMPS):
         if not isinstance(value, bool):
             raise ApiError(400, f"'{key}' must be true or false", param=key)

@@ -432,11 +432,13 @@ def zero_shot_image_options(raw_labels: Any, raw_template: Any, max_bytes: int) 
 MAX_SPEECH_PROMPT_BYTES = 4096
 
 
-def speech_options(raw_language: Any, raw_task: Any, raw_timestamps: Any, raw_words: Any = None, raw_prompt: Any = None) -> dict[str, Any]:
+def speech_options(
+    raw_language: Any, raw_task: Any, raw_timestamps: Any, raw_words: Any = None, raw_prompt: Any = None, raw_temperature: Any = None
+) -> dict[str, Any]:
     """An automatic-speech-recognition request's `language` (a code, or a name Whisper knows: "english" -> "en"; "":
     the model detects it), `task` (transcribe | translate; "": none sent, the model's generation config decides, as
-    the pipeline's default), `return_timestamps` (the pipeline's chunks), `word_timestamps` (its word chunks) and
-    `prompt` (the text the decoder continues from; "": none)."""
+    the pipeline's default), `return_timestamps` (the pipeline's chunks), `word_timestamps` (its word chunks),
+    `prompt` (the text the decoder continues from; "": none) and `temperature` (0: the pipeline's decoding)."""
     language = ""
     if raw_language is not None:
         language = _one_string(raw_language, interface.LANGUAGE, 64).strip().lower()
@@ -456,6 +458,9 @@ def speech_options(raw_language: Any, raw_task: Any, raw_timestamps: Any, raw_wo
         interface.RETURN_TIMESTAMPS: is_set(raw_timestamps),
         interface.WORD_TIMESTAMPS: is_set(raw_words),
         interface.SPEECH_PROMPT: prompt,
+        interface.TEMPERATURE: 0.0
+        if raw_temperature is None
+        else _one_value(raw_temperature, interface.TEMPERATURE, float, interface.SPEECH_TEMPERATURE_RANGE),
     }
 
 

@@ -101,7 +101,8 @@ EMBED = "embed"
 # raw float32 little-endian mono samples at that rate; resampled to the model's rate. Options LANGUAGE (BYTES: a code
 # or name, "en" / "english"; absent: the model detects it), SPEECH_TASK (BYTES: transcribe | translate) and
 # RETURN_TIMESTAMPS (BOOL: segments), WORD_TIMESTAMPS (BOOL: words, from the cross-attention's alignment heads) and
-# SPEECH_PROMPT (BYTES: text the decoder continues from, Whisper's prompt / OpenAI's `prompt`). Per row TEXT_OUTPUT
+# SPEECH_PROMPT (BYTES: text the decoder continues from, Whisper's prompt / OpenAI's `prompt`), TEMPERATURE (FP32, 0..1:
+# > 0 samples with one beam, as OpenAI's and vLLM's transcriptions). Per row TEXT_OUTPUT
 # (the pipeline's text), CHUNKS (JSON list of {timestamp: [start, end], text}; [] unless timestamps were asked), WORDS
 # (the same for words; [] unless word timestamps were asked) and DURATION (FP32, the audio's seconds).
 AUDIO = "audio"
@@ -116,7 +117,8 @@ WORDS = "words"
 DURATION = "duration"
 SPEECH_TASKS = ("transcribe", "translate")
 # the options of a speech request, in inputs.speech_options' order
-SPEECH_OPTION_NAMES = (LANGUAGE, SPEECH_TASK, RETURN_TIMESTAMPS, WORD_TIMESTAMPS, SPEECH_PROMPT)
+SPEECH_OPTION_NAMES = (LANGUAGE, SPEECH_TASK, RETURN_TIMESTAMPS, WORD_TIMESTAMPS, SPEECH_PROMPT, TEMPERATURE)
+SPEECH_TEMPERATURE_RANGE = (0.0, 1.0)  # OpenAI's for transcriptions; > 0 samples (one beam), 0 is the pipeline's decoding
 SAMPLING_RATE_RANGE = (1000, 384_000)
 
 FEATURE_EXTRACTION = "feature-extraction"
@@ -238,6 +240,7 @@ SPEECH_OPTIONS = (
     Tensor(RETURN_TIMESTAMPS, "BOOL", optional=True),
     Tensor(WORD_TIMESTAMPS, "BOOL", optional=True),
     Tensor(SPEECH_PROMPT, "BYTES", optional=True),
+    Tensor(TEMPERATURE, "FP32", optional=True),
 )
 
 

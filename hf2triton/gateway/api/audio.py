@@ -61,8 +61,9 @@ def speech_options(fields: dict[str, str], task: str) -> tuple[str, dict[str, An
         temperature = float(fields.get("temperature", "0"))
     except ValueError:
         raise ApiError(400, f"temperature={fields['temperature']!r} is not a number", param="temperature") from None
-    if temperature != 0:
-        raise ApiError(400, f"temperature={temperature:g}: only 0 (greedy decoding) is served", param="temperature")
+    low, high = interface.SPEECH_TEMPERATURE_RANGE
+    if not low <= temperature <= high:  # NaN too
+        raise ApiError(400, f"temperature={temperature:g} must be between {low:g} and {high:g}", param="temperature")
     granularities = set(fields.get(GRANULARITY, "segment").split(","))
     if not granularities <= set(GRANULARITIES):
         wrong = ", ".join(sorted(granularities - set(GRANULARITIES)))
@@ -73,6 +74,7 @@ def speech_options(fields: dict[str, str], task: str) -> tuple[str, dict[str, An
     options: dict[str, Any] = {
         interface.RETURN_TIMESTAMPS: verbose and "segment" in granularities,
         interface.WORD_TIMESTAMPS: verbose and "word" in granularities,
+        interface.TEMPERATURE: temperature,  # 0: the pipeline's decoding; > 0 sampled
     }
     if fields.get("prompt"):  # Whisper's prompt: the transcript continues it (spellings, names, style)
         options[interface.SPEECH_PROMPT] = fields["prompt"]
@@ -114,7 +116,7 @@ async def recognize(request: Request, task: str):
     answer = {"task": task, "language": fields.get("language", ""), "duration": duration, "text": text}
     if options[interface.RETURN_TIMESTAMPS]:
         answer["segments"] = [
-            {"id": i, "seek": 0, "start": start, "end": end, "text": c["text"], "tokens": [], "temperature": 0.0,
+            {"id": i, "seek": 0, "start": start, "end": end, "text": c["text"], "tokens": [], "temperature": options[interface.TEMPERATURE],
              "avg_logprob": 0.0, "compression_ratio": 0.0, "no_speech_prob": 0.0}
             for i, (c, start, end) in enumerate(timed(interface.CHUNKS))
         ]  # fmt: skip

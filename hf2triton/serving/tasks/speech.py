@@ -84,11 +84,11 @@ class SpeechEngine:
 
     def check_options(
         self, language: str = "", task: str = "", return_timestamps: bool = False, word_timestamps: bool = False,
-        prompt: str = "", **_: Any,
+        prompt: str = "", temperature: float = 0.0, **_: Any,
     ) -> None:  # fmt: skip
         """Raise RequestError for a language this model does not know, or a language / translation on an English-only
         one, word timestamps on a model without alignment heads, a prompt that is not text or too long."""
-        if self.ctc and (language or task or return_timestamps or word_timestamps or prompt):
+        if self.ctc and (language or task or return_timestamps or word_timestamps or prompt or temperature):
             names = ", ".join(f"'{name}'" for name in interface.SPEECH_OPTION_NAMES)
             raise RequestError(f"this is a CTC model (no decoder): it takes none of {names}")
         if not self.multilingual and (language or task == "translate"):
@@ -129,6 +129,7 @@ class SpeechEngine:
         return_timestamps: bool = False,
         word_timestamps: bool = False,
         prompt: str = "",
+        temperature: float = 0.0,
         **_: Any,
     ) -> dict[str, np.ndarray]:
         """Per audio (samples at the model's rate; or encoded files: decoded here) its text, chunks, words and duration.
@@ -139,6 +140,8 @@ class SpeechEngine:
         generate: dict[str, Any] = {key: value for key, value in (("language", language), ("task", task)) if value}
         if prompt:
             generate["prompt_ids"] = self.prompt_ids(prompt)
+        if temperature > 0:  # sampled with one beam, as OpenAI's and vLLM's transcriptions
+            generate.update(do_sample=True, temperature=temperature, num_beams=1)
         first = "word" if word_timestamps and not return_timestamps else return_timestamps
         answers = self._answers(audios, generate, first)
         words = answers if first == "word" else self._answers(audios, generate, "word") if word_timestamps else None
