@@ -503,3 +503,14 @@ def test_predict_and_score_refuse_other_tasks_and_too_many_texts_before_triton()
     assert status == 404 and answer["error"]["code"] == "model_not_found" and "'nothing'" in answer["error"]["message"], answer
     status, _, answer = asgi("POST", "/v1/nothing", JSON, [b"{}"])
     assert status == 404 and "/v1/score" in answer["error"]["message"] and ":predict" in answer["error"]["message"]
+
+
+def test_transcription_subtitles_are_srt_and_webvtt():
+    """OpenAI's srt / vtt response formats from a transcript's segments: numbered SubRip cues with comma millis,
+    WebVTT with its header and dots; hours roll over; an open end was already closed at the audio's duration."""
+    from hf2triton.gateway.api.audio import subtitles
+
+    cues = [(0.0, 1.5, " Hello"), (1.5, 3723.25, " world ")]
+    assert subtitles(cues, "srt") == "1\n00:00:00,000 --> 00:00:01,500\nHello\n\n2\n00:00:01,500 --> 01:02:03,250\nworld\n"
+    assert subtitles(cues, "vtt") == "WEBVTT\n\n00:00:00.000 --> 00:00:01.500\nHello\n\n00:00:01.500 --> 01:02:03.250\nworld\n"
+    assert subtitles([], "vtt") == "WEBVTT\n"

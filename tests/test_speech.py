@@ -252,6 +252,10 @@ def test_gateway_transcriptions(served, whisper, tmp_path):
     stamped = pipeline_speech_answers(str(whisper), [path.read_bytes()], return_timestamps=True)[interface.TEXT_OUTPUT][0].decode()
     assert verbose.text == stamped and verbose.duration == pytest.approx(3.0) and isinstance(verbose.segments, list)
     assert verbose.words is None
+    for kind, head in (("srt", "1\n"), ("vtt", "WEBVTT\n")):  # subtitles: one cue per segment, the segments' times
+        with path.open("rb") as file:
+            subtitles = sdk.audio.transcriptions.create(model="whisper", file=file, response_format=kind)
+        assert subtitles.startswith(head) and subtitles.count(" --> ") == len(verbose.segments), subtitles
     with path.open("rb") as file:  # the SDK sends timestamp_granularities[] once per value
         timed = sdk.audio.transcriptions.create(
             model="whisper", file=file, response_format="verbose_json", timestamp_granularities=["word", "segment"]
@@ -300,7 +304,7 @@ def test_gateway_transcriptions(served, whisper, tmp_path):
         "not audio soundfile can read"
         in refused(400, "file", files={"file": ("a.txt", b"hello, not audio")}, data={"model": "whisper"})["message"]
     )
-    refused(400, "response_format", files=form["files"], data={"model": "whisper", "response_format": "srt"})
+    refused(400, "response_format", files=form["files"], data={"model": "whisper", "response_format": "tsv"})
     refused(400, "language", files=form["files"], data={"model": "whisper", "language": "xx"})
     refused(400, "prompt", files=form["files"], data={"model": "whisper", "prompt": "<|endoftext|>"})
     refused(400, "temperature", files=form["files"], data={"model": "whisper", "temperature": "1.5"})

@@ -142,7 +142,8 @@ setup)
 serve | bench)
   export PATH="$VENV/bin:$PATH"  # the Python-backend stub takes numpy from the first python3 on PATH
   set +e
-  timeout "${STEP_S:-0}" "$VENV/bin/snakemake" --cores 1 "$step" "${@:2}"  # STEP_S: a limit, what finished comes back
+  read -r -a targets <<< "${TARGETS:-$step}"  # TARGETS: files instead of the step's target (e.g. one model's bench)
+  timeout "${STEP_S:-0}" "$VENV/bin/snakemake" --cores 1 "${targets[@]}" "${@:2}"  # STEP_S: a limit, what finished comes back
   rc=$?
   set -e
   "$VENV/bin/snakemake" --cores 1 status "${@:2}" > results/status.json 2>/dev/null || true
@@ -439,6 +440,8 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
     nvidia-smi > "$COMPARE/nvidia-smi-$part.txt" 2>&1 || true
     tail -n 300 .hf2triton/server/tritonserver.log > "$COMPARE/tritonserver-tail-$part.log" 2>/dev/null || true
     echo "vllm-compare $part: done at $SECONDS s (exit so far $rc)"
+    # after every part: a call cut off by its limit still returns what finished
+    [ -z "${OUT:-}" ] || tar -czf "$OUT/vllm-compare-$(IFS=-; echo "${*:2}").tar.gz" "$COMPARE"
   done
   [ -z "${OUT:-}" ] || tar -czf "$OUT/vllm-compare-$(IFS=-; echo "${*:2}").tar.gz" "$COMPARE"
   exit "$rc"

@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(cell)
                 print(
                     f"{target.name} x{clients}: {cell['tokens_per_s']:,.0f} tokens/s, TTFT p50 {cell['ttft_ms_p50']} ms, "
-                    f"ITL p50 {cell['itl_ms_p50']} ms, {cell['tokens_per_request']} tokens/request, {cell['errors']} errors",
+                    f"ITL p50 {cell['itl_ms_p50']} ms, {cell['tokens_per_request']} tokens/request, {cell['errors']} errors"
+                    + (f" (first: {cell['error_sample'][:300]})" if cell["errors"] else ""),  # the cause where only the log returns
                     flush=True,
                 )
             settings = {k: v for k, v in vars(args).items() if k not in ("target", "out", "markdown")}

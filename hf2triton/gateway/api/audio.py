@@ -1,10 +1,11 @@
 """POST /v1/audio/transcriptions and /v1/audio/translations: automatic-speech-recognition models (Whisper), in OpenAI's
-shape: a multipart form (`file`, `model`, `language`, `prompt`, `response_format` json | text | verbose_json,
-`temperature`, `timestamp_granularities[]` segment and/or word) -> {"text"}, the bare text, or {task, language, duration,
-text, segments, words}: segments from Whisper's timestamp tokens, words from its alignment heads (two decodings when
-both are asked, as the pipeline's own `return_timestamps` True and "word" are). The audio file goes to Triton as it came (the
-model decodes and resamples it); the form is read through the Boundary (bounded in size and time as JSON bodies are;
-a cross-site form post carries a foreign Origin and is refused there)."""
+shape: a multipart form (`file`, `model`, `language`, `prompt`, `response_format` json | text | verbose_json | srt | vtt,
+`temperature`, `timestamp_granularities[]` segment and/or word) -> {"text"}, the bare text, {task, language, duration,
+text, segments, words}, or subtitles (SubRip, WebVTT: one cue per segment). Segments come from Whisper's timestamp
+tokens, words from its alignment heads (two decodings when both are asked, as the pipeline's own `return_timestamps`
+True and "word" are). The audio file goes to Triton as it came (the model decodes and resamples it); the form is read
+through the Boundary (bounded in size and time as JSON bodies are; a cross-site form post carries a foreign Origin and
+is refused there)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from hf2triton.gateway.errors import ApiError
 from hf2triton.serving import interface
 
 router = APIRouter()
-FORMATS = ("json", "text", "verbose_json")
+FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+SUBTITLES = ("srt", "vtt")  # subtitle files from the segments' times
 GRANULARITY = "timestamp_granularities[]"
 GRANULARITIES = ("segment", "word")
 FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature", GRANULARITY)
@@ -72,7 +74,7 @@ def speech_options(fields: dict[str, str], task: str) -> tuple[str, dict[str, An
         raise ApiError(400, "timestamp_granularities needs response_format=verbose_json (the others carry no times)", param=GRANULARITY)
     verbose = response_format == "verbose_json"
     options: dict[str, Any] = {
-        interface.RETURN_TIMESTAMPS: verbose and "segment" in granularities,
+        interface.RETURN_TIMESTAMPS: (verbose and "segment" in granularities) or response_format in SUBTITLES,
         interface.WORD_TIMESTAMPS: verbose and "word" in granularities,
         interface.TEMPERATURE: temperature,  # 0: the pipeline's decoding; > 0 sampled
     }
@@ -113,6 +115,9 @@ async def recognize(request: Request, task: str):
         chunks = json.loads(result.as_numpy(name).reshape(-1)[0])
         return [(c, c["timestamp"][0], c["timestamp"][1] if c["timestamp"][1] is not None else duration) for c in chunks]
 
+    if response_format in SUBTITLES:
+        cues = [(start, end, c["text"]) for c, start, end in timed(interface.CHUNKS)]
+        return PlainTextResponse(subtitles(cues, response_format), media_type="text/vtt" if response_format == "vtt" else "text/plain")
     answer = {"task": task, "language": fields.get("language", ""), "duration": duration, "text": text}
     if options[interface.RETURN_TIMESTAMPS]:
         answer["segments"] = [
@@ -123,6 +128,22 @@ async def recognize(request: Request, task: str):
     if options[interface.WORD_TIMESTAMPS]:
         answer["words"] = [{"word": c["text"].strip(), "start": start, "end": end} for c, start, end in timed(interface.WORDS)]
     return answer
+
+
+def subtitles(cues: list[tuple[float, float, str]], kind: str) -> str:
+    """SubRip (numbered cues, `00:00:01,500 --> ...`) or WebVTT (a `WEBVTT` header, `00:00:01.500 --> ...`) text, as
+    OpenAI's srt / vtt formats write a transcript's segments."""
+
+    def stamp(seconds: float) -> str:
+        millis = round(max(seconds, 0.0) * 1000)
+        hours, millis = divmod(millis, 3_600_000)
+        minutes, millis = divmod(millis, 60_000)
+        return f"{hours:02d}:{minutes:02d}:{millis // 1000:02d}{',' if kind == 'srt' else '.'}{millis % 1000:03d}"
+
+    blocks = [f"{stamp(start)} --> {stamp(end)}\n{text.strip()}\n" for start, end, text in cues]
+    if kind == "srt":
+        return "\n".join(f"{number}\n{block}" for number, block in enumerate(blocks, 1))
+    return "\n".join(["WEBVTT\n", *blocks])
 
 
 @router.post("/v1/audio/transcriptions", dependencies=KEY)
