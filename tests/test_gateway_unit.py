@@ -189,11 +189,11 @@ def test_the_boundary_answers_every_route_with_openai_errors(method, path, heade
 
 
 def multipart(size: int) -> tuple[dict[str, str], list[bytes]]:
-    """The headers and 1 MiB chunks of a form: a `model` field, a `file` of `size` bytes, then a `prompt` field (not
+    """The headers and 1 MiB chunks of a form: a `model` field, a `file` of `size` bytes, then a `stream` field (not
     served: a 400 naming it once the form is read to its end, before any model is asked)."""
     head = b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nm\r\n'
     head += b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav\r\n\r\n'
-    tail = b'\r\n--b\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nhi\r\n--b--\r\n'
+    tail = b'\r\n--b\r\nContent-Disposition: form-data; name="stream"\r\n\r\ntrue\r\n--b--\r\n'
     body = head + b"\0" * size + tail
     return {"content-type": "multipart/form-data; boundary=b"}, [body[i : i + MIB] for i in range(0, len(body), MIB)]
 
@@ -204,7 +204,7 @@ def test_an_audio_form_is_bounded_at_its_own_limit_and_json_at_8_mib():
     assert OpenAISpec().max_audio_upload_mib == MAX_AUDIO_UPLOAD_MIB == 25, "the config's default is the gateway's: OpenAI's 25 MB"
     form, chunks = multipart(20 * MIB)
     status, _, answer = asgi("POST", "/v1/audio/transcriptions", form, chunks)
-    assert status == 400 and answer["error"]["param"] == "prompt", "read to its last field, not refused for its size"
+    assert status == 400 and answer["error"]["param"] == "stream", "read to its last field, not refused for its size"
     for declared in (False, True):  # refused by its Content-Length at once, or once past the limit while it is read
         form, chunks = multipart(26 * MIB)
         headers = {**form, "content-length": str(sum(map(len, chunks)))} if declared else form
