@@ -460,7 +460,7 @@ def test_rendered_interface(whisper, tmp_path):
     config = read_model_config(render_model(str(tmp_path / "w"), serving, str(whisper)) / "config.pbtxt")
     inputs_ = [("audio", "TYPE_STRING", False), ("sampling_rate", "TYPE_INT32", True), ("language", "TYPE_STRING", True)]
     inputs_ += [("task", "TYPE_STRING", True), ("return_timestamps", "TYPE_BOOL", True), ("word_timestamps", "TYPE_BOOL", True)]
-    inputs_ += [("prompt", "TYPE_STRING", True)]
+    inputs_ += [("prompt", "TYPE_STRING", True), ("temperature", "TYPE_FP32", True)]
     assert [(t.name, mc.DataType.Name(t.data_type), t.optional) for t in config.input] == inputs_
     assert [(t.name, list(t.dims)) for t in config.output] == [("text_output", [1]), ("chunks", [1]), ("words", [1]), ("duration", [1])]
     assert config.parameters["max_audio_seconds"].string_value == "90" and "cuda_graphs" not in config.parameters
