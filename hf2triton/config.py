@@ -261,6 +261,11 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].token_classification.stride: only for task token-classification (task is {model['task']})",
                 "remove the token_classification block",
             )
+        if model.get("chunk_length_s") and model["task"] != "automatic-speech-recognition":
+            raise UserError(
+                f"config.models[{index}].chunk_length_s: only for task automatic-speech-recognition (task is {model['task']})",
+                "remove chunk_length_s",
+            )
         if model["backend"] == "tensorrt" and model["task"] == "text-generation":
             raise UserError(
                 f"config.models[{index}].backend = 'tensorrt': not supported for text-generation",

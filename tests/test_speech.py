@@ -102,9 +102,12 @@ def test_task_inference_and_config(whisper, tmp_path):
     with pytest.raises(UserError) as refused:  # backend onnx: tests/test_onnx_media.py
         load_config(path)
     assert f"not built for {ASR}" in str(refused.value) and "use backend: onnx (or python)" in refused.value.fix
-    path.write_text(json.dumps({"models": [{"name": "w", "source": str(whisper), "max_audio_seconds": 90}]}))
+    path.write_text(json.dumps({"models": [{"name": "w", "source": str(whisper), "max_audio_seconds": 90, "chunk_length_s": 10}]}))
     loaded = load_config(path)["models"][0]
-    assert loaded["task"] == ASR and loaded["max_audio_seconds"] == 90
+    assert loaded["task"] == ASR and loaded["max_audio_seconds"] == 90 and loaded["chunk_length_s"] == 10
+    path.write_text(json.dumps({"models": [{"name": "e", "source": "org/e", "task": "feature-extraction", "chunk_length_s": 10}]}))
+    with pytest.raises(UserError, match=r"chunk_length_s: only for task automatic-speech-recognition \(task is feature-extraction\)"):
+        load_config(path)
 
 
 def test_engine_equals_the_pipeline_in_process(whisper):
@@ -125,6 +128,20 @@ def test_engine_equals_the_pipeline_in_process(whisper):
     assert isinstance(json.loads(stamped[interface.CHUNKS][0]), list)
     with pytest.raises(inputs.RequestError, match="language='xx' is not one of this model's languages: de, en, fr"):
         engine.check_options(language="xx")
+
+
+def test_chunked_long_audio_equals_the_pipeline_chunked(whisper):
+    """chunk_length_s: every audio cut into the pipeline's overlapping chunks, the chunks of a batch decoded together,
+    the answer the pipeline's with the same chunk_length_s (short and long audio in one batch, and with timestamps)."""
+    from hf2triton.serving.tasks.speech import SpeechEngine
+
+    engine = SpeechEngine(str(whisper), chunk_length_s=10)
+    audios = [wav(3.0, 16000), wav(45.0, 8000, 2), flac(25.0, 8000, 1)]
+    served = engine.run(audios)[interface.TEXT_OUTPUT].tolist()
+    assert served == pipeline_speech_answers(str(whisper), audios, chunk_length_s=10)[interface.TEXT_OUTPUT].tolist()
+    stamped = engine.run(audios[1:2], return_timestamps=True)[interface.TEXT_OUTPUT].tolist()
+    reference = pipeline_speech_answers(str(whisper), audios[1:2], chunk_length_s=10, return_timestamps=True)
+    assert stamped == reference[interface.TEXT_OUTPUT].tolist()
 
 
 def test_engine_prompts_and_word_timestamps_equal_the_pipeline(whisper):
@@ -464,6 +481,7 @@ def test_rendered_interface(whisper, tmp_path):
     assert [(t.name, mc.DataType.Name(t.data_type), t.optional) for t in config.input] == inputs_
     assert [(t.name, list(t.dims)) for t in config.output] == [("text_output", [1]), ("chunks", [1]), ("words", [1]), ("duration", [1])]
     assert config.parameters["max_audio_seconds"].string_value == "90" and "cuda_graphs" not in config.parameters
+    assert config.parameters["chunk_length_s"].string_value == "0.0"
 
 
 def test_a_ctc_model_equals_the_pipeline_in_process(tmp_path):

@@ -213,7 +213,8 @@ def reference_outputs(
         params = dataclasses.replace(params, dtype="float32")
     device = "cpu" if float32_cpu else reference_device(config)
     if params.task == interface.SPEECH_RECOGNITION:  # transformers' pipeline itself, on the same decoded audio
-        return pipeline_speech_answers(params.model_dir, texts, device, params.dtype)
+        chunked = {"chunk_length_s": params.chunk_length_s} if params.chunk_length_s else {}
+        return pipeline_speech_answers(params.model_dir, texts, device, params.dtype, **chunked)
     if params.task in JSON_ANSWERS:  # the reference is transformers' pipeline itself
         return pipeline_answers(params.task, params.model_dir, texts, device, params.dtype, params.stride)
     if params.task == interface.TEXT_RANKING:  # the model in-process on the tokenizer's pair encoding

@@ -62,4 +62,5 @@ def engine_from_parameters(params: interface.ModelParameters, device: str = "cpu
         stride=params.stride,
         max_image_pixels=params.max_image_pixels,
         max_audio_seconds=params.max_audio_seconds,
+        chunk_length_s=params.chunk_length_s,
     )

@@ -45,6 +45,7 @@ class SpeechEngine:
         backend: str = "python",
         onnx_dir: str = "",
         max_audio_seconds: float = interface.DEFAULTS.max_audio_seconds,
+        chunk_length_s: float = 0.0,
         **_: Any,
     ):
         import transformers
@@ -52,6 +53,7 @@ class SpeechEngine:
         self.torch = media_torch("automatic-speech-recognition is", backend, device, num_threads)
         self.device = device
         self.max_audio_seconds = max_audio_seconds
+        self.chunk_length_s = chunk_length_s  # > 0: the pipeline's chunking (every audio's chunks batched together)
         # loaded as the pipeline loads them (AutoProcessor would give the slow WhisperTokenizer, which decodes otherwise)
         self.feature_extractor = transformers.AutoFeatureExtractor.from_pretrained(model_dir)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
@@ -157,8 +159,12 @@ class SpeechEngine:
         }
 
     def _answers(self, audios: list[np.ndarray], generate: dict[str, Any], timestamps: bool | str) -> list[dict[str, Any]]:
-        """The pipeline's answer per audio: those that fit one window in one call, each longer one alone."""
+        """The pipeline's answer per audio: those that fit one window in one call, each longer one alone (chunked:
+        every audio in one call, its chunks batched together)."""
         options = {"generate_kwargs": generate, **({"return_timestamps": timestamps} if timestamps else {})}
+        if self.chunk_length_s:
+            batch = [{"raw": audio, "sampling_rate": self.rate} for audio in audios]
+            return list(self.pipeline(batch, batch_size=len(batch), chunk_length_s=self.chunk_length_s, **options))
         answers: list[dict[str, Any] | None] = [None] * len(audios)
         # Whisper pads every window to 30 s, so windows batch exactly; a CTC model's padding would change its answer
         window = 0 if self.ctc else self.feature_extractor.n_samples
