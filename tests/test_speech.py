@@ -503,6 +503,9 @@ def test_a_ctc_model_equals_the_pipeline_in_process(tmp_path):
     audios = [wav(3.0, 16000), flac(2.0, 8000, 1)]
     served = engine.run(audios)[interface.TEXT_OUTPUT].tolist()
     assert served == pipeline_speech_answers(str(directory), audios)[interface.TEXT_OUTPUT].tolist() and any(served)
+    audios.append(wav(7.0, 16000, 2))  # chunked (chunk_length_s): each audio's chunks alone, as the pipeline's
+    chunked = SpeechEngine(str(directory), chunk_length_s=2).run(audios)[interface.TEXT_OUTPUT].tolist()
+    assert chunked == pipeline_speech_answers(str(directory), audios, chunk_length_s=2)[interface.TEXT_OUTPUT].tolist()
     with pytest.raises(inputs.RequestError, match="this is a CTC model"):
         engine.check_options(return_timestamps=True)
 

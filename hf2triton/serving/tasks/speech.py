@@ -162,9 +162,10 @@ class SpeechEngine:
         """The pipeline's answer per audio: those that fit one window in one call, each longer one alone (chunked:
         every audio in one call, its chunks batched together)."""
         options = {"generate_kwargs": generate, **({"return_timestamps": timestamps} if timestamps else {})}
-        if self.chunk_length_s:
+        if self.chunk_length_s:  # a CTC model's chunks one audio at a time: padding a batch would change its answer
             batch = [{"raw": audio, "sampling_rate": self.rate} for audio in audios]
-            return list(self.pipeline(batch, batch_size=len(batch), chunk_length_s=self.chunk_length_s, **options))
+            size = 1 if self.ctc else len(batch)
+            return list(self.pipeline(batch, batch_size=size, chunk_length_s=self.chunk_length_s, **options))
         answers: list[dict[str, Any] | None] = [None] * len(audios)
         # Whisper pads every window to 30 s, so windows batch exactly; a CTC model's padding would change its answer
         window = 0 if self.ctc else self.feature_extractor.n_samples
