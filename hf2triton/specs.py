@@ -94,6 +94,7 @@ class GenerationSpec:
     time_limit_s: float = DEFAULTS.time_limit_s
     max_n: int = DEFAULTS.max_n
     tool_parser: str = DEFAULTS.tool_parser
+    response_threads: int = DEFAULTS.response_threads  # 0: auto (the config's "auto")
 
 
 # vllm.max_model_len's schema maximum: a model whose config claims more context is served with this much
@@ -319,7 +320,11 @@ def model_spec(entry: dict[str, Any]) -> ModelSpec:
     values = {k: v for k, v in entry.items() if k not in blocks}
     if isinstance(values.get("gpus"), list):
         values["gpus"] = tuple(values["gpus"])
-    generation = GenerationSpec(**entry["generation"]) if entry["task"] in GENERATIVE_TASKS else None
+    generation = None
+    if entry["task"] in GENERATIVE_TASKS:
+        settings = dict(entry["generation"])
+        settings["response_threads"] = 0 if settings.get("response_threads", "auto") == "auto" else settings["response_threads"]
+        generation = GenerationSpec(**settings)
     stride = entry.get("token_classification", {}).get("stride")
     return ModelSpec(
         **values,

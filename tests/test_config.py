@@ -126,6 +126,7 @@ BAD = [
     ({**with_server(grpc_port=9100), "openai": {"enabled": True, "port": 9100}}, ["openai.port = 9100", "same as server.grpc_port"]),
     ({**GOOD, "openai": {"enabled": True, "port": 8002}}, ["openai.port = 8002", "same as server.metrics_port"]),
     ({**GOOD, "openai": {"workers": 0}}, ["openai.workers"]),
+    (with_model(task="text-generation", generation={"response_threads": 9}), ["generation.response_threads", "9"]),
     ({**GOOD, "openai": {"workers": "many"}}, ["openai.workers", "'many'"]),
     (with_server(startup_timeout_s=1), ["startup_timeout_s"]),
     (with_server(log_verbose=True), ["log_verbose"]),
@@ -229,6 +230,18 @@ def test_spec_defaults_equal_the_schema_defaults():
     assert project.model("e") == ModelSpec(**entries[0])
     assert project.model("g") == ModelSpec(**entries[1], generation=GenerationSpec())
     assert (project.server, project.bench, project.tune, project.openai) == (ServerSpec(), BenchSpec(), TuneSpec(), OpenAISpec())
+
+
+def test_response_threads_auto_reaches_the_model_as_0():
+    """generation.response_threads: auto (0 in the rendered parameters: the stub picks by its host's cores) or a number."""
+    from hf2triton.specs import project_spec
+
+    def threads(value):
+        generation = {} if value is None else {"response_threads": value}
+        model = project_spec(validate_config(with_model(task="text-generation", generation=generation))).model("m")
+        return model.generation.response_threads
+
+    assert (threads(None), threads("auto"), threads(4)) == (0, 0, 4)
 
 
 def test_a_generation_block_shared_through_a_yaml_anchor_is_derived_per_model():

@@ -401,3 +401,56 @@ def test_several_response_threads_keep_each_stream_in_order():
     assert all("".join(received[index]) == expected for index in range(16)), "each stream whole and in order"
     assert set(finals.values()) == {"length"} and most[0] > 1, "streams were sent on several threads at once"
     assert sum(len(pieces) for pieces in received.values()) < 16 * 51, "pieces posted during a send went out together"
+
+
+def test_the_poll_never_asks_about_a_stream_being_sent_or_finished():
+    """Triton answers is_cancelled through the request's response factory, which python_backend deletes with the final
+    response: asking then (or during a send, which may be the final one) made tritonserver read freed memory and die
+    (tests/test_response_threads.py). The poll holds a stream as a send does: never at once with its send, never after
+    its final one; pieces posted while it asks still go out, in order."""
+    import threading
+    import time
+
+    from hf2triton.serving.batching.responder import Responder
+    from hf2triton.serving.batching.sequences import Finish
+
+    streams, violations, lock = 200, [], threading.Lock()
+    state: dict[int, str] = {}  # index -> "sending" | "done" (absent: idle)
+    received: dict[int, list[str]] = {index: [] for index in range(streams)}
+
+    def make(index: int):
+        def emit(text, finish):
+            with lock:
+                state[index] = "sending"
+            time.sleep(0.0002)
+            with lock:
+                received[index].append(text)
+                state[index] = "done" if finish is not None else "idle"
+
+        def cancelled():
+            with lock:
+                if state.get(index) in ("sending", "done"):
+                    violations.append((index, state[index]))
+            time.sleep(0.0002)  # the IPC round trip: a send or a final may be posted meanwhile
+            return False
+
+        return Sequence([1], Sampling(max_new_tokens=4), emit, cancelled)
+
+    responder = Responder(log=print, threads=4)
+    responder.POLL_S = 0.0  # poll as often as it can
+    sequences = [make(index) for index in range(streams)]
+    for sequence in sequences:
+        responder.watch(sequence)
+    for step in range(4):
+        for sequence in sequences:
+            responder.post(sequence, f"{step},")
+        time.sleep(0.001)
+    for sequence in sequences:
+        responder.post(sequence, "", Finish("length", 1, 4))
+    deadline = time.monotonic() + 20
+    while any(state.get(index) != "done" for index in range(streams)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)  # polls after the finals
+    responder.stop()
+    assert not violations, violations[:5]
+    assert all("".join(received[index]) == "0,1,2,3," for index in range(streams))

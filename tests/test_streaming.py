@@ -29,7 +29,9 @@ PROMPTS = ["What is the capital of France?", "Hi", "Tell me a very long story ab
 def streaming(tmp_path_factory, tiny_models):
     long_context = long_context_copy(tiny_models["text-generation"], tmp_path_factory.mktemp("long-context"))
     entries = tiny_model_entries({"text-generation": long_context})
-    entries[0]["generation"] = {"max_new_tokens": 16, "max_sequences": 2, "max_queue": 2, "max_new_tokens_limit": 3000}
+    # 4 response threads, as a 16-core GPU host gets by default (this machine's default would be 1)
+    generation = {"max_new_tokens": 16, "max_sequences": 2, "max_queue": 2, "max_new_tokens_limit": 3000, "response_threads": 4}
+    entries[0]["generation"] = generation
     workflow = make_workflow(tmp_path_factory.mktemp("streaming"), on_test_backend(entries, max_model_len=4096))
     workflow.run("serve")
     workflow.original_config = copy.deepcopy(workflow.config)

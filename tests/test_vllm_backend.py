@@ -376,6 +376,7 @@ ENGINE_PARAMS = {
     "gpu_memory_utilization": 0.4,
     "max_model_len": 4096,
     "max_num_seqs": 2,
+    "response_threads": 0,
     "max_num_batched_tokens": 0,
     "enforce_eager": False,
     "quantization": "",

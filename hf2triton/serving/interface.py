@@ -361,6 +361,7 @@ class ModelParameters:
     time_limit_s: float = 300.0  # per-request generation time limit
     max_n: int = 8  # samples of one prompt an OpenAI request may ask for (`n`; each a sequence of its own)
     tool_parser: str = DEFAULT_TOOL_PARSER  # how the gateway reads tool calls in this model's answers (TOOL_PARSERS)
+    response_threads: int = 0  # threads sending a streaming model's responses; 0: batching/responder.response_threads()
     # backend vllm (runtimes/vllm.py): vLLM's engine settings as render resolved them (the config's vllm block)
     gpu_memory_utilization: float = 0.5  # fraction of the whole GPU the engine takes
     max_model_len: int = 0  # prompt + answer tokens per sequence (rendered: the served context)
@@ -409,7 +410,7 @@ class ModelParameters:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
             keys += ["checkpoint_defaults", *(["pipeline_task"] if self.pipeline_task else [])] if self.task == TEXT2TEXT else []
             if self.streaming:
-                keys += ["max_queue", "max_new_tokens_limit", "time_limit_s", "max_n"]
+                keys += ["max_queue", "max_new_tokens_limit", "time_limit_s", "max_n", "response_threads"]
                 keys += ["tool_parser"] if self.tool_parser != DEFAULT_TOOL_PARSER else []
                 keys += VLLM_KEYS if self.backend == "vllm" else ["max_sequences", "max_prefill_tokens"]  # whose batcher
         return tuple(keys)

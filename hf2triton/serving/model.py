@@ -200,7 +200,7 @@ class TritonPythonModel:
         """One continuous batcher per instance, on a background thread (vllm_backend's shape): execute()
         only parses and submits; every response goes out through the request's response sender."""
         engine = self.engine
-        self.responder = _load_sibling("batching.responder").Responder(self._log)
+        self.responder = _load_sibling("batching.responder").Responder(self._log, threads=self.params.response_threads or None)
         self.batcher = _load_sibling(tasks.batcher_module(self.task, self.params.backend)).new_batcher(
             engine.model,
             engine.tokenizer,

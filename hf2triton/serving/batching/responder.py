@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .sequences import Finish, Sequence, add_pending, after_send, take_pending
+from .sequences import Finish, Sequence, add_pending, after_send, ask_if_gone, take_pending
 
 
 def response_threads() -> int:
@@ -96,7 +96,11 @@ class Responder:
         with self.lock:
             sequences = [s for s in self.open if not s.gone and s.finish is None]
         for sequence in sequences:
-            sequence.gone = self.ask(sequence)
+            sequence.gone = sequence.gone or ask_if_gone(sequence, self.lock, sequence.cancelled, self._requeue)
+
+    def _requeue(self, sequence: Sequence) -> None:  # the caller holds the lock
+        self.queue.append(sequence)
+        self.ready.notify()
 
     @staticmethod
     def ask(sequence: Sequence) -> bool:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..batching.responder import response_threads
-from ..batching.sequences import Busy, Finish, TokenLogprob, add_pending, after_send, take_pending
+from ..batching.sequences import Busy, Finish, TokenLogprob, add_pending, after_send, ask_if_gone, take_pending
 
 POLL_S = 0.1  # how often the clients of requests that get no output (waiting for a place) are asked if they are gone
 STOP_GRACE_S = 5.0  # finalize(): time for cancelled requests to send their final response
@@ -231,7 +231,8 @@ class VllmGenerator:
         self.stop_event: asyncio.Event | None = None
         self.last_poll = 0.0
         self.loop_thread = threading.Thread(target=self._run_loop, name="hf2triton-vllm-loop", daemon=True)
-        names = [f"hf2triton-vllm-responses-{index}" for index in range(response_threads())]  # the first also polls
+        count = params.response_threads or response_threads()
+        names = [f"hf2triton-vllm-responses-{index}" for index in range(count)]  # the first also polls
         self.response_threads = [threading.Thread(target=self._send_responses, args=(n == names[0],), name=n, daemon=True) for n in names]
         for thread in self.response_threads:
             thread.start()
@@ -396,11 +397,7 @@ class VllmGenerator:
         with self.lock:
             streams = [s for s in self.streams.values() if not s.cancelled and s.finish is None]
         for stream in streams:
-            try:
-                gone = stream.sequence.cancelled()
-            except Exception:  # noqa: BLE001 - a request Triton no longer knows is gone as well
-                gone = True
-            if gone:
+            if ask_if_gone(stream, self.lock, stream.sequence.cancelled, self.responses.put):
                 self._cancel(stream)
 
     def _cancel(self, stream: _Stream) -> None:
