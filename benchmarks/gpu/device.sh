@@ -344,7 +344,7 @@ vllm-tests)  # (after setup-vllm) the generation tests against backend vllm -> $
     "$VLLM_STORE"/vllm-wheels/apache_tvm_ffi-*.whl
   mkdir -p results
   tests=("${@:2}")
-  [ ${#tests[@]} -gt 0 ] || tests=(tests/test_streaming.py tests/test_logprobs.py tests/test_structured_output.py tests/test_tools.py
+  [ ${#tests[@]} -gt 0 ] || tests=(tests/test_streaming.py tests/test_response_threads.py tests/test_logprobs.py tests/test_structured_output.py tests/test_tools.py
     -k "not lm_eval and not guidellm and not playground")
   set +e
   HF2TRITON_TEST_BACKEND=vllm HF2TRITON_TEST_VLLM_ENV="$VLLM_VENV" timeout "${TESTS_S:-540}" "$VENV/bin/python" -m pytest -ra -p no:cacheprovider \
