@@ -132,8 +132,10 @@ setup)
   "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile "$STORE"/wheels/*.whl "$STORE"/models/*.whl
   echo "$BASE_SITE" > "$SITE/base-site.pth"  # torch, CUDA libraries, accelerate, matplotlib: the machine's own
   # scikit-learn and jax there need numpy 2; transformers imports them only if present, so they are hidden (scipy
-  # is carried in a numpy 1 build: the speech models resample with it).
-  echo "import sys; [sys.modules.setdefault(m, None) for m in ('sklearn', 'jax', 'jaxlib', 'flax', 'optax')]" > "$SITE/zz-hide-numpy2.pth"
+  # is carried in a numpy 1 build: the speech models resample with it). jax itself is not: scipy's array API checks
+  # read sys.modules["jax"].Array when the name is there (a None placeholder fails every resample); without flax,
+  # transformers never imports jax.
+  echo "import sys; [sys.modules.setdefault(m, None) for m in ('sklearn', 'flax', 'optax')]" > "$SITE/zz-hide-numpy2.pth"
   tar -xJf "$STORE/server/tritonserver-trimmed.tar.xz" -C "$SITE"
   echo '"""nvidia-pytriton 0.7.0: its tritonserver files only (trimmed for the GPU machine)."""' > "$SITE/pytriton/__init__.py"
   "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation -e .
