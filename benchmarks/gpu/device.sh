@@ -77,6 +77,14 @@ print(f"setup: {len(manifest)} files joined and verified in {store}")
 PY
 }
 
+stop_strays() {  # servers an earlier call left running: this tree's (config.yaml's work directory, its MPS daemon) and
+  # the pytest fixtures' of a test call cut by its limit (their teardown never ran); they hold ports and GPU memory
+  "$VENV/bin/snakemake" --cores 1 stop > /dev/null 2>&1 || true
+  pkill -TERM -f "/tmp/pytest-of-" 2> /dev/null || true
+  sleep 3
+  pkill -KILL -f "/tmp/pytest-of-" 2> /dev/null || true
+}
+
 # vllm-compare's steps each have a time limit, so one device call (10 minutes) always comes back with its logs.
 serve_with() {  # PART OVERLAY...: snakemake serve with these overlays (its log and validation report kept)
   local part=$1
@@ -165,6 +173,7 @@ tasks)  # issue 43 (after setup): the task benchmark's models built there from t
   ;;
 media)  # issue 45 (after setup): the image and speech models built there (Whisper small's shape), benched against
   # their pipelines on the GPU with benchmarks/h200/media-overlay.yaml -> $OUT/bench.tar.gz
+  stop_strays
   export HF2TRITON_CONFIG=benchmarks/tasks/media.yaml
   "$VENV/bin/python" benchmarks/tasks/build_media.py --whisper small
   exec bash "$0" bench --configfile benchmarks/h200/media-overlay.yaml "${@:2}"
@@ -353,6 +362,7 @@ vllm-tests)  # (after setup-vllm) the generation tests against backend vllm -> $
     "${tests[@]}" > results/vllm-tests.txt 2>&1
   rc=$?
   set -e
+  stop_strays
   tail -n 40 results/vllm-tests.txt
   [ -z "${OUT:-}" ] || cp results/vllm-tests.txt "$OUT/"
   exit $rc
