@@ -173,6 +173,7 @@ def summarize(records: list[Record], window: tuple[float, float]) -> dict:
         "ttft_ms_p50": ms(percentile(ttft, 0.5)),
         "ttft_ms_p99": ms(percentile(ttft, 0.99)),
         "itl_ms_p50": ms(percentile(itl, 0.5)),
+        "itl_ms_p99": ms(percentile(itl, 0.99)),
         "gap_ms_p50": ms(percentile(gaps, 0.5)),
         "window_s": round(seconds, 2),
     }
@@ -216,15 +217,16 @@ def markdown(results: list[dict], label: str) -> str:
     lines = [
         f"# {label}",
         "",
-        "| target | clients | tokens/s | requests/s | tokens/request | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| target | clients | tokens/s | requests/s | tokens/request | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) "
+        "| errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in results:
         if "skipped" in cell:
-            lines.append(f"| {cell['target']} | {cell['clients']} | skipped: {cell['skipped']} | | | | | | |")
+            lines.append(f"| {cell['target']} | {cell['clients']} | skipped: {cell['skipped']} | | | | | | | |")
             continue
         figures = [f"{cell['tokens_per_s']:,.0f}", *(cell[k] for k in ("requests_per_s", "tokens_per_request", "ttft_ms_p50"))]
-        figures += [cell["ttft_ms_p99"], cell["itl_ms_p50"], cell["errors"]]
+        figures += [cell["ttft_ms_p99"], cell["itl_ms_p50"], cell["itl_ms_p99"], cell["errors"]]
         lines.append(f"| {cell['target']} | {cell['clients']} | " + " | ".join(map(str, figures)) + " |")
     return "\n".join(lines) + "\n"
 
