@@ -23,6 +23,9 @@ from hf2triton.specs import BenchSpec
 log = logging.getLogger("hf2triton")
 
 SWEEP_SIZE = 4  # synchronous, throughput, and two constant rates between them (guidellm's sweep profile)
+# guidellm derives the constant rates from what its first two benchmarks completed: one that completed no request (a
+# 0.5 s benchmark on a loaded 2-core machine) makes a rate of 0, which guidellm refuses (pydantic "greater_than")
+MIN_SECONDS = 2.0
 PROMPT_TOKENS = 128
 NOT_INSTALLED = "guidellm is not installed in this environment (envs/test.txt pins it: make .venv/.installed-test)"
 
@@ -33,11 +36,13 @@ def guidellm_executable() -> Path | None:
 
 
 def sweep_command(executable: Path, base_url: str, model: str, processor: str, bench: BenchSpec, report: Path) -> list[str]:
-    """guidellm's command line: every benchmark of the sweep bench.seconds long, answers of bench's longest length."""
+    """guidellm's command line: every benchmark of the sweep bench.seconds long (MIN_SECONDS at least), answers of
+    bench's longest length."""
     data = f"prompt_tokens={PROMPT_TOKENS},output_tokens={max(bench.generation_max_new_tokens)}"
+    seconds = max(bench.seconds, MIN_SECONDS)
     return [
         str(executable), "benchmark", "run", "--target", base_url, "--model", model, "--processor", processor,
-        "--rate-type", "sweep", "--rate", str(SWEEP_SIZE), "--max-seconds", f"{bench.seconds:g}", "--data", data,
+        "--rate-type", "sweep", "--rate", str(SWEEP_SIZE), "--max-seconds", f"{seconds:g}", "--data", data,
         "--random-seed", "1", "--disable-progress", "--output-path", str(report),
     ]  # fmt: skip
 
