@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .sequences import Finish, Sequence, add_pending, after_send, ask_if_gone, take_pending
+from .sequences import Finish, Sequence, add_pending, after_send, ask_if_gone, client_gone, take_pending
 
 
 def response_threads() -> int:
@@ -79,8 +79,7 @@ class Responder:
                 self._send(sequence, text, finish)
                 with self.lock:
                     if after_send(sequence, finish is not None):
-                        self.queue.append(sequence)
-                        self.ready.notify()
+                        self._requeue(sequence)
             if polls and time.monotonic() - self.last_poll > self.POLL_S:
                 self._poll()
 
@@ -105,7 +104,4 @@ class Responder:
     @staticmethod
     def ask(sequence: Sequence) -> bool:
         """Whether Triton says the sequence's client is gone (any thread)."""
-        try:
-            return bool(sequence.cancelled())
-        except Exception:  # noqa: BLE001 - a request Triton no longer knows is gone as well
-            return True
+        return client_gone(sequence.cancelled)

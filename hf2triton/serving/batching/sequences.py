@@ -138,6 +138,14 @@ def take_pending(item: Any) -> tuple[str, Finish | None]:
     return text, item.finish
 
 
+def client_gone(ask: Callable[[], bool]) -> bool:
+    """`ask()` (a request's is_cancelled), a request Triton no longer knows counting as gone."""
+    try:
+        return bool(ask())
+    except Exception:  # noqa: BLE001 - a request Triton no longer knows is gone as well
+        return True
+
+
 def ask_if_gone(item: Any, lock: Any, ask: Callable[[], bool], requeue: Callable[[Any], None]) -> bool:
     """Ask Triton (`ask`: the request's is_cancelled) whether `item`'s client is gone, holding the item as a send
     does: never while one of its responses is in flight, never after its final one. python_backend deletes a
@@ -151,9 +159,7 @@ def ask_if_gone(item: Any, lock: Any, ask: Callable[[], bool], requeue: Callable
             return False
         item.queued = True
     try:
-        return bool(ask())
-    except Exception:  # noqa: BLE001 - a request Triton no longer knows is gone as well
-        return True
+        return client_gone(ask)
     finally:
         with lock:
             if after_send(item, False):
