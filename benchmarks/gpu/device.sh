@@ -40,7 +40,9 @@
 #                                                             load | eager (serve without graphs + load)
 #                                                             -> results/torch-gen/, $OUT/torch-gen-PARTS.tar.gz
 #   bash benchmarks/gpu/device.sh vllm-compare PART           issue 25's side by side, one part per call, in this order:
-#                                                             triton | real | anchor | torch | big-triton | big-anchor
+#                                                             triton | real | anchor | torch | big-triton | big-anchor;
+#                                                             issue 44 (after setup-vllm): structured-vllm | structured-torch
+#                                                             (benchmarks/structured_output.py, constrained vs free)
 #                                                             (SPENT_S=seconds the call already spent: time checks)
 #                                                             -> results/vllm-compare/, $OUT/vllm-compare-PART.tar.gz
 #
@@ -115,6 +117,20 @@ start_anchor() {  # PART DIR DTYPE [ARGS...]: `vllm serve` (vLLM's own OpenAI se
     --host 127.0.0.1 --port 8100 --served-model-name smollm2 --dtype "$3" --max-model-len 4096 \
     --gpu-memory-utilization 0.3 --max-num-seqs 256 --load-format dummy "${@:4}" > "$COMPARE/anchor-$1.log" 2>&1 &
   echo $! > /tmp/vllm-anchor.pid
+}
+
+install_xgrammar() {  # vLLM's own xgrammar wheel (and its apache-tvm-ffi) into /tmp/v: the gateway checks schemas
+  # with it, and the torch engine's models (their Python is /tmp/v's) mask their logits with it
+  "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile "$VLLM_STORE"/vllm-wheels/xgrammar-*.whl \
+    "$VLLM_STORE"/vllm-wheels/apache_tvm_ffi-*.whl
+}
+
+structured() {  # PART: benchmarks/structured_output.py through the gateway (validity at c32, then constrained vs free
+  # tokens/s at c1 and c32, 3 interleaved rounds), within what is left of this call -> $COMPARE/PART.json and .log
+  local part=$1
+  [ $((570 - SECONDS)) -gt 60 ] || { echo "structured ($part): no time left in this call ($SECONDS s)"; return 1; }
+  timeout $((570 - SECONDS)) "$VENV/bin/python" benchmarks/structured_output.py --concurrency 1 32 --rounds 3 \
+    --out "$COMPARE/$part.json" 2>&1 | tee "$COMPARE/$part.log"
 }
 
 stop_anchor() {  # the process group start_anchor made (vllm serve and its engine core process)
@@ -351,8 +367,7 @@ vllm-tests)  # (after setup-vllm) the generation tests against backend vllm -> $
   # cancellation, logprobs / echo / n, structured output, tools (PYTEST ARGS: other files or -k). lm-eval, guidellm and
   # the browser are not carried; the gateway checks schemas with xgrammar: vLLM's own wheel, installed into /tmp/v.
   export PATH="$VENV/bin:$PATH"
-  "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile "$VLLM_STORE"/vllm-wheels/xgrammar-*.whl \
-    "$VLLM_STORE"/vllm-wheels/apache_tvm_ffi-*.whl
+  install_xgrammar
   mkdir -p results
   tests=("${@:2}")
   [ ${#tests[@]} -gt 0 ] || tests=(tests/test_streaming.py tests/test_response_threads.py tests/test_logprobs.py tests/test_structured_output.py tests/test_tools.py
@@ -406,7 +421,7 @@ torch-gen)  # issue 25 #3: SmolLM2 on the torch engine (preallocated KV cache, C
   exit $rc
   ;;
 vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 128 greedy tokens, 1/32/64/128 clients)
-  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | real | anchor | torch | big-triton | big-anchor" >&2; exit 2; }
+  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | real | anchor | torch | big-triton | big-anchor | structured-vllm | structured-torch" >&2; exit 2; }
   export PATH="$VENV/bin:$PATH"
   mkdir -p "$COMPARE"
   overlays=(benchmarks/h200/gpu-overlay.yaml benchmarks/h200/vllm-overlay.yaml)
@@ -439,13 +454,22 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
       { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-dummy.yaml benchmarks/h200/vllm-1.7b.yaml &&
         load "SmolLM2-1.7B shape bf16, random weights" "1.7b-triton-vllm-sse=triton,$triton,smollm2"; } || rc=$?
       ;;
+    structured-vllm)  # issue 44: constrained decoding's cost on backend vllm, real weights (answers up to 256 tokens)
+      install_xgrammar
+      { serve_with "$part" "${overlays[@]}" benchmarks/h200/structured.yaml && structured "$part"; } || rc=$?
+      ;;
+    structured-torch)  # the same on the torch engine (xgrammar's token bitmask in the continuous batcher)
+      install_xgrammar
+      { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-torch.yaml benchmarks/h200/structured.yaml &&
+        structured "$part"; } || rc=$?
+      ;;
     big-anchor)  # after big-triton: the saved model named smollm2 is the 1.7B shape
       start_anchor "$part" .hf2triton/models/smollm2/pretrained bfloat16
       load "SmolLM2-1.7B shape bf16, random weights" "1.7b-vllm-serve=openai,http://127.0.0.1:8100,smollm2,ignore_eos" || rc=$?
       stop_anchor
       ;;
     *)
-      echo "vllm-compare: unknown part $part (triton | real | anchor | torch | big-triton | big-anchor)" >&2
+      echo "vllm-compare: unknown part $part (triton | real | anchor | torch | big-triton | big-anchor | structured-vllm | structured-torch)" >&2
       rc=2
       ;;
     esac
