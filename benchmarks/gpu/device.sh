@@ -127,10 +127,11 @@ install_xgrammar() {  # vLLM's own xgrammar wheel (and its apache-tvm-ffi) into 
 
 structured() {  # PART: benchmarks/structured_output.py through the gateway (validity at c32, then constrained vs free
   # tokens/s at c1 and c32, 3 interleaved rounds), within what is left of this call -> $COMPARE/PART.json and .log
-  local part=$1
+  local part=$1  # STRUCTURED_ARGS: more of the script's (e.g. --speed-prompts 60), STRUCTURED_TAG: a file suffix
   [ $((570 - SECONDS)) -gt 60 ] || { echo "structured ($part): no time left in this call ($SECONDS s)"; return 1; }
+  # shellcheck disable=SC2086  # STRUCTURED_ARGS: words
   timeout $((570 - SECONDS)) "$VENV/bin/python" benchmarks/structured_output.py --concurrency 1 32 --rounds 3 \
-    --out "$COMPARE/$part.json" 2>&1 | tee "$COMPARE/$part.log"
+    ${STRUCTURED_ARGS:-} --out "$COMPARE/$part${STRUCTURED_TAG:-}.json" 2>&1 | tee "$COMPARE/$part${STRUCTURED_TAG:-}.log"
 }
 
 stop_anchor() {  # the process group start_anchor made (vllm serve and its engine core process)
