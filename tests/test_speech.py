@@ -109,6 +109,9 @@ def test_task_inference_and_config(whisper, tmp_path):
     path.write_text(json.dumps({"models": [{"name": "e", "source": "org/e", "task": "feature-extraction", "chunk_length_s": 10}]}))
     with pytest.raises(UserError, match=r"chunk_length_s: only for task automatic-speech-recognition \(task is feature-extraction\)"):
         load_config(path)
+    path.write_text(json.dumps({"models": [{"name": "e", "source": "org/e", "task": "feature-extraction", "continuous_batching": False}]}))
+    with pytest.raises(UserError, match=r"continuous_batching: only for task automatic-speech-recognition \(task is feature-extraction"):
+        load_config(path)
 
 
 def test_engine_equals_the_pipeline_in_process(whisper):
