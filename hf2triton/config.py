@@ -266,6 +266,12 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
                 f"config.models[{index}].chunk_length_s: only for task automatic-speech-recognition (task is {model['task']})",
                 "remove chunk_length_s",
             )
+        if model.get("continuous_batching") is False and model["task"] != "automatic-speech-recognition":
+            raise UserError(
+                f"config.models[{index}].continuous_batching: only for task automatic-speech-recognition (task is {model['task']}; "
+                "a text-generation or text2text model batches continuously with generation.streaming)",
+                "remove continuous_batching",
+            )
         if model["backend"] == "tensorrt" and model["task"] == "text-generation":
             raise UserError(
                 f"config.models[{index}].backend = 'tensorrt': not supported for text-generation",

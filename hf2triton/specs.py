@@ -149,6 +149,7 @@ class ModelSpec:
     max_image_pixels: int = DEFAULTS.max_image_pixels  # image tasks: width x height of one image at most
     max_audio_seconds: float = DEFAULTS.max_audio_seconds  # automatic-speech-recognition: one audio's seconds at most
     chunk_length_s: float = DEFAULTS.chunk_length_s  # automatic-speech-recognition: 0 long-form, > 0 the pipeline's chunks
+    continuous_batching: bool = DEFAULTS.continuous_batching  # automatic-speech-recognition: decoding steps shared
     gpus: str | tuple[int, ...] | None = None  # GPU instances: "all", these GPUs, or None (GPU 0; vllm: 0..span-1)
 
     @property
@@ -380,6 +381,7 @@ class ServingValues:
     pipeline_task: str = ""
     max_audio_seconds: float = DEFAULTS.max_audio_seconds
     chunk_length_s: float = DEFAULTS.chunk_length_s
+    continuous_batching: bool = DEFAULTS.continuous_batching
     execution_env: str = ""  # backend vllm: the absolute path of the venv Triton runs its stub in (EXECUTION_ENV_PATH)
     gpus: tuple[int, ...] = ()  # KIND_GPU: the GPUs its instance group names (`instances` on each); vllm: those it spans
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,9 @@ def test_task_inference_and_config(whisper, tmp_path):
     path.write_text(json.dumps({"models": [{"name": "e", "source": "org/e", "task": "feature-extraction", "chunk_length_s": 10}]}))
     with pytest.raises(UserError, match=r"chunk_length_s: only for task automatic-speech-recognition \(task is feature-extraction\)"):
         load_config(path)
+    path.write_text(json.dumps({"models": [{"name": "e", "source": "org/e", "task": "feature-extraction", "continuous_batching": False}]}))
+    with pytest.raises(UserError, match=r"continuous_batching: only for task automatic-speech-recognition \(task is feature-extraction"):
+        load_config(path)
 
 
 def test_engine_equals_the_pipeline_in_process(whisper):
@@ -128,6 +132,52 @@ def test_engine_equals_the_pipeline_in_process(whisper):
     assert isinstance(json.loads(stamped[interface.CHUNKS][0]), list)
     with pytest.raises(inputs.RequestError, match="language='xx' is not one of this model's languages: de, en, fr"):
         engine.check_options(language="xx")
+
+
+def test_the_running_batch_equals_the_pipeline_as_audios_join_and_leave(whisper, monkeypatch):
+    """Continuous batching (batching/whisper.py): 7 audios of 4 requests with two sets of options, at most 3 decoding
+    at once, joining while others decode, equal the pipeline one by one. The tiny model emits timestamp tokens under
+    <|notimestamps|>, so generate() decodes the rest of each window as a second segment: the batch does too. A request
+    whose client left ends 'cancelled' without touching the others."""
+    import threading
+
+    from hf2triton.serving.batching import whisper as whisper_batching
+    from hf2triton.serving.tasks.speech import SpeechEngine
+
+    engine = SpeechEngine(str(whisper))
+    assert engine.steps_options([synthetic_audio(1.0, 16000)]) is None  # no running batch yet: generate() answers
+    batcher = engine.start_batcher(3, log=lambda message: None)
+    resumed = []
+    monkeypatch.setattr(batcher, "_resume", lambda search: resumed.append(search) or type(batcher)._resume(batcher, search))
+    audios = [synthetic_audio(seconds, 16000, seed) for seed, seconds in enumerate([3.0, 2.0, 5.0, 1.0, 7.0, 2.5, 4.0])]
+    asked = [{}, {"language": "de", "task": "translate"}, {}, {"language": "de", "task": "translate"}]
+    parts = [audios[:2], audios[2:3], audios[3:6], audios[6:]]
+    answers: dict[int, tuple] = {}
+    finished = threading.Event()
+
+    def submit(number: int, cancelled=lambda: False) -> None:
+        def done(texts, error):
+            answers[number] = (texts, error)
+            if len(answers) == len(parts) + 1:
+                finished.set()
+
+        engine.transcribe(
+            parts[number] if number < len(parts) else audios[:1], engine.steps_options(audios, **asked[number % 4]), done, cancelled
+        )
+
+    monkeypatch.setattr(whisper_batching, "CANCEL_POLL_S", 0.0)
+    for number in range(len(parts)):
+        submit(number)
+    submit(len(parts), cancelled=lambda: True)
+    assert finished.wait(120), answers
+    batcher.stop()
+    for number, part in enumerate(parts):
+        reference = [engine.run([audio], **asked[number])[interface.TEXT_OUTPUT][0].decode() for audio in part]
+        assert answers[number] == (reference, ""), number
+    assert answers[len(parts)] == (None, "cancelled")
+    assert resumed, "no audio needed a second segment: the seek loop went untested"
+    long_audio = synthetic_audio(31.0, 16000)
+    assert engine.steps_options([long_audio]) is None and engine.steps_options(audios, return_timestamps=True) is None
 
 
 def test_chunked_long_audio_equals_the_pipeline_chunked(whisper):
@@ -229,6 +279,7 @@ def test_served_whisper_validates_and_answers_as_the_pipeline(served, whisper):
 
     checks = passed_checks(served, "whisper", {"http equals grpc", "served equals in-process"})
     assert checks["http inference"]["detail"].startswith("2 audios")
+    assert "Whisper with continuous batching (up to 4 audios" in served.settings().log_file.read_text()
     gateway = json.loads((served.directory / "results" / "validation" / "gateway.json").read_text())
     assert gateway["ok"] and [c["name"] for c in gateway["checks"]] == ["whisper: transcription equals Triton"], gateway
     audios = [wav(3.0, 16000), flac(2.0, 8000, 1), wav(45.0, 8000, 2)]  # an 8 kHz FLAC resampled; 45 s: two windows
@@ -240,6 +291,12 @@ def test_served_whisper_validates_and_answers_as_the_pipeline(served, whisper):
     assert _infer(served, "http", audios[:1], options) == translated[interface.TEXT_OUTPUT].tolist()
     raw = {interface.SAMPLING_RATE: 8000}  # raw float32 samples instead of a file
     assert _infer(served, "grpc", [synthetic_audio(2.0, 8000, 1).tobytes()], raw) == reference[1:2]
+    # 12 clients at once, each request its own audio (the running batch holds 4): every answer the pipeline's
+    many = [wav(1.0 + seed / 4, 16000, seed) for seed in range(12)]
+    expected = pipeline_speech_answers(str(whisper), many)[interface.TEXT_OUTPUT].tolist()
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda audio: _infer(served, "http", [audio])[0], many))
+    assert answers == expected
     for bad, message in (
         ([b"not audio at all"], "audio 0 .* is not audio soundfile can read"),
         ([wav(61.0, 8000)], "more than max_audio_seconds=60"),

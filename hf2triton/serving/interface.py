@@ -386,6 +386,8 @@ class ModelParameters:
     max_audio_seconds: float = 600.0
     # automatic-speech-recognition: 0 sequential long-form (the pipeline's default); > 0 the pipeline's chunking
     chunk_length_s: float = 0.0
+    # automatic-speech-recognition: Whisper's decoding steps shared by the audios of every request (batching/whisper.py)
+    continuous_batching: bool = True
 
     def relevant(self) -> tuple[str, ...]:
         keys = ["task", "backend", "model_dir", "dtype", "num_threads", "max_input_bytes", "max_texts_per_request", "max_request_bytes"]
@@ -405,7 +407,7 @@ class ModelParameters:
         if self.task in IMAGE_TASKS:
             keys.append("max_image_pixels")
         if self.task == SPEECH_RECOGNITION:
-            keys += ["max_audio_seconds", "chunk_length_s"]
+            keys += ["max_audio_seconds", "chunk_length_s", "continuous_batching"]
         if self.task in GENERATIVE_TASKS:
             keys += ["max_new_tokens", "temperature", "chat_template", "streaming"]
             keys += ["checkpoint_defaults", *(["pipeline_task"] if self.pipeline_task else [])] if self.task == TEXT2TEXT else []

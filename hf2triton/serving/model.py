@@ -117,6 +117,11 @@ class TritonPythonModel:
                 self.defaults[interface.MAX_NEW_TOKENS] = min(cap, self.params.max_new_tokens_limit)
         if self.task in interface.GENERATIVE_TASKS and self.params.streaming and not vllm:
             self._start_batcher()
+        # Whisper on torch: execute() hands audios to the engine's running batch and returns; each answer goes out
+        # through its request's response sender (a non-decoupled model may answer so since python_backend 24.06)
+        self.speech = None
+        if self.task == interface.SPEECH_RECOGNITION and self.params.continuous_batching:
+            self.speech = self.engine.start_batcher(max(1, int(config.get("max_batch_size") or 1)), self._log)
         self._log(f"hf2triton: loaded {self.task} model from {self.params.model_dir} on {device} in {time.monotonic() - started:.1f} s")
 
     @staticmethod
@@ -334,6 +339,7 @@ class TritonPythonModel:
                 self._answer_whole(whole)
             return None
         responses: list[Any] = [None] * len(requests)
+        later: set[int] = set()  # requests the running batch answers (continuous batching of speech)
         groups: dict[tuple, list[tuple[int, list[str]]]] = {}
         for index, request in enumerate(requests):
             # The client is gone (or its deadline passed). Triton's batcher drops requests cancelled while queued,
@@ -347,6 +353,9 @@ class TritonPythonModel:
                 texts, options = self._parse(request)
             except inputs.RequestError as err:
                 responses[index] = error_response(str(err))
+                continue
+            if self.speech is not None and self._transcribe_in_steps(request, texts, options):
+                later.add(index)
                 continue
             groups.setdefault(tuple(sorted(options.items())), []).append((index, texts))
         for options, members in groups.items():
@@ -366,11 +375,40 @@ class TritonPythonModel:
                 tensors = [pb_utils.Tensor(name, _rows(outputs[name][start:end])) for name in self.engine.outputs if name in outputs]
                 responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
                 start = end
-        return responses
+        if self.speech is None:
+            return responses
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for index, (request, response) in enumerate(zip(requests, responses)):  # one way of answering per execute()
+            if index not in later:
+                request.get_response_sender().send(response, flags=final)
+        return None
+
+    def _transcribe_in_steps(self, request, audios: list[Any], options: dict[str, Any]) -> bool:
+        """Hand a speech request to the running batch when it can decode it (SpeechEngine.steps_options); its answer
+        goes out from the batch's thread. False: generate() answers it in this execute()."""
+        generate = self.engine.steps_options(audios, **options)
+        if generate is None:
+            return False
+        sender = request.get_response_sender()
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+        def done(texts: list[str] | None, error: str) -> None:
+            if texts is None:
+                failed = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error))
+                sender.send(cancelled_response() if error == "cancelled" else failed, flags=final)
+                return
+            outputs = self.engine.text_outputs(texts, audios)
+            tensors = [pb_utils.Tensor(name, _rows(outputs[name])) for name in self.engine.outputs]
+            sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
+
+        gone = getattr(sender, "is_cancelled", None) or (lambda: is_cancelled(request))
+        self.engine.transcribe(audios, generate, done, cancelled=gone)
+        return True
 
     def finalize(self) -> None:
-        if self.batcher is not None:
-            self.batcher.stop()
+        for batcher in (self.batcher, getattr(self, "speech", None)):
+            if batcher is not None:
+                batcher.stop()
         if self.responder is not None:
             self.responder.stop()
         self.engine = None

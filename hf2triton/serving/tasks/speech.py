@@ -20,12 +20,14 @@ Runtime (ORTModelForSpeechSeq2Seq / ORTModelForCTC: runtimes/onnxruntime.py `spe
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import numpy as np
 
 from .. import interface
 from ..audio import decode_audios
+from ..batching.whisper import Job, WhisperBatcher
 from ..inputs import RequestError
 from ..runtimes import RuntimeSpec, load_runtime
 from .base import media_torch
@@ -79,6 +81,62 @@ class SpeechEngine:
         self.word_timestamps = bool(getattr(generation, "alignment_heads", None)) and backend == "python"
         # Whisper's generate() refuses a prompt of more than half the decoder's positions
         self.max_prompt_tokens = int(getattr(self.model.config, "max_target_positions", 448)) // 2 - 1
+        self.batcher = None  # serving: the decoding steps shared across requests (start_batcher)
+
+    # ------------------------------------------------------------------ continuous batching (served Whisper on torch)
+
+    def steps_options(
+        self, audios: list[np.ndarray], language: str = "", task: str = "", return_timestamps: bool = False,
+        word_timestamps: bool = False, prompt: str = "", temperature: float = 0.0, **_: Any,
+    ) -> dict[str, Any] | None:  # fmt: skip
+        """generate()'s options when the running batch can decode these audios (Whisper on torch, each audio one 30 s
+        window, plain text asked, beam search without temperature fallback: the pipeline's default); None: generate() answers
+        them whole (timestamps, a prompt, sampling, long-form or chunked audio, a CTC model, ONNX Runtime)."""
+        config = getattr(self.model, "generation_config", None)
+        if self.batcher is None or self.chunk_length_s or return_timestamps or word_timestamps or prompt or temperature > 0:
+            return None
+        if self.pipeline.generation_config.num_beams < 2:  # the batcher runs generate()'s beam search only
+            return None
+        thresholds = ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")  # the fallback's
+        if isinstance(config.temperature, (list, tuple)) or any(getattr(config, name, None) is not None for name in thresholds):
+            return None
+        if any(len(audio) > self.feature_extractor.n_samples for audio in audios):
+            return None
+        return {key: value for key, value in (("language", language), ("task", task)) if value}
+
+    def features(self, audio: np.ndarray) -> dict[str, Any]:
+        """One audio's generate() inputs as the pipeline prepares them (log-mel features, their mask), on the device."""
+        item = next(iter(self.pipeline.preprocess({"raw": audio, "sampling_rate": self.rate})))
+        item = self.pipeline._ensure_tensor_on_device(item, device=self.pipeline.device)
+        return {key: item[key] for key in ("input_features", "attention_mask") if key in item}
+
+    def text(self, tokens) -> str:
+        """An answer's tokens (generate()'s, prompt off) as the pipeline writes them."""
+        return self.pipeline.postprocess([{"tokens": tokens[None].cpu(), "is_last": True}])["text"]
+
+    def start_batcher(self, max_audios: int, log=print):
+        """The running batch (batching/whisper.py) on a thread of its own; requests go in with `batcher.submit`."""
+        if self.ctc or not isinstance(self.model, self.torch.nn.Module):
+            return None
+        self.batcher = WhisperBatcher(self.model, self.text, self.device, max_audios, log)
+        threading.Thread(target=self.batcher.run_forever, name="hf2triton-whisper", daemon=True).start()
+        log(f"hf2triton: Whisper with continuous batching (up to {max_audios} audios decoding together)")
+        return self.batcher
+
+    def text_outputs(self, texts: list[str], audios: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """run()'s outputs for answers of plain text (no chunks or words were asked)."""
+        empty = chunks_json([]).encode("utf-8")
+        return {
+            interface.TEXT_OUTPUT: np.array([text.encode("utf-8") for text in texts], dtype=np.object_),
+            interface.CHUNKS: np.array([empty] * len(texts), dtype=np.object_),
+            interface.WORDS: np.array([empty] * len(texts), dtype=np.object_),
+            interface.DURATION: np.array([len(audio) / self.rate for audio in audios], dtype=np.float32),
+        }
+
+    def transcribe(self, audios: list[np.ndarray], generate: dict[str, Any], done, cancelled=lambda: False) -> None:
+        """Hand audios to the running batch; `done(texts, error)` is called on its thread when all are decoded."""
+        options = {"generation_config": self.pipeline.generation_config, **generate}
+        self.batcher.submit(Job([self.features(audio) for audio in audios], options, done, cancelled))
 
     def decode(self, values: np.ndarray, raw_rate: int | None = None) -> list[np.ndarray]:
         """A request's AUDIO rows as mono float32 samples at the model's rate (RequestError: that request's own)."""

@@ -1,0 +1,450 @@
+"""Continuous batching for Whisper (issue 45): the decoding steps of every audio being transcribed are one batch;
+an audio joins at the next step and leaves the moment its search ends, whichever Triton batch it came in.
+
+The served speech model still answers each request whole, as a non-decoupled model (Triton's HTTP and gRPC infer
+keep working): its execute() hands the request's audios over and returns at once, and the answer goes out through
+the request's response sender (python_backend >= 24.06 lets a non-decoupled model answer so), so the instance takes
+the next Triton batch while this one decodes. Without it, each Triton batch was one generate() to the end: the
+audios arriving meanwhile waited for its longest one, and decoding steps were never shared between batches.
+
+Each audio's answer is its generate()'s. What generate() decodes from — the encoder's states, the decoder prompt
+(<|startoftranscript|><|lang|><|task|><|notimestamps|>, the language detected where none was asked), the logits
+processors, the stopping criteria, beams, length penalty, max_length — is taken from generate() itself, stopped
+just before its decoding loop (`decoding_setup`). Beam search is transformers' own per audio (GenerationMixin's
+_get_top_k_continuations, _get_running_beams_for_next_iteration, _update_finished_beams,
+_check_early_stop_heuristic); greedy or sampled decoding stays with generate(). Only the decoder passes are shared: one
+left-padded self-attention cache for all rows (an audio's beams are its rows), each audio's cross-attention cache
+computed when it joins, and explicit position ids (rows stand at different positions).
+
+Standard library + torch (imported when a batcher starts): copied next to model.py with speech models.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .continuous import dynamic_cache
+
+CANCEL_POLL_S = 0.5  # how often the running requests are asked whether their client left (an IPC round trip each)
+
+
+class _Setup(Exception):
+    """Raised instead of decoding: what generate() was about to decode from."""
+
+    def __init__(self, mode: str, input_ids, kwargs: dict[str, Any]):
+        super().__init__(mode)
+        self.mode, self.input_ids, self.kwargs = mode, input_ids, kwargs
+
+
+def _stop_before(mode: str):
+    def decoding(self, input_ids, **kwargs):
+        raise _Setup(mode, input_ids, kwargs)
+
+    return decoding
+
+
+_SETUP_CLASSES: dict[type, type] = {}
+
+
+def decoding_setup(model, generate_kwargs: dict[str, Any]) -> _Setup:
+    """What `model.generate(**generate_kwargs)` decodes from, got from generate() itself: the instance's class is
+    swapped for one whose decoding methods raise _Setup with their arguments (the encoder has run, the language is
+    detected, the beams expanded), then swapped back."""
+    cls = type(model)
+    if cls not in _SETUP_CLASSES:
+        stops = {"_beam_search": _stop_before("beams"), "_sample": _stop_before("sample")}
+        _SETUP_CLASSES[cls] = type(f"{cls.__name__}Setup", (cls,), stops)
+    model.__class__ = _SETUP_CLASSES[cls]
+    try:
+        model.generate(**generate_kwargs)
+    except _Setup as setup:
+        return setup
+    finally:
+        model.__class__ = cls
+    raise RuntimeError("generate() returned without decoding")
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's audios (their pipeline features) and where its answer goes: `done(texts, error)` once."""
+
+    features: list[dict[str, Any]]
+    generate: dict[str, Any]  # generate()'s options shared by the request (language, task)
+    done: Callable[[list[str] | None, str], None]
+    cancelled: Callable[[], bool] = lambda: False
+    texts: list[str | None] = field(default_factory=list)
+    left: int = 0
+    ended: bool = False
+
+    def __post_init__(self) -> None:
+        self.texts, self.left = [None] * len(self.features), len(self.features)
+
+
+@dataclass(eq=False)
+class Search:
+    """One audio's beam search as generate() runs it (batch size 1): `beams` rows of the running batch."""
+
+    job: Job
+    index: int  # which audio of the job
+    setup: _Setup
+    beams: int
+    cur_len: int
+    prompt_len: int
+    state: dict[str, Any] = field(default_factory=dict)  # the search's tensors, by _beam_search's names
+    done: Any = None  # a 0-d bool tensor after each step (read for all searches at once)
+    features: Any = None  # the audio's whole input features [1, mels, frames] (a next segment starts at `seek`)
+    prompt: Any = None  # its decoder prompt, one row per beam (every segment starts from it)
+    seek: int = 0  # input frames before this segment
+    answer: list = field(default_factory=list)  # the tokens of the segments before this one
+
+
+class WhisperBatcher:
+    """The running batch of a Whisper model's audios. `submit(job)` from any thread; `run_forever` on one."""
+
+    def __init__(self, model, answer: Callable[[Any], str], device: str, max_audios: int, log: Callable[[str], None] = print):
+        import torch
+
+        self.torch, self.model, self.answer, self.device, self.max_audios, self.log = torch, model, answer, device, max_audios, log
+        self.vocab = model.config.get_text_config().vocab_size
+        self.waiting: collections.deque[tuple[Job, int]] = collections.deque()
+        self.running: list[Search] = []
+        self.lock = threading.Condition()
+        self.stopped = False
+        self.cache: list = []  # self-attention (keys, values) per layer, [rows, heads, length, dim], left-padded
+        self.cross: list = []  # cross-attention (keys, values) per layer, [rows, heads, frames, dim]
+        self.mask = None  # [rows, length] 1 = a real decoder token
+        self.asked = time.monotonic()
+        self.resuming: list[Search] = []  # audios whose next 30 s segment starts at the next step
+        encoder = model.get_encoder()
+        self.input_stride = encoder.conv1.stride[0] * encoder.conv2.stride[0]
+        self.segment_frames = self.input_stride * model.config.max_source_positions
+
+    # ------------------------------------------------------------------ requests in
+
+    def submit(self, job: Job) -> None:
+        with self.lock:
+            self.waiting.extend((job, index) for index in range(len(job.features)))
+            self.lock.notify()
+
+    def run_forever(self) -> None:
+        while True:
+            with self.lock:
+                while not self.stopped and not (self.waiting or self.running or self.resuming):
+                    self.lock.wait()
+                if self.stopped:
+                    return
+            try:
+                self.step()
+            except Exception as err:  # noqa: BLE001 - a failed pass ends its requests, not the loop
+                self.fail_all(f"transcription failed: {type(err).__name__}: {err}")
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopped = True
+            self.lock.notify_all()
+
+    def step(self) -> None:
+        """Audios join (up to max_audios decoding), then one decoding step for every running audio."""
+        self._drop_cancelled()
+        with self.lock:
+            room = self.max_audios - len(self.running)
+            joining = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+        with self.torch.inference_mode():
+            groups: dict[tuple, list[tuple[Job, int]]] = {}
+            for job, index in joining:  # audios asking the same options share one setup (one encoder pass)
+                if not job.ended:
+                    groups.setdefault(tuple(sorted(job.generate.items())), []).append((job, index))
+            for members in groups.values():
+                self._join(members)
+            resuming, self.resuming = self.resuming, []
+            for search in resuming:
+                self._resume(search)
+            if self.running:
+                self._decode()
+
+    # ------------------------------------------------------------------ joining
+
+    def _join(self, members: list[tuple[Job, int]]) -> None:
+        torch = self.torch
+        features = {key: torch.cat([job.features[index][key] for job, index in members]) for key in members[0][0].features[members[0][1]]}
+        setup = decoding_setup(self.model, {**features, **members[0][0].generate})
+        if setup.mode != "beams":  # SpeechEngine.steps_options lets only beam search in
+            raise RuntimeError(f"generate() chose {setup.mode} decoding: only beam search is decoded in steps")
+        input_ids = setup.input_ids
+        beams = input_ids.shape[0] // len(members)
+        searches = []
+        for row, (job, index) in enumerate(members):
+            search = self._search(job, index, setup, beams, input_ids[row * beams : (row + 1) * beams])
+            search.features = job.features[index]["input_features"]
+            searches.append(search)
+        self._start(searches, input_ids, setup.kwargs["encoder_outputs"].last_hidden_state)
+
+    def _resume(self, previous: Search) -> None:
+        """The audio's next segment (generate()'s seek loop: the answer's timestamps ended short of the window):
+        the features from `seek` on, padded to a window, through the encoder; the decoding from the same prompt."""
+        torch = self.torch
+        segment = previous.features[:, :, previous.seek : previous.seek + self.segment_frames]
+        segment = torch.nn.functional.pad(segment, (0, self.segment_frames - segment.shape[-1]))
+        encoder = self.model.get_encoder()
+        states = encoder(input_features=segment.to(encoder.conv1.weight.dtype)).last_hidden_state
+        search = self._search(previous.job, previous.index, previous.setup, previous.beams, previous.prompt)
+        search.features, search.seek, search.answer = previous.features, previous.seek, previous.answer
+        self._start([search], previous.prompt, states.repeat_interleave(search.beams, dim=0))
+
+    def _start(self, searches: list[Search], input_ids, states) -> None:
+        """The joining searches' first decoder pass (their prompts, the cross-attention caches from `states`), their
+        first step, and their rows after the running ones."""
+        torch = self.torch
+        rows = input_ids.shape[0]
+        mask = torch.ones(input_ids.shape, dtype=torch.long, device=self.device)
+        positions = torch.arange(input_ids.shape[1], device=self.device).expand(rows, -1)
+        logits, cache, cross = self._pass(input_ids, mask, positions, [], [], states)
+        offset = self.mask.shape[0] if self.running else 0
+        self._merge(searches, cache, cross, mask)
+        self._advance(searches, logits, offset)
+
+    def _search(self, job: Job, index: int, setup: _Setup, beams: int, prompt) -> Search:
+        """A joining audio's search state, as _beam_search (or _sample) initialises it for a batch of one."""
+        torch = self.torch
+        config = setup.kwargs["generation_config"]
+        prompt_len = prompt.shape[1]
+        search = Search(job, index, setup, beams, prompt_len, prompt_len, prompt=prompt)
+        max_length = config.max_length
+        eos = config._eos_token_tensor
+        fill = config._pad_token_tensor or eos[0] if eos is not None else -1
+        running = torch.full((1, beams, max_length), fill_value=fill, dtype=torch.int64, device=self.device)
+        running[:, :, :prompt_len] = prompt[None]
+        scores = torch.zeros((1, beams), dtype=torch.float, device=self.device)
+        scores[:, 1:] = -1e9
+        indices = torch.full((1, beams, max_length - prompt_len), fill_value=-1, dtype=torch.int32, device=self.device)
+        keep = max(2, 1 + (eos.shape[0] if eos is not None else 0)) * beams
+        search.state.update(
+            running_sequences=running,
+            sequences=running.clone(),
+            running_beam_scores=scores,
+            beam_scores=torch.full((1, beams), fill_value=-1e9, dtype=torch.float, device=self.device),
+            is_sent_finished=torch.zeros((1, beams), dtype=torch.bool, device=self.device),
+            is_early_stop_heuristic_unsatisfied=torch.ones((1, 1), dtype=torch.bool, device=self.device),
+            running_beam_indices=indices,
+            beam_indices=indices.clone(),
+            beams_to_keep=keep,
+            top_num_beam_mask=torch.cat((torch.ones(beams, dtype=torch.bool), torch.zeros(keep - beams, dtype=torch.bool))).to(self.device),
+        )
+        return search
+
+    def _merge(self, searches: list[Search], cache: list, cross: list, mask) -> None:
+        """Append the joining rows; the shorter side's self-attention cache is left-padded."""
+        torch = self.torch
+        if not self.running:
+            self.running, self.cache, self.cross, self.mask = list(searches), cache, cross, mask
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        self.cache = [(torch.cat([_pad_left(torch, k0, width), _pad_left(torch, k1, width)]),
+                       torch.cat([_pad_left(torch, v0, width), _pad_left(torch, v1, width)]))
+                      for (k0, v0), (k1, v1) in zip(self.cache, cache)]  # fmt: skip
+        self.cross = [(torch.cat([k0, k1]), torch.cat([v0, v1])) for (k0, v0), (k1, v1) in zip(self.cross, cross)]
+        self.mask = torch.cat([_pad_left(torch, self.mask, width), _pad_left(torch, mask, width)])
+        self.running += searches
+
+    # ------------------------------------------------------------------ decoding
+
+    def _pass(self, input_ids, mask, positions, cache: list, cross: list, states):
+        """One decoder pass: the last position's logits, the grown self-attention cache and the cross-attention cache
+        (computed from `states` where `cross` is empty; once computed, the states are not read again)."""
+        from transformers import EncoderDecoderCache
+        from transformers.modeling_outputs import BaseModelOutput
+
+        past = EncoderDecoderCache(dynamic_cache(cache), dynamic_cache(cross))
+        out = self.model(
+            encoder_outputs=BaseModelOutput(last_hidden_state=states),
+            decoder_input_ids=input_ids,
+            decoder_attention_mask=mask,
+            decoder_position_ids=positions,
+            past_key_values=past,
+            use_cache=True,
+        )
+        caches = out.past_key_values
+        layers = [(layer.keys, layer.values) for layer in caches.self_attention_cache.layers]
+        return out.logits[:, -1, :].float(), layers, [(layer.keys, layer.values) for layer in caches.cross_attention_cache.layers]
+
+    def _decode(self) -> None:
+        torch = self.torch
+        rows = self.mask.shape[0]
+        last = torch.cat([_last_tokens(s) for s in self.running])[:, None]
+        mask = torch.cat([self.mask, self.mask.new_ones((rows, 1))], dim=1)
+        positions = torch.cat([torch.full((s.beams, 1), s.cur_len - 1, device=self.device) for s in self.running])
+        states = self.cross[0][0].new_zeros((rows, 1, self.model.config.d_model))  # unread: the cross caches are filled
+        logits, self.cache, self.cross = self._pass(last, mask, positions, self.cache, self.cross, states)
+        self.mask = mask
+        self._advance(list(self.running), logits, offset=0)
+
+    def _advance(self, searches: list[Search], logits, offset: int) -> None:
+        """Each search of rows offset.. takes its step from its rows' logits; then the batch's rows are reordered to
+        the surviving beams (the parents of each new beam) and the finished searches leave."""
+        torch = self.torch
+        log_probs = torch.nn.functional.log_softmax(logits, dim=-1)
+        parents, row = [], 0  # row: in `logits`, whose first is the batch's row `offset`
+        for search in searches:
+            rows = slice(row, row + search.beams)
+            parents.append(self._beam_step(search, log_probs[rows]) + offset + row)
+            row += search.beams
+        done = torch.stack([s.done for s in searches]).tolist()  # one device sync for every search
+        order = torch.cat([*([torch.arange(offset, device=self.device)] if offset else []), *parents])
+        finished = [s for s, ended in zip(searches, done) if ended]
+        for search in finished:
+            self._finish(search)
+        self._reorder(order, keep=[s for s in self.running if s not in finished])
+
+    def _beam_step(self, search: Search, log_probs):
+        """One step of _beam_search for this audio (transformers' own helpers, batch size 1); its beams' parent rows."""
+        model, s, kw = self.model, search.state, search.setup.kwargs
+        config = kw["generation_config"]
+        cur, prompt_len = search.cur_len, search.prompt_len
+        log_probs = kw["logits_processor"](s["running_sequences"][0, :, :cur], log_probs)
+        log_probs = (log_probs + s["running_beam_scores"][0, :, None]).reshape(1, -1)
+        topk_log_probs, topk_sequences, topk_indices = model._get_top_k_continuations(
+            accumulated_log_probs=log_probs, running_sequences=s["running_sequences"], running_beam_indices=s["running_beam_indices"],
+            cur_len=cur, decoder_prompt_len=prompt_len, do_sample=False, beams_to_keep=s["beams_to_keep"],
+            num_beams=search.beams, vocab_size=self.vocab, batch_size=1,
+        )  # fmt: skip
+        hits = kw["stopping_criteria"](topk_sequences[0, :, : cur + 1], None).reshape(1, -1)
+        s["running_sequences"], s["running_beam_scores"], s["running_beam_indices"] = model._get_running_beams_for_next_iteration(
+            topk_log_probs=topk_log_probs, topk_running_sequences=topk_sequences, topk_running_beam_indices=topk_indices,
+            next_token_hits_stopping_criteria=hits, num_beams=search.beams,
+        )  # fmt: skip
+        s["sequences"], s["beam_scores"], s["beam_indices"], s["is_sent_finished"] = model._update_finished_beams(
+            sequences=s["sequences"], topk_running_sequences=topk_sequences, beam_scores=s["beam_scores"], topk_log_probs=topk_log_probs,
+            beam_indices=s["beam_indices"], topk_running_beam_indices=topk_indices,
+            is_early_stop_heuristic_unsatisfied=s["is_early_stop_heuristic_unsatisfied"], is_sent_finished=s["is_sent_finished"],
+            next_token_hits_stopping_criteria=hits, top_num_beam_mask=s["top_num_beam_mask"], num_beams=search.beams, cur_len=cur,
+            decoder_prompt_len=prompt_len, length_penalty=config.length_penalty, early_stopping=config.early_stopping,
+        )  # fmt: skip
+        parents = s["running_beam_indices"][0, :, cur - prompt_len].long()
+        search.cur_len = cur + 1
+        s["is_early_stop_heuristic_unsatisfied"] = model._check_early_stop_heuristic(
+            is_early_stop_heuristic_unsatisfied=s["is_early_stop_heuristic_unsatisfied"], running_beam_scores=s["running_beam_scores"],
+            beam_scores=s["beam_scores"], is_sent_finished=s["is_sent_finished"], cur_len=cur + 1, max_length=config.max_length,
+            decoder_prompt_len=prompt_len, early_stopping=config.early_stopping, length_penalty=config.length_penalty,
+        )  # fmt: skip
+        search.done = ~model._beam_search_has_unfinished_sequences(
+            s["is_early_stop_heuristic_unsatisfied"], s["is_sent_finished"], hits, config.early_stopping
+        )
+        return parents
+
+    def _reorder(self, order, keep: list[Search]) -> None:
+        """The batch's rows become `order` (old row of each new row) restricted to the searches in `keep`."""
+        torch = self.torch
+        rows, cross_rows, old = [], [], 0
+        positions = {id(s): 0 for s in keep}
+        for search in self.running:
+            if id(search) in positions:
+                rows.append(order[old : old + search.beams])
+                cross_rows.append(torch.arange(old, old + search.beams, device=self.device))  # an audio's beams: one cross cache
+            old += search.beams
+        self.running = keep
+        if not keep:
+            self.cache, self.cross, self.mask = [], [], None
+            return
+        index, cross_index = torch.cat(rows), torch.cat(cross_rows)
+        mask = self.mask[index]
+        first = int((mask.sum(0) > 0).nonzero()[0])  # leading columns that are padding in every row left
+        self.mask = mask[:, first:]
+        self.cache = [(k[index][:, :, first:], v[index][:, :, first:]) for k, v in self.cache]
+        self.cross = [(k[cross_index], v[cross_index]) for k, v in self.cross]
+
+    # ------------------------------------------------------------------ answers out
+
+    def _finish(self, search: Search) -> None:
+        """The search's answer, as generate() returns it (prompt, trailing padding and end token off), as text."""
+        s, config = search.state, search.setup.kwargs["generation_config"]
+        generated = int((s["beam_indices"][0, 0] + 1).bool().sum())
+        tokens = s["sequences"][0, 0, : search.prompt_len + generated]
+        tokens = _strip_end(tokens[search.prompt_len :], config.pad_token_id, config.eos_token_id)
+        job = search.job
+        if job.ended:
+            return
+        kept, offset = self._segment(tokens, config, min(search.features.shape[-1] - search.seek, self.segment_frames))
+        search.answer.append(kept)
+        search.seek += offset
+        if search.seek < search.features.shape[-1]:  # generate() decodes the rest of the window as a next segment
+            self.resuming.append(search)
+            return
+        job.texts[search.index] = self.answer(self.torch.cat(search.answer))
+        job.left -= 1
+        if not job.left:
+            job.ended = True
+            job.done(job.texts, "")
+
+    def _segment(self, tokens, config, frames: int) -> tuple[Any, int]:
+        """generate()'s _retrieve_segment for an answer without asked timestamps: the tokens it keeps and how many
+        input frames they cover. Consecutive timestamp tokens end a segment: what follows the last such pair is
+        dropped, and unless the answer ends on a lone timestamp the window is covered only up to that pair's time."""
+        begin = config.no_timestamps_token_id + 1
+        stamps = tokens.ge(begin)
+        single_ending = stamps[-2:].tolist() == [False, True]
+        pairs = (self.torch.where(stamps[:-1] & stamps[1:])[0] + 1).tolist()
+        if not pairs:
+            return tokens, frames
+        end = len(tokens) if single_ending else pairs[-1] + 1
+        if single_ending:
+            return tokens[:end], frames
+        return tokens[:end], (int(tokens[end - 2]) - begin) * self.input_stride
+
+    def _drop_cancelled(self) -> None:
+        """Searches of requests whose client left end now (asked every CANCEL_POLL_S: an IPC round trip each)."""
+        if time.monotonic() - self.asked < CANCEL_POLL_S:
+            return
+        self.asked = time.monotonic()
+        gone = {id(s.job) for s in self.running if not s.job.ended and s.job.cancelled()}
+        if not gone:
+            return
+        for search in self.running:
+            if id(search.job) in gone and not search.job.ended:
+                search.job.ended = True
+                search.job.done(None, "cancelled")
+        order = self.torch.arange(self.mask.shape[0], device=self.device)
+        self._reorder(order, keep=[s for s in self.running if id(s.job) not in gone])
+
+    def fail_all(self, message: str) -> None:
+        """A pass failed: every running and waiting request ends with the error (the loop goes on)."""
+        self.log(f"hf2triton: {message}")
+        with self.lock:
+            waiting, self.waiting = list(self.waiting), collections.deque()
+        jobs = {id(job): job for job in [*(s.job for s in self.running), *(job for job, _ in waiting)]}
+        for job in jobs.values():
+            if not job.ended:
+                job.ended = True
+                job.done(None, message)
+        self.running, self.cache, self.cross, self.mask = [], [], [], None
+
+
+def _last_tokens(search: Search):
+    return search.state["running_sequences"][0, :, search.cur_len - 1]
+
+
+def _pad_left(torch, tensor, width: int):
+    """`tensor` ([rows, length] or [rows, heads, length, dim]) with zeros prepended along its length to `width`."""
+    dim = 2 if tensor.dim() == 4 else 1
+    missing = width - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _strip_end(tokens, pad_id, eos_id):
+    """generate_with_fallback's clean-up of a Whisper answer: trailing padding (one kept where padding is the end
+    token), then the end token."""
+    if pad_id is not None and len(tokens) and int(tokens[-1]) == pad_id:
+        paddings = int((tokens == pad_id).sum()) - (1 if pad_id == eos_id else 0)
+        if paddings:
+            tokens = tokens[:-paddings]
+    if eos_id is not None and len(tokens) and int(tokens[-1]) == eos_id:
+        tokens = tokens[:-1]
+    return tokens
