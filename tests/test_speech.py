@@ -134,16 +134,23 @@ def test_engine_equals_the_pipeline_in_process(whisper):
         engine.check_options(language="xx")
 
 
-def test_the_running_batch_equals_the_pipeline_as_audios_join_and_leave(whisper, monkeypatch):
+@pytest.mark.parametrize("steps", ["together", "alone"])
+def test_the_running_batch_equals_the_pipeline_as_audios_join_and_leave(whisper, monkeypatch, steps):
     """Continuous batching (batching/whisper.py): 7 audios of 4 requests with two sets of options, at most 3 decoding
     at once, joining while others decode, equal the pipeline one by one. The tiny model emits timestamp tokens under
     <|notimestamps|>, so generate() decodes the rest of each window as a second segment: the batch does too. A request
-    whose client left ends 'cancelled' without touching the others."""
+    whose client left ends 'cancelled' without touching the others. `together`: every search's beam step as one set
+    of tensor operations (Whisper's plain-text processors); `alone`: transformers' own helpers per search, as for a
+    checkpoint with other processors."""
     import threading
 
     from hf2triton.serving.batching import whisper as whisper_batching
     from hf2triton.serving.tasks.speech import SpeechEngine
 
+    if steps == "alone":
+        monkeypatch.setattr(whisper_batching, "_together", lambda setup: None)
+    stepped, together = [], whisper_batching.WhisperBatcher._beam_steps
+    monkeypatch.setattr(whisper_batching.WhisperBatcher, "_beam_steps", lambda self, *a: stepped.append(1) or together(self, *a))
     engine = SpeechEngine(str(whisper))
     assert engine.steps_options([synthetic_audio(1.0, 16000)]) is None  # no running batch yet: generate() answers
     batcher = engine.start_batcher(3, log=lambda message: None)
@@ -176,6 +183,7 @@ def test_the_running_batch_equals_the_pipeline_as_audios_join_and_leave(whisper,
         assert answers[number] == (reference, ""), number
     assert answers[len(parts)] == (None, "cancelled")
     assert resumed, "no audio needed a second segment: the seek loop went untested"
+    assert bool(stepped) == (steps == "together")
     long_audio = synthetic_audio(31.0, 16000)
     assert engine.steps_options([long_audio]) is None and engine.steps_options(audios, return_timestamps=True) is None
 

@@ -97,6 +97,7 @@ class Search:
     prompt_len: int
     state: dict[str, Any] = field(default_factory=dict)  # the search's tensors, by _beam_search's names
     done: Any = None  # a 0-d bool tensor after each step (read for all searches at once)
+    together: Any = None  # what lets searches step together (_together); None: transformers' helpers, alone
     features: Any = None  # the audio's whole input features [1, mels, frames] (a next segment starts at `seek`)
     prompt: Any = None  # its decoder prompt, one row per beam (every segment starts from it)
     seek: int = 0  # input frames before this segment
@@ -213,7 +214,7 @@ class WhisperBatcher:
         torch = self.torch
         config = setup.kwargs["generation_config"]
         prompt_len = prompt.shape[1]
-        search = Search(job, index, setup, beams, prompt_len, prompt_len, prompt=prompt)
+        search = Search(job, index, setup, beams, prompt_len, prompt_len, prompt=prompt, together=_together(setup))
         max_length = config.max_length
         eos = config._eos_token_tensor
         fill = config._pad_token_tensor or eos[0] if eos is not None else -1
@@ -288,17 +289,100 @@ class WhisperBatcher:
         the surviving beams (the parents of each new beam) and the finished searches leave."""
         torch = self.torch
         log_probs = torch.nn.functional.log_softmax(logits, dim=-1)
-        parents, row = [], 0  # row: in `logits`, whose first is the batch's row `offset`
-        for search in searches:
-            rows = slice(row, row + search.beams)
-            parents.append(self._beam_step(search, log_probs[rows]) + offset + row)
-            row += search.beams
+        if len({s.together for s in searches}) == 1 and searches[0].together is not None:
+            parents = [self._beam_steps(searches, log_probs) + offset]  # one set of tensor ops for all searches
+        else:
+            parents, row = [], 0  # row: in `logits`, whose first is the batch's row `offset`
+            for search in searches:
+                rows = slice(row, row + search.beams)
+                parents.append(self._beam_step(search, log_probs[rows]) + offset + row)
+                row += search.beams
         done = torch.stack([s.done for s in searches]).tolist()  # one device sync for every search
         order = torch.cat([*([torch.arange(offset, device=self.device)] if offset else []), *parents])
         finished = [s for s, ended in zip(searches, done) if ended]
         for search in finished:
             self._finish(search)
         self._reorder(order, keep=[s for s in self.running if s not in finished])
+
+    def _beam_steps(self, searches: list[Search], log_probs):
+        """One step of _beam_search for every search at once: the same arithmetic as transformers' helpers run per
+        search (`_beam_step`) on tensors stacked across searches, whose lengths differ, so that a step costs the same few
+        dozen tensor operations however many audios decode (one search's helpers are ~30 small operations: on a GPU,
+        kernel launches by the hundred per step). Only for searches whose processors and stopping criteria are the ones
+        Whisper's generate() builds for plain text (`_together`); the parents of the new beams, as batch rows."""
+        torch, first = self.torch, searches[0]
+        count, beams, keep = len(searches), first.beams, first.state["beams_to_keep"]
+        config = first.setup.kwargs["generation_config"]
+        suppress, begin_suppress, begin_index, eos, max_length = first.together[:5]
+        suppress, begin_suppress, eos = (torch.tensor(ids, dtype=torch.long, device=self.device) for ids in (suppress, begin_suppress, eos))
+        state = {name: torch.cat([s.state[name] for s in searches]) for name in _STACKED}
+        cur = torch.tensor([s.cur_len for s in searches], device=self.device)
+        prompt_len = first.prompt_len
+        vocab = log_probs.shape[-1]
+        vocabulary = torch.arange(vocab, device=self.device)
+        log_probs = torch.where(torch.isin(vocabulary, suppress), -float("inf"), log_probs)
+        starting = [i for i, s in enumerate(searches) if s.cur_len == begin_index]
+        if starting:  # SuppressTokensAtBeginLogitsProcessor: the first generated token of these searches
+            rows = torch.tensor([i * beams + b for i in starting for b in range(beams)], device=self.device)
+            log_probs[rows] = torch.where(torch.isin(vocabulary, begin_suppress), -float("inf"), log_probs[rows])
+        log_probs = (log_probs.view(count, beams, vocab) + state["running_beam_scores"][:, :, None]).view(count, -1)
+        topk_log_probs, topk_indices = torch.topk(log_probs, k=keep)
+        parent, tokens = topk_indices // vocab, topk_indices % vocab
+        topk_sequences = torch.take_along_dim(state["running_sequences"], parent[:, :, None], dim=1)
+        topk_sequences.scatter_(2, cur[:, None, None].expand(count, keep, 1), tokens[:, :, None])
+        topk_beam_indices = torch.take_along_dim(state["running_beam_indices"], parent[:, :, None], dim=1)
+        topk_beam_indices.scatter_(2, (cur - prompt_len)[:, None, None].expand(count, keep, 1), parent[:, :, None].to(torch.int32))
+        hits = torch.isin(tokens, eos) | (cur + 1 >= max_length)[:, None]  # EosTokenCriteria | MaxLengthCriteria
+        # _get_running_beams_for_next_iteration
+        running_log_probs = topk_log_probs + hits.to(torch.float32) * -1.0e9
+        chosen = torch.topk(running_log_probs, k=beams)[1]
+        state["running_sequences"] = torch.take_along_dim(topk_sequences, chosen[:, :, None], dim=1)
+        state["running_beam_scores"] = torch.take_along_dim(running_log_probs, chosen, dim=1)
+        state["running_beam_indices"] = torch.take_along_dim(topk_beam_indices, chosen[:, :, None], dim=1)
+        # _update_finished_beams
+        just_finished = hits & state["top_num_beam_mask"][:keep][None, :]
+        scores = self._length_penalised(topk_log_probs, [s.cur_len + 1 - prompt_len for s in searches], config.length_penalty)
+        full = torch.all(state["is_sent_finished"], dim=-1, keepdim=True) & (config.early_stopping is True)
+        scores = scores + full.to(torch.float32) * -1.0e9
+        scores = scores + (~state["is_early_stop_heuristic_unsatisfied"]).to(torch.float32) * -1.0e9
+        scores = scores + (~just_finished) * -1.0e9
+        merged_scores = torch.cat((state["beam_scores"], scores), dim=1)
+        best = torch.topk(merged_scores, k=beams)[1]
+        state["sequences"] = torch.take_along_dim(torch.cat((state["sequences"], topk_sequences), dim=1), best[:, :, None], dim=1)
+        state["beam_scores"] = torch.take_along_dim(merged_scores, best, dim=1)
+        merged_indices = torch.cat((state["beam_indices"], topk_beam_indices), dim=1)
+        state["beam_indices"] = torch.take_along_dim(merged_indices, best[:, :, None], dim=1)
+        merged_finished = torch.cat((state["is_sent_finished"], just_finished), dim=1)
+        state["is_sent_finished"] = torch.take_along_dim(merged_finished, best, dim=1)
+        parents = torch.take_along_dim(state["running_beam_indices"], (cur - prompt_len)[:, None, None].expand(count, beams, 1), dim=2)
+        # _check_early_stop_heuristic, with the length after this step
+        never = config.early_stopping == "never" and config.length_penalty > 0.0
+        lengths = [(max_length if never else s.cur_len + 1) - prompt_len for s in searches]
+        best_running = self._length_penalised(state["running_beam_scores"][:, :1], lengths, config.length_penalty)
+        worst_finished = torch.where(state["is_sent_finished"], torch.min(state["beam_scores"], dim=1, keepdim=True)[0], -1.0e9)
+        heuristic = state["is_early_stop_heuristic_unsatisfied"] & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
+        state["is_early_stop_heuristic_unsatisfied"] = heuristic
+        # _beam_search_has_unfinished_sequences, per search
+        open_beam = ~(torch.all(state["is_sent_finished"], dim=-1) & (config.early_stopping is True))
+        done = ~(heuristic[:, 0] & open_beam & ~torch.all(hits, dim=-1))
+        for i, search in enumerate(searches):
+            search.state.update({name: value[i : i + 1] for name, value in state.items() if name != "top_num_beam_mask"})
+            search.cur_len += 1
+            search.done = done[i]
+        rows = torch.arange(count, device=self.device)[:, None] * beams
+        return (parents[:, :, 0].long() + rows).reshape(-1)
+
+    def _length_penalised(self, scores, lengths: list[int], penalty: float):
+        """`scores` [searches, n] / (each search's length ** penalty) as transformers computes it per search, with a
+        Python number: on CUDA a tensor divided by a CPU scalar is multiplied by its float32 reciprocal, on the CPU
+        divided by it in float32 -- the same here, so that near-ties between hypotheses end as they would alone."""
+        import numpy as np
+
+        torch = self.torch
+        divisors = np.array([float(length) ** penalty for length in lengths], dtype=np.float32)
+        if scores.device.type == "cuda":
+            return scores * torch.from_numpy(np.float32(1.0) / divisors).to(scores.device)[:, None]
+        return scores / torch.from_numpy(divisors).to(scores.device)[:, None]
 
     def _beam_step(self, search: Search, log_probs):
         """One step of _beam_search for this audio (transformers' own helpers, batch size 1); its beams' parent rows."""
@@ -350,12 +434,14 @@ class WhisperBatcher:
         if not keep:
             self.cache, self.cross, self.mask = [], [], None
             return
-        index, cross_index = torch.cat(rows), torch.cat(cross_rows)
+        index = torch.cat(rows)
         mask = self.mask[index]
         first = int((mask.sum(0) > 0).nonzero()[0])  # leading columns that are padding in every row left
         self.mask = mask[:, first:]
         self.cache = [(k[index][:, :, first:], v[index][:, :, first:]) for k, v in self.cache]
-        self.cross = [(k[cross_index], v[cross_index]) for k, v in self.cross]
+        if len(index) < old:  # searches left: their cross-attention rows go (a copy of every other row's: only then)
+            cross_index = torch.cat(cross_rows)
+            self.cross = [(k[cross_index], v[cross_index]) for k, v in self.cross]
 
     # ------------------------------------------------------------------ answers out
 
@@ -421,6 +507,42 @@ class WhisperBatcher:
                 job.ended = True
                 job.done(None, message)
         self.running, self.cache, self.cross, self.mask = [], [], [], None
+
+
+_STACKED = (
+    "running_sequences", "sequences", "running_beam_scores", "beam_scores", "is_sent_finished",
+    "is_early_stop_heuristic_unsatisfied", "running_beam_indices", "beam_indices", "top_num_beam_mask",
+)  # fmt: skip
+
+
+def _together(setup: _Setup) -> tuple | None:
+    """The key under which searches step together (_beam_steps): the logits processors and stopping criteria Whisper's
+    generate() builds for plain text -- SuppressTokens, SuppressTokensAtBegin; MaxLength, EosToken -- and their values;
+    None for any other (a checkpoint's repetition penalty, n-gram blocking...): transformers' helpers, per search."""
+    from transformers.generation.logits_process import SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    processors = {type(p): p for p in setup.kwargs["logits_processor"]}
+    criteria = {type(c): c for c in setup.kwargs["stopping_criteria"]}
+    if len(processors) != len(setup.kwargs["logits_processor"]) or len(criteria) != len(setup.kwargs["stopping_criteria"]):
+        return None
+    plain = {SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor}
+    if set(processors) - plain or set(criteria) != {EosTokenCriteria, MaxLengthCriteria}:
+        return None
+    suppress = processors.get(SuppressTokensLogitsProcessor)
+    begin = processors.get(SuppressTokensAtBeginLogitsProcessor)
+    config = setup.kwargs["generation_config"]
+    return (
+        tuple(suppress.suppress_tokens.tolist()) if suppress is not None else (),
+        tuple(begin.begin_suppress_tokens.tolist()) if begin is not None else (),
+        begin.begin_index if begin is not None else -1,
+        tuple(criteria[EosTokenCriteria].eos_token_id.tolist()),
+        criteria[MaxLengthCriteria].max_length,
+        setup.input_ids.shape[1],  # the prompt's length
+        config.num_beams,
+        config.length_penalty,
+        config.early_stopping,
+    )
 
 
 def _last_tokens(search: Search):
