@@ -307,3 +307,24 @@ def test_serving_lock_is_exclusive_reentrant_bounded_and_dies_with_its_holder(tm
         holder.wait()
     with exclusive(path, 2, "x"):
         pass
+
+
+def test_two_vllm_engines_load_one_after_the_other(settings):
+    """vLLM sizes its KV cache from the memory it sees used while it profiles: two engines starting together on one GPU
+    count each other's allocations (the second failed, "No available memory for the cache blocks"), so a server with
+    more than one backend vllm model loads its models one at a time; with one, Triton's parallel loading stays."""
+    from hf2triton.triton.settings import vllm_models
+
+    install = locate_tritonserver()
+    repository = Path(settings.repository)
+
+    def render(name: str, backend: str) -> None:
+        (repository / name).mkdir(parents=True, exist_ok=True)
+        parameter = f'parameters {{ key: "backend" value {{ string_value: "{backend}" }} }}\n'
+        (repository / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\n{parameter}')
+
+    render("a", "vllm")
+    render("b", "python")
+    assert vllm_models(settings) == ["a"] and "--model-load-thread-count=1" not in server_command(install, settings, "/b", "k")
+    render("b", "vllm")
+    assert vllm_models(settings) == ["a", "b"] and "--model-load-thread-count=1" in server_command(install, settings, "/b", "k")

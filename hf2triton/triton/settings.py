@@ -129,7 +129,24 @@ def server_command(install: Installation, settings: Settings, backend_dir: str, 
     ]
     if not host.has_gpu():
         cmd.append("--allow-gpu-metrics=false")
+    if len(vllm_models(settings)) > 1:
+        # vLLM sizes its KV cache from the GPU memory it sees used while it profiles: two engines starting together
+        # each count the other's allocations as their own, and the second fails ("No available memory for the cache
+        # blocks", on one H100). Loaded one after the other, each sees the other's memory as taken before it starts.
+        cmd.append("--model-load-thread-count=1")
     return cmd
+
+
+def vllm_models(settings: Settings) -> list[str]:
+    """The served models on backend vllm (their rendered config.pbtxt's `backend` parameter; unreadable: not counted)."""
+    from .modelconfig import read_model_config_or_none
+
+    found = []
+    for name in settings.models:
+        config = read_model_config_or_none(Path(settings.repository) / name / "config.pbtxt")
+        if config is not None and "backend" in config.parameters and config.parameters["backend"].string_value == "vllm":
+            found.append(name)
+    return found
 
 
 def redacted_command(cmd: list[str]) -> list[str]:
