@@ -121,4 +121,5 @@ def test_cli_infer_with_a_json_schema_file(served, tmp_path):
     assert done.returncode == 0 and answer["finish_reason"] == "stop", done.stdout + done.stderr
     Person.model_validate_json(answer["text"])
     done = subprocess.run([*base, "--regex", "(?<=a)b"], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode != 0 and "Lookbehind" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    refused = "Lookbehind" in done.stderr or "look-behind" in done.stderr  # xgrammar's words, or vLLM's grammar backend's
+    assert done.returncode != 0 and refused and "Traceback" not in done.stderr, done.stderr
