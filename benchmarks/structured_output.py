@@ -1,8 +1,9 @@
 """Issue 44: constrained decoding on the shipped SmolLM2 through the OpenAI gateway (`make serve` first): 20 prompts x 3
 JSON schemas with `response_format: json_schema` -> how many answers parse and validate against their schema, and
-what the mask costs -- generated tokens/s of the same prompts constrained and free, interleaved round by round at each
-concurrency on a sample of the prompts (one run, so the machine's noise falls on both). The load generator shares the
-machine's cores with the server and the gateway.
+what the mask costs -- generated tokens/s and the inter-token latency (decoding time per token after the first piece:
+the per-token cost, which the answers' different lengths do not bias) of the same prompts constrained and free,
+interleaved round by round at each concurrency on a sample of the prompts (one run, so the machine's noise falls on
+both). The load generator shares the machine's cores with the server and the gateway.
 
     make serve OVERLAY=benchmarks/generation-2cpu/structured-overlay.yaml   (SmolLM2 may answer 256 tokens)
     .venv/bin/python benchmarks/structured_output.py [--model smollm2] [--concurrency 1 8] [--rounds 2] [--out FILE]
@@ -75,18 +76,25 @@ PROMPTS = {
 
 
 def run_cell(client, model: str, requests: list[dict], concurrency: int) -> dict:
-    """All `requests` through `concurrency` clients; generated tokens/s over the cell's wall time."""
+    """All `requests` through `concurrency` clients, streamed; generated tokens/s over the cell's wall time, and each
+    answer's inter-token latency (its decoding time after the first piece per later token: the mask's cost per token,
+    free of the request's fixed costs -- gateway, Triton, prefill -- which shorter answers would spread over fewer tokens)."""
 
     def one(body: dict) -> dict:
         started = time.perf_counter()
-        answer = client.chat.completions.create(model=model, **body)
-        choice = answer.choices[0]
-        return {
-            "text": choice.message.content,
-            "finish": choice.finish_reason,
-            "tokens": answer.usage.completion_tokens,
-            "seconds": time.perf_counter() - started,
-        }
+        first = last = None
+        pieces, finish, tokens = [], None, 0
+        for chunk in client.chat.completions.create(model=model, stream=True, stream_options={"include_usage": True}, **body):
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    last = time.perf_counter()
+                    first = first or last
+                    pieces.append(choice.delta.content)
+                finish = choice.finish_reason or finish
+        itl = (last - first) / (tokens - 1) if first is not None and tokens > 1 else None
+        return {"text": "".join(pieces), "finish": finish, "tokens": tokens, "seconds": time.perf_counter() - started, "itl_s": itl}
 
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -99,6 +107,8 @@ def run_cell(client, model: str, requests: list[dict], concurrency: int) -> dict
         "tokens": tokens,
         "tokens_per_s": round(tokens / wall, 2),
         "ms_per_token_p50": round(statistics.median(a["seconds"] / max(a["tokens"], 1) for a in answers) * 1000, 2),
+        "itl_ms_p50": round(statistics.median(a["itl_s"] for a in answers if a["itl_s"] is not None) * 1000, 3),
+        "tokens_per_answer": round(tokens / len(answers), 1),
         "answers": answers,
     }
 
@@ -174,10 +184,12 @@ def main() -> int:
         }
         rate = {v: round(statistics.median(values), 2) for v, values in rate.items()}
         per_token = {v: round(statistics.median(values), 2) for v, values in per_token.items()}
+        itl = {v: statistics.median(c["itl_ms_p50"] for c in cells if c["concurrency"] == concurrency and c["variant"] == v) for v in rate}
         ratio = rate["constrained"] / rate["free"]
         lines.append(
             f"c{concurrency}: constrained {rate['constrained']} vs free {rate['free']} tokens/s (medians of {args.rounds} rounds) = "
-            f"{ratio:.3f}x; ms per token p50 {per_token['constrained']} vs {per_token['free']}"
+            f"{ratio:.3f}x; ms per token p50 {per_token['constrained']} vs {per_token['free']}; inter-token latency p50 "
+            f"{itl['constrained']:.2f} vs {itl['free']:.2f} ms = {itl['free'] / itl['constrained']:.3f}x the free decoding speed"
         )
     valid, cut = checked["validity"]["valid"], checked["validity"]["cut_by_max_tokens"]
     total = len(constrained)
