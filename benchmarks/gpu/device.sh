@@ -11,6 +11,9 @@
 #                                                             with benchmarks/h200/tasks-overlay.yaml -> $OUT/bench.tar.gz
 #   bash benchmarks/gpu/device.sh media                       issue 45 (after setup): benchmarks/tasks/build_media.py (Whisper
 #                                                             small's shape) and media.yaml benched with h200/media-overlay.yaml
+#   bash benchmarks/gpu/device.sh speech                      issue 45 (after setup): Whisper small's shape with continuous
+#                                                             batching vs whole Triton batches at 32 clients, and the pipeline
+#                                                             (benchmarks/probes/speech_batching.py) -> $OUT/speech-batching.json
 #   bash benchmarks/gpu/device.sh multigpu PART...            issue 47 (a machine of 2+ GPUs; after setup, setup-vllm):
 #                                                             tp-triton | tp-anchor | encoder -> $OUT/multigpu-PARTS.tar.gz
 #   bash benchmarks/gpu/device.sh bench-model MODEL            one model's bench cells (results/bench/MODEL.json; a config
@@ -58,7 +61,7 @@ COMPARE=${COMPARE:-results/vllm-compare}  # where serve_with and load write (tor
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for the ratio goals alone)
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
-step=${1:?stash|setup|tasks|media|multigpu|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
+step=${1:?stash|setup|tasks|media|speech|multigpu|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
 join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
   python3 - "$1" <<'PY'
@@ -194,6 +197,23 @@ media)  # issue 45 (after setup): the image and speech models built there (Whisp
   export HF2TRITON_CONFIG=benchmarks/tasks/media.yaml
   "$VENV/bin/python" benchmarks/tasks/build_media.py --whisper small
   exec bash "$0" bench --configfile benchmarks/h200/media-overlay.yaml "${@:2}"
+  ;;
+speech)  # issue 45 (after setup): Whisper of small's shape served with continuous batching and with whole Triton
+  # batches side by side, 32 clients of single 5 s audios, against the pipeline at batch 1 on the GPU
+  # (benchmarks/probes/speech_batching.py) -> $OUT/speech-batching.json
+  stop_strays
+  export PATH="$VENV/bin:$PATH"
+  mkdir -p results
+  set +e
+  SPEECH_SHAPE=small SPEECH_CLIENTS=${SPEECH_CLIENTS:-32} SPEECH_SECONDS=${SPEECH_SECONDS:-20} SPEECH_OUT=results/speech-batching.json \
+    timeout "${STEP_S:-540}" "$VENV/bin/python" -m pytest -q -s -p no:cacheprovider -p tests.conftest benchmarks/probes/speech_batching.py \
+    > results/speech-batching.log 2>&1
+  rc=$?
+  set -e
+  stop_strays
+  grep -v -i "warn\|deprecat\|custom logits\|default values" results/speech-batching.log | tail -n 30
+  [ -z "${OUT:-}" ] || cp results/speech-batching.json results/speech-batching.log "$OUT/" 2>/dev/null || true
+  exit $rc
   ;;
 multigpu)  # issue 47 on a machine of 2+ GPUs (after setup and setup-vllm), one part per call:
   #   tp-triton: a Qwen2.5-32B-shaped model (random weights) served by backend vllm, tensor_parallel_size 2, and loaded
