@@ -278,7 +278,7 @@ class WhisperBatcher:
         rows = self.mask.shape[0]
         last = torch.cat([_last_tokens(s) for s in self.running])[:, None]
         mask = torch.cat([self.mask, self.mask.new_ones((rows, 1))], dim=1)
-        positions = torch.cat([torch.full((s.beams, 1), s.cur_len - 1, device=self.device) for s in self.running])
+        positions = torch.tensor([s.cur_len - 1 for s in self.running for _ in range(s.beams)])[:, None].to(self.device)
         states = self.cross[0][0].new_zeros((rows, 1, self.model.config.d_model))  # unread: the cross caches are filled
         logits, self.cache, self.cross = self._pass(last, mask, positions, self.cache, self.cross, states)
         self.mask = mask
