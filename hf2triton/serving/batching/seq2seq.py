@@ -98,27 +98,14 @@ class Seq2SeqBatcher(ContinuousBatcher):
     def _decoder_pass(self, input_ids, mask, positions, cache: list, cross: list, states, encoder_mask):
         """One decoding step: the last logits, the grown self-attention cache and the cross-attention cache
         (computed by this pass where `cross` is empty). Both caches are consumed as in the causal _forward."""
-        from transformers import EncoderDecoderCache
-        from transformers.modeling_outputs import BaseModelOutput
-
-        past = EncoderDecoderCache(dynamic_cache(cache), dynamic_cache(cross))
         if self.positions_embedding is not None:
             self.positions_embedding.rows = positions
         try:
-            out = self.model(
-                encoder_outputs=BaseModelOutput(last_hidden_state=states),
-                attention_mask=encoder_mask,
-                decoder_input_ids=input_ids,
-                decoder_attention_mask=mask,
-                past_key_values=past,
-                use_cache=True,
-            )
+            inputs = {"attention_mask": encoder_mask, "decoder_input_ids": input_ids, "decoder_attention_mask": mask}
+            return decoder_pass(self.model, cache, cross, states, **inputs)
         finally:
             if self.positions_embedding is not None:
                 self.positions_embedding.rows = None
-        caches = out.past_key_values
-        layers = [(layer.keys, layer.values) for layer in caches.self_attention_cache.layers]
-        return out.logits[:, -1, :].float(), layers, [(layer.keys, layer.values) for layer in caches.cross_attention_cache.layers]
 
     def _decoder_ids(self, sequence: Sequence) -> tuple[list[int], int]:
         """The decoder's input so far: the start token, then the answer (the prompt went to the encoder)."""
@@ -187,6 +174,20 @@ class Seq2SeqBatcher(ContinuousBatcher):
     def _reset(self) -> None:
         super()._reset()
         self.cross, self.encoder_states, self.encoder_mask = [], None, None
+
+
+def decoder_pass(model, cache: list, cross: list, states, **inputs) -> tuple:
+    """One pass of an encoder-decoder's decoder over `states` (the encoder's) and the caches (per layer (keys, values),
+    consumed as in the causal _forward; `cross` empty: computed by this pass): the last position's logits, the grown
+    self-attention cache and the cross-attention cache."""
+    from transformers import EncoderDecoderCache
+    from transformers.modeling_outputs import BaseModelOutput
+
+    past = EncoderDecoderCache(dynamic_cache(cache), dynamic_cache(cross))
+    out = model(encoder_outputs=BaseModelOutput(last_hidden_state=states), past_key_values=past, use_cache=True, **inputs)
+    caches = out.past_key_values
+    layers = [(layer.keys, layer.values) for layer in caches.self_attention_cache.layers]
+    return out.logits[:, -1, :].float(), layers, [(layer.keys, layer.values) for layer in caches.cross_attention_cache.layers]
 
 
 def _pad_right(torch, tensor, width: int, dim: int):

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .continuous import dynamic_cache
+from .seq2seq import decoder_pass
 
 CANCEL_POLL_S = 0.5  # how often the running requests are asked whether their client left (an IPC round trip each)
 
@@ -261,21 +261,8 @@ class WhisperBatcher:
     def _pass(self, input_ids, mask, positions, cache: list, cross: list, states):
         """One decoder pass: the last position's logits, the grown self-attention cache and the cross-attention cache
         (computed from `states` where `cross` is empty; once computed, the states are not read again)."""
-        from transformers import EncoderDecoderCache
-        from transformers.modeling_outputs import BaseModelOutput
-
-        past = EncoderDecoderCache(dynamic_cache(cache), dynamic_cache(cross))
-        out = self.model(
-            encoder_outputs=BaseModelOutput(last_hidden_state=states),
-            decoder_input_ids=input_ids,
-            decoder_attention_mask=mask,
-            decoder_position_ids=positions,
-            past_key_values=past,
-            use_cache=True,
-        )
-        caches = out.past_key_values
-        layers = [(layer.keys, layer.values) for layer in caches.self_attention_cache.layers]
-        return out.logits[:, -1, :].float(), layers, [(layer.keys, layer.values) for layer in caches.cross_attention_cache.layers]
+        inputs = {"decoder_input_ids": input_ids, "decoder_attention_mask": mask, "decoder_position_ids": positions}
+        return decoder_pass(self.model, cache, cross, states, **inputs)
 
     def _decode(self) -> None:
         torch = self.torch
