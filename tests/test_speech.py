@@ -120,6 +120,7 @@ def test_engine_equals_the_pipeline_in_process(whisper):
     engine = SpeechEngine(str(whisper))
     audios = [wav(3.0, 16000), flac(2.0, 8000, 1), wav(45.0, 8000, 2)]  # the last: long-form, two 30 s windows
     served = engine.run(audios)
+    served_samples = engine.decode(np.array(audios, dtype=np.object_))
     reference = pipeline_speech_answers(str(whisper), audios)
     assert served[interface.TEXT_OUTPUT].tolist() == reference[interface.TEXT_OUTPUT].tolist()
     assert served[interface.DURATION].tolist() == pytest.approx([3.0, 2.0, 45.0])
@@ -132,6 +133,10 @@ def test_engine_equals_the_pipeline_in_process(whisper):
     assert isinstance(json.loads(stamped[interface.CHUNKS][0]), list)
     with pytest.raises(inputs.RequestError, match="language='xx' is not one of this model's languages: de, en, fr"):
         engine.check_options(language="xx")
+    # the language each answer was decoded in: Whisper's own detection where none was asked (one per audio of the batch)
+    detected = [engine.model.detect_language(input_features=engine.features(audio)["input_features"]).item() for audio in served_samples]
+    assert served[interface.SPOKEN_LANGUAGE].tolist() == [engine.codes[i].encode() for i in detected]
+    assert engine.run(audios[:2], **options)[interface.SPOKEN_LANGUAGE].tolist() == [b"de", b"de"]
 
 
 @pytest.mark.parametrize("steps", ["together", "alone"])
@@ -163,8 +168,8 @@ def test_the_running_batch_equals_the_pipeline_as_audios_join_and_leave(whisper,
     finished = threading.Event()
 
     def submit(number: int, cancelled=lambda: False) -> None:
-        def done(texts, error):
-            answers[number] = (texts, error)
+        def done(texts, prompts, error):
+            answers[number] = (texts, [engine.spoken(asked[number % 4].get("language", ""), p) for p in prompts or []], error)
             if len(answers) == len(parts) + 1:
                 finished.set()
 
@@ -179,9 +184,11 @@ def test_the_running_batch_equals_the_pipeline_as_audios_join_and_leave(whisper,
     assert finished.wait(120), answers
     batcher.stop()
     for number, part in enumerate(parts):
-        reference = [engine.run([audio], **asked[number])[interface.TEXT_OUTPUT][0].decode() for audio in part]
-        assert answers[number] == (reference, ""), number
-    assert answers[len(parts)] == (None, "cancelled")
+        alone = [engine.run([audio], **asked[number]) for audio in part]
+        texts = [answer[interface.TEXT_OUTPUT][0].decode() for answer in alone]
+        languages = [answer[interface.SPOKEN_LANGUAGE][0].decode() for answer in alone]  # asked, or detected by generate()
+        assert answers[number] == (texts, languages, ""), number
+    assert answers[len(parts)] == (None, [], "cancelled")
     assert resumed, "no audio needed a second segment: the seek loop went untested"
     assert bool(stepped) == (steps == "together")
     long_audio = synthetic_audio(31.0, 16000)
@@ -334,6 +341,7 @@ def test_gateway_transcriptions(served, whisper, tmp_path):
     stamped = pipeline_speech_answers(str(whisper), [path.read_bytes()], return_timestamps=True)[interface.TEXT_OUTPUT][0].decode()
     assert verbose.text == stamped and verbose.duration == pytest.approx(3.0) and isinstance(verbose.segments, list)
     assert verbose.words is None
+    assert verbose.language in ("english", "german", "french"), verbose  # the language Whisper detected, named as OpenAI does
     for kind, head in (("srt", "1\n"), ("vtt", "WEBVTT\n")):  # subtitles: one cue per segment, the segments' times
         with path.open("rb") as file:
             subtitles = sdk.audio.transcriptions.create(model="whisper", file=file, response_format=kind)
@@ -544,9 +552,11 @@ def test_rendered_interface(whisper, tmp_path):
     inputs_ += [("task", "TYPE_STRING", True), ("return_timestamps", "TYPE_BOOL", True), ("word_timestamps", "TYPE_BOOL", True)]
     inputs_ += [("prompt", "TYPE_STRING", True), ("temperature", "TYPE_FP32", True)]
     assert [(t.name, mc.DataType.Name(t.data_type), t.optional) for t in config.input] == inputs_
-    assert [(t.name, list(t.dims)) for t in config.output] == [("text_output", [1]), ("chunks", [1]), ("words", [1]), ("duration", [1])]
+    outputs = [("text_output", [1]), ("chunks", [1]), ("words", [1]), ("duration", [1]), ("spoken_language", [1])]
+    assert [(t.name, list(t.dims)) for t in config.output] == outputs
     assert config.parameters["max_audio_seconds"].string_value == "90" and "cuda_graphs" not in config.parameters
-    assert config.parameters["chunk_length_s"].string_value == "0.0"
+    assert config.parameters["chunk_length_s"].string_value == "0.0" and config.parameters["continuous_batching"].string_value == "true"
+    assert "batching/whisper.py" in files  # the running batch, copied with the speech model
 
 
 def test_a_ctc_model_equals_the_pipeline_in_process(tmp_path):

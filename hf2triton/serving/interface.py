@@ -104,7 +104,8 @@ EMBED = "embed"
 # SPEECH_PROMPT (BYTES: text the decoder continues from, Whisper's prompt / OpenAI's `prompt`), TEMPERATURE (FP32, 0..1:
 # > 0 samples with one beam, as OpenAI's and vLLM's transcriptions). Per row TEXT_OUTPUT
 # (the pipeline's text), CHUNKS (JSON list of {timestamp: [start, end], text}; [] unless timestamps were asked), WORDS
-# (the same for words; [] unless word timestamps were asked) and DURATION (FP32, the audio's seconds).
+# (the same for words; [] unless word timestamps were asked), DURATION (FP32, the audio's seconds) and SPOKEN_LANGUAGE
+# (BYTES: the language code the answer was decoded in -- the one asked, else the one Whisper detected; "" where unknown).
 AUDIO = "audio"
 SAMPLING_RATE = "sampling_rate"
 LANGUAGE = "language"
@@ -115,6 +116,7 @@ SPEECH_PROMPT = "prompt"
 CHUNKS = "chunks"
 WORDS = "words"
 DURATION = "duration"
+SPOKEN_LANGUAGE = "spoken_language"
 SPEECH_TASKS = ("transcribe", "translate")
 # the options of a speech request, in inputs.speech_options' order
 SPEECH_OPTION_NAMES = (LANGUAGE, SPEECH_TASK, RETURN_TIMESTAMPS, WORD_TIMESTAMPS, SPEECH_PROMPT, TEMPERATURE)
@@ -315,7 +317,8 @@ def task_outputs(task: str, embedding_dim: int | None = None, streaming: bool = 
     if task in IMAGE_TASKS:  # a JSON list of {label, score} per image
         return (Tensor(LABELS, "BYTES"),)
     if task == SPEECH_RECOGNITION:
-        return (Tensor(TEXT_OUTPUT, "BYTES"), Tensor(CHUNKS, "BYTES"), Tensor(WORDS, "BYTES"), Tensor(DURATION, "FP32"))
+        texts = (Tensor(TEXT_OUTPUT, "BYTES"), Tensor(CHUNKS, "BYTES"), Tensor(WORDS, "BYTES"))
+        return (*texts, Tensor(DURATION, "FP32"), Tensor(SPOKEN_LANGUAGE, "BYTES"))
     return (Tensor(TEXT_OUTPUT, "BYTES"),)
 
 

@@ -397,12 +397,13 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
-        def done(texts: list[str] | None, error: str) -> None:
+        def done(texts: list[str] | None, prompts: list[list[int]] | None, error: str) -> None:
             if texts is None:
                 failed = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error))
                 sender.send(cancelled_response() if error == "cancelled" else failed, flags=final)
                 return
-            outputs = self.engine.text_outputs(texts, audios)
+            languages = [self.engine.spoken(options.get(interface.LANGUAGE, ""), prompt) for prompt in prompts]
+            outputs = self.engine.text_outputs(texts, audios, languages)
             tensors = [pb_utils.Tensor(name, _rows(outputs[name])) for name in self.engine.outputs]
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
 

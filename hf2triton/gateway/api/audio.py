@@ -118,7 +118,7 @@ async def recognize(request: Request, task: str):
     if response_format in SUBTITLES:
         cues = [(start, end, c["text"]) for c, start, end in timed(interface.CHUNKS)]
         return PlainTextResponse(subtitles(cues, response_format), media_type="text/vtt" if response_format == "vtt" else "text/plain")
-    answer = {"task": task, "language": fields.get("language", ""), "duration": duration, "text": text}
+    answer = {"task": task, "language": language_name(result, fields.get("language", "")), "duration": duration, "text": text}
     if options[interface.RETURN_TIMESTAMPS]:
         answer["segments"] = [
             {"id": i, "seek": 0, "start": start, "end": end, "text": c["text"], "tokens": [], "temperature": options[interface.TEMPERATURE],
@@ -154,3 +154,13 @@ async def transcriptions(request: Request):
 @router.post("/v1/audio/translations", dependencies=KEY)
 async def translations(request: Request):
     return await recognize(request, "translate")
+
+
+def language_name(result: Any, asked: str) -> str:
+    """verbose_json's `language` as OpenAI writes it, the language's name ("english"): the model's SPOKEN_LANGUAGE
+    (the language asked, else the one Whisper detected), else what was asked."""
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    spoken = result.as_numpy(interface.SPOKEN_LANGUAGE)
+    code = spoken.reshape(-1)[0].decode("utf-8") if spoken is not None else asked
+    return LANGUAGES.get(code, code)

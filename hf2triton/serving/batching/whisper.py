@@ -71,18 +71,20 @@ def decoding_setup(model, generate_kwargs: dict[str, Any]) -> _Setup:
 
 @dataclass(eq=False)
 class Job:
-    """One request's audios (their pipeline features) and where its answer goes: `done(texts, error)` once."""
+    """One request's audios (their pipeline features) and where its answer goes: `done(texts, prompts, error)` once
+    (prompts: each audio's decoder prompt ids, its language token among them)."""
 
     features: list[dict[str, Any]]
     generate: dict[str, Any]  # generate()'s options shared by the request (language, task)
-    done: Callable[[list[str] | None, str], None]
+    done: Callable[[list[str] | None, list[list[int]] | None, str], None]
     cancelled: Callable[[], bool] = lambda: False
     texts: list[str | None] = field(default_factory=list)
+    prompts: list[list[int] | None] = field(default_factory=list)
     left: int = 0
     ended: bool = False
 
     def __post_init__(self) -> None:
-        self.texts, self.left = [None] * len(self.features), len(self.features)
+        self.texts, self.prompts, self.left = [None] * len(self.features), [None] * len(self.features), len(self.features)
 
 
 @dataclass(eq=False)
@@ -454,10 +456,11 @@ class WhisperBatcher:
             self.resuming.append(search)
             return
         job.texts[search.index] = self.answer(self.torch.cat(search.answer))
+        job.prompts[search.index] = search.prompt[0].tolist()
         job.left -= 1
         if not job.left:
             job.ended = True
-            job.done(job.texts, "")
+            job.done(job.texts, job.prompts, "")
 
     def _segment(self, tokens, config, frames: int) -> tuple[Any, int]:
         """generate()'s _retrieve_segment for an answer without asked timestamps: the tokens it keeps and how many
@@ -485,7 +488,7 @@ class WhisperBatcher:
         for search in self.running:
             if id(search.job) in gone and not search.job.ended:
                 search.job.ended = True
-                search.job.done(None, "cancelled")
+                search.job.done(None, None, "cancelled")
         order = self.torch.arange(self.mask.shape[0], device=self.device)
         self._reorder(order, keep=[s for s in self.running if id(s.job) not in gone])
 
@@ -498,7 +501,7 @@ class WhisperBatcher:
         for job in jobs.values():
             if not job.ended:
                 job.ended = True
-                job.done(None, message)
+                job.done(None, None, message)
         self.running, self.cache, self.cross, self.mask = [], [], [], None
 
 

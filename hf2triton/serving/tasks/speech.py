@@ -36,7 +36,7 @@ from .base import media_torch
 class SpeechEngine:
     """Saved model + feature extractor + tokenizer on one device, run through transformers' ASR pipeline."""
 
-    outputs = (interface.TEXT_OUTPUT, interface.CHUNKS, interface.WORDS, interface.DURATION)
+    outputs = (interface.TEXT_OUTPUT, interface.CHUNKS, interface.WORDS, interface.DURATION, interface.SPOKEN_LANGUAGE)
 
     def __init__(
         self,
@@ -82,6 +82,17 @@ class SpeechEngine:
         # Whisper's generate() refuses a prompt of more than half the decoder's positions
         self.max_prompt_tokens = int(getattr(self.model.config, "max_target_positions", 448)) // 2 - 1
         self.batcher = None  # serving: the decoding steps shared across requests (start_batcher)
+        self.codes = {token_id: token.strip("<|>") for token, token_id in self.languages.items()}  # 50259 -> "en"
+        self.detected = threading.local()  # per thread: the language ids generate() detected (its detect_language calls)
+        detect = getattr(self.model, "detect_language", None)
+        if detect is not None and self.multilingual:
+
+            def recording(*args: Any, **kwargs: Any):
+                ids = detect(*args, **kwargs)
+                self.detected.__dict__.setdefault("ids", []).extend(ids.reshape(-1).tolist())
+                return ids
+
+            self.model.detect_language = recording  # generate() calls self.detect_language: the instance's first
 
     # ------------------------------------------------------------------ continuous batching (served Whisper on torch)
 
@@ -110,6 +121,15 @@ class SpeechEngine:
         item = self.pipeline._ensure_tensor_on_device(item, device=self.pipeline.device)
         return {key: item[key] for key in ("input_features", "attention_mask") if key in item}
 
+    def spoken(self, asked: str, decoded: list[int] | int | None) -> str:
+        """The answer's language code: the one asked, else the language token it was decoded with (ids of the decoder
+        prompt, or the detected id), else "en" for an English-only Whisper and "" for a CTC model."""
+        if asked:
+            return asked
+        ids = [decoded] if isinstance(decoded, int) else decoded or []
+        found = next((self.codes[i] for i in ids if i in self.codes), "")
+        return found or ("" if self.ctc or self.multilingual else "en")
+
     def text(self, tokens) -> str:
         """An answer's tokens (generate()'s, prompt off) as the pipeline writes them."""
         return self.pipeline.postprocess([{"tokens": tokens[None].cpu(), "is_last": True}])["text"]
@@ -123,10 +143,11 @@ class SpeechEngine:
         log(f"hf2triton: Whisper with continuous batching (up to {max_audios} audios decoding together)")
         return self.batcher
 
-    def text_outputs(self, texts: list[str], audios: list[np.ndarray]) -> dict[str, np.ndarray]:
+    def text_outputs(self, texts: list[str], audios: list[np.ndarray], languages: list[str]) -> dict[str, np.ndarray]:
         """run()'s outputs for answers of plain text (no chunks or words were asked)."""
         empty = chunks_json([]).encode("utf-8")
         return {
+            interface.SPOKEN_LANGUAGE: np.array([code.encode("utf-8") for code in languages], dtype=np.object_),
             interface.TEXT_OUTPUT: np.array([text.encode("utf-8") for text in texts], dtype=np.object_),
             interface.CHUNKS: np.array([empty] * len(texts), dtype=np.object_),
             interface.WORDS: np.array([empty] * len(texts), dtype=np.object_),
@@ -134,7 +155,8 @@ class SpeechEngine:
         }
 
     def transcribe(self, audios: list[np.ndarray], generate: dict[str, Any], done, cancelled=lambda: False) -> None:
-        """Hand audios to the running batch; `done(texts, error)` is called on its thread when all are decoded."""
+        """Hand audios to the running batch; `done(texts, prompts, error)` is called on its thread when all are decoded
+        (prompts: each answer's decoder prompt ids, whose language token `spoken` reads)."""
         options = {"generation_config": self.pipeline.generation_config, **generate}
         self.batcher.submit(Job([self.features(audio) for audio in audios], options, done, cancelled))
 
@@ -214,6 +236,7 @@ class SpeechEngine:
             interface.CHUNKS: np.array([chunks(a, return_timestamps) for a in answers], dtype=np.object_),
             interface.WORDS: np.array([chunks(w, True) for w in words or [None] * len(audios)], dtype=np.object_),
             interface.DURATION: np.array([len(audio) / self.rate for audio in audios], dtype=np.float32),
+            interface.SPOKEN_LANGUAGE: np.array([self.spoken(language, a.get("language_id")).encode() for a in answers], dtype=np.object_),
         }
 
     def _answers(self, audios: list[np.ndarray], generate: dict[str, Any], timestamps: bool | str) -> list[dict[str, Any]]:
@@ -230,11 +253,17 @@ class SpeechEngine:
         short = [i for i, audio in enumerate(audios) if len(audio) <= window]
         if short:
             batch = [{"raw": audios[i], "sampling_rate": self.rate} for i in short]
+            self.detected.ids = []
             for i, answer in zip(short, self.pipeline(batch, batch_size=len(batch), **options)):
                 answers[i] = answer
+            if len(self.detected.ids) == len(short):  # one generate() for the batch: a detected language per audio
+                for i, language_id in zip(short, self.detected.ids):
+                    answers[i]["language_id"] = language_id
         for i, audio in enumerate(audios):
             if answers[i] is None:  # long-form: one sequential generate() of its own (a CTC model: one forward pass)
+                self.detected.ids = []
                 answers[i] = self.pipeline({"raw": audio, "sampling_rate": self.rate}, **options)
+                answers[i]["language_id"] = self.detected.ids[0] if self.detected.ids else None
         return answers  # type: ignore[return-value]
 
 
