@@ -195,6 +195,47 @@ def test_the_running_batch_equals_the_pipeline_as_audios_join_and_leave(whisper,
     assert engine.steps_options([long_audio]) is None and engine.steps_options(audios, return_timestamps=True) is None
 
 
+def test_the_running_batch_answers_every_request_once_whatever_fails(whisper, monkeypatch):
+    """A failed join (the encoder out of memory) answers its requests with the error, a send that fails (a closed
+    connection) ends no other request, the loop goes on; unloading answers what is still held. Configurations whose
+    next segment generate() would condition on the previous one stay with generate()."""
+    import queue
+
+    from hf2triton.serving.batching import whisper as whisper_batching
+    from hf2triton.serving.tasks.speech import SpeechEngine
+
+    engine = SpeechEngine(str(whisper))
+    batcher = engine.start_batcher(4, log=lambda message: None)
+    audio = synthetic_audio(2.0, 16000)
+    options = engine.steps_options([audio])
+    answers: queue.Queue = queue.Queue()
+    setup, failures = whisper_batching.decoding_setup, ["CUDA out of memory"]
+
+    def failing_once(model, kwargs):
+        if failures:
+            raise RuntimeError(failures.pop())
+        return setup(model, kwargs)
+
+    monkeypatch.setattr(whisper_batching, "decoding_setup", failing_once)
+    engine.transcribe([audio], options, lambda texts, prompts, error: answers.put(("first", texts, error)))
+    assert answers.get(timeout=60) == ("first", None, "transcription failed: RuntimeError: CUDA out of memory")
+
+    def closed(texts, prompts, error):
+        raise RuntimeError("the client's connection is closed")
+
+    engine.transcribe([audio], options, closed)
+    engine.transcribe([audio], options, lambda texts, prompts, error: answers.put(("third", texts, error)))
+    label, texts, error = answers.get(timeout=60)
+    assert (label, error) == ("third", "") and texts == [engine.run([audio])[interface.TEXT_OUTPUT][0].decode()]
+    batcher.stopped = True  # held, not decoded: unloading answers it
+    engine.transcribe([audio], options, lambda texts, prompts, error: answers.put(("held", texts, error)))
+    engine.stop_batcher()
+    assert answers.get(timeout=10) == ("held", None, "the model is being unloaded")
+    engine.pipeline.generation_config.condition_on_prev_tokens = True
+    engine.batcher = batcher
+    assert engine.steps_options([audio]) is None
+
+
 def test_chunked_long_audio_equals_the_pipeline_chunked(whisper):
     """chunk_length_s: every audio cut into the pipeline's overlapping chunks, the chunks of a batch decoded together,
     the answer the pipeline's with the same chunk_length_s (short and long audio in one batch, and with timestamps)."""

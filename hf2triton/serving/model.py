@@ -408,13 +408,18 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
 
         gone = getattr(sender, "is_cancelled", None) or (lambda: is_cancelled(request))
-        self.engine.transcribe(audios, generate, done, cancelled=gone)
+        try:
+            self.engine.transcribe(audios, generate, done, cancelled=gone)
+        except Exception as err:  # noqa: BLE001 - its features failed (memory): this request's error, not the batch's
+            failed = pb_utils.TritonError(f"transcription failed: {type(err).__name__}: {err}")
+            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=failed), flags=final)
         return True
 
     def finalize(self) -> None:
-        for batcher in (self.batcher, getattr(self, "speech", None)):
-            if batcher is not None:
-                batcher.stop()
+        if getattr(self, "speech", None) is not None:
+            self.engine.stop_batcher()  # its thread answers what it holds, then ends, before the engine goes
+        if self.batcher is not None:
+            self.batcher.stop()
         if self.responder is not None:
             self.responder.stop()
         self.engine = None

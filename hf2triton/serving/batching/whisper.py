@@ -22,6 +22,7 @@ Standard library + torch (imported when a batcher starts): copied next to model.
 from __future__ import annotations
 
 import collections
+import copy
 import threading
 import time
 from collections.abc import Callable
@@ -52,20 +53,19 @@ _SETUP_CLASSES: dict[type, type] = {}
 
 
 def decoding_setup(model, generate_kwargs: dict[str, Any]) -> _Setup:
-    """What `model.generate(**generate_kwargs)` decodes from, got from generate() itself: the instance's class is
-    swapped for one whose decoding methods raise _Setup with their arguments (the encoder has run, the language is
-    detected, the beams expanded), then swapped back."""
+    """What `model.generate(**generate_kwargs)` decodes from, got from generate() itself, run on a shallow copy of the
+    model whose class's decoding methods raise _Setup with their arguments (the encoder has run, the language is
+    detected, the beams expanded); execute() may be running the model's own generate() meanwhile."""
     cls = type(model)
     if cls not in _SETUP_CLASSES:
         stops = {"_beam_search": _stop_before("beams"), "_sample": _stop_before("sample")}
         _SETUP_CLASSES[cls] = type(f"{cls.__name__}Setup", (cls,), stops)
-    model.__class__ = _SETUP_CLASSES[cls]
+    proxy = copy.copy(model)  # the same modules and weights; the model itself stays as it is for other threads
+    proxy.__class__ = _SETUP_CLASSES[cls]
     try:
-        model.generate(**generate_kwargs)
+        proxy.generate(**generate_kwargs)
     except _Setup as setup:
         return setup
-    finally:
-        model.__class__ = cls
     raise RuntimeError("generate() returned without decoding")
 
 
@@ -123,6 +123,8 @@ class WhisperBatcher:
         self.mask = None  # [rows, length] 1 = a real decoder token
         self.asked = time.monotonic()
         self.resuming: list[Search] = []  # audios whose next 30 s segment starts at the next step
+        self.joining: list[tuple[Job, int]] = []  # this step's joining audios, until they run (fail_all answers them)
+        self.tensors: dict[tuple, tuple] = {}  # per `together` key: its token ids on the device
         encoder = model.get_encoder()
         self.input_stride = encoder.conv1.stride[0] * encoder.conv2.stride[0]
         self.segment_frames = self.input_stride * model.config.max_source_positions
@@ -140,11 +142,12 @@ class WhisperBatcher:
                 while not self.stopped and not (self.waiting or self.running or self.resuming):
                     self.lock.wait()
                 if self.stopped:
-                    return
+                    break
             try:
                 self.step()
             except Exception as err:  # noqa: BLE001 - a failed pass ends its requests, not the loop
                 self.fail_all(f"transcription failed: {type(err).__name__}: {err}")
+        self.fail_all("the model is being unloaded")  # nothing handed over stays unanswered
 
     def stop(self) -> None:
         with self.lock:
@@ -155,18 +158,19 @@ class WhisperBatcher:
         """Audios join (up to max_audios decoding), then one decoding step for every running audio."""
         self._drop_cancelled()
         with self.lock:
-            room = self.max_audios - len(self.running)
-            joining = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+            room = self.max_audios - len(self.running) - len(self.resuming)  # a next segment holds its audio's place
+            self.joining = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
         with self.torch.inference_mode():
             groups: dict[tuple, list[tuple[Job, int]]] = {}
-            for job, index in joining:  # audios asking the same options share one setup (one encoder pass)
+            for job, index in self.joining:  # audios asking the same options share one setup (one encoder pass)
                 if not job.ended:
                     groups.setdefault(tuple(sorted(job.generate.items())), []).append((job, index))
             for members in groups.values():
                 self._join(members)
-            resuming, self.resuming = self.resuming, []
-            for search in resuming:
-                self._resume(search)
+            self.joining = []
+            while self.resuming:
+                self._resume(self.resuming[0])
+                self.resuming.pop(0)  # after it joined: a failed one is answered by fail_all
             if self.running:
                 self._decode()
 
@@ -185,7 +189,8 @@ class WhisperBatcher:
             search = self._search(job, index, setup, beams, input_ids[row * beams : (row + 1) * beams])
             search.features = job.features[index]["input_features"]
             searches.append(search)
-        self._start(searches, input_ids, setup.kwargs["encoder_outputs"].last_hidden_state)
+        states = setup.kwargs.pop("encoder_outputs").last_hidden_state  # held by no search once its caches are made
+        self._start(searches, input_ids, states)
 
     def _resume(self, previous: Search) -> None:
         """The audio's next segment (generate()'s seek loop: the answer's timestamps ended short of the window):
@@ -307,7 +312,11 @@ class WhisperBatcher:
         count, beams, keep = len(searches), first.beams, first.state["beams_to_keep"]
         config = first.setup.kwargs["generation_config"]
         suppress, begin_suppress, begin_index, eos, max_length = first.together[:5]
-        suppress, begin_suppress, eos = (torch.tensor(ids, dtype=torch.long, device=self.device) for ids in (suppress, begin_suppress, eos))
+        if first.together not in self.tensors:
+            self.tensors[first.together] = tuple(
+                torch.tensor(ids, dtype=torch.long, device=self.device) for ids in (suppress, begin_suppress, eos)
+            )
+        suppress, begin_suppress, eos = self.tensors[first.together]
         state = {name: torch.cat([s.state[name] for s in searches]) for name in _STACKED}
         cur = torch.tensor([s.cur_len for s in searches], device=self.device)
         prompt_len = first.prompt_len
@@ -459,14 +468,14 @@ class WhisperBatcher:
         job.prompts[search.index] = search.prompt[0].tolist()
         job.left -= 1
         if not job.left:
-            job.ended = True
-            job.done(job.texts, job.prompts, "")
+            _answer(job, job.texts, job.prompts, "", self.log)
 
     def _segment(self, tokens, config, frames: int) -> tuple[Any, int]:
         """generate()'s _retrieve_segment for an answer without asked timestamps: the tokens it keeps and how many
         input frames they cover. Consecutive timestamp tokens end a segment: what follows the last such pair is
         dropped, and unless the answer ends on a lone timestamp the window is covered only up to that pair's time."""
-        begin = config.no_timestamps_token_id + 1
+        no_timestamps = getattr(config, "no_timestamps_token_id", None)  # generate()'s timestamp_begin, as it finds it
+        begin = no_timestamps + 1 if no_timestamps is not None else self.model.config.vocab_size + 1
         stamps = tokens.ge(begin)
         single_ending = stamps[-2:].tolist() == [False, True]
         pairs = (self.torch.where(stamps[:-1] & stamps[1:])[0] + 1).tolist()
@@ -486,9 +495,8 @@ class WhisperBatcher:
         if not gone:
             return
         for search in self.running:
-            if id(search.job) in gone and not search.job.ended:
-                search.job.ended = True
-                search.job.done(None, None, "cancelled")
+            if id(search.job) in gone:
+                _answer(search.job, None, None, "cancelled", self.log)
         order = self.torch.arange(self.mask.shape[0], device=self.device)
         self._reorder(order, keep=[s for s in self.running if id(s.job) not in gone])
 
@@ -497,12 +505,23 @@ class WhisperBatcher:
         self.log(f"hf2triton: {message}")
         with self.lock:
             waiting, self.waiting = list(self.waiting), collections.deque()
-        jobs = {id(job): job for job in [*(s.job for s in self.running), *(job for job, _ in waiting)]}
+        searches = [*self.running, *self.resuming]
+        jobs = {id(job): job for job in [*(s.job for s in searches), *(job for job, _ in [*self.joining, *waiting])]}
         for job in jobs.values():
-            if not job.ended:
-                job.ended = True
-                job.done(None, None, message)
-        self.running, self.cache, self.cross, self.mask = [], [], [], None
+            _answer(job, None, None, message, self.log)
+        self.running, self.resuming, self.joining, self.cache, self.cross, self.mask = [], [], [], [], [], None
+
+
+def _answer(job: Job, texts: list[str] | None, prompts: list | None, error: str, log: Callable[[str], None]) -> None:
+    """Send the job's answer once; a failed send (its client's connection closed) is logged, and never ends other
+    requests or the loop."""
+    if job.ended:
+        return
+    job.ended = True
+    try:
+        job.done(texts, prompts, error)
+    except Exception as err:  # noqa: BLE001
+        log(f"hf2triton: a transcription's answer could not be sent: {type(err).__name__}: {err}")
 
 
 _STACKED = (

@@ -103,10 +103,12 @@ class SpeechEngine:
         """generate()'s options when the running batch can decode these audios (Whisper on torch, each audio one 30 s
         window, plain text asked, beam search without temperature fallback: the pipeline's default); None: generate() answers
         them whole (timestamps, a prompt, sampling, long-form or chunked audio, a CTC model, ONNX Runtime)."""
-        config = getattr(self.model, "generation_config", None)
+        config = self.pipeline.generation_config  # what generate() is given (the model's, the pipeline's defaults in)
         if self.batcher is None or self.chunk_length_s or return_timestamps or word_timestamps or prompt or temperature > 0:
             return None
-        if self.pipeline.generation_config.num_beams < 2:  # the batcher runs generate()'s beam search only
+        if config.num_beams < 2:  # the batcher runs generate()'s beam search only
+            return None
+        if getattr(config, "condition_on_prev_tokens", None):  # a next segment would start from the previous one's text
             return None
         thresholds = ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")  # the fallback's
         if isinstance(config.temperature, (list, tuple)) or any(getattr(config, name, None) is not None for name in thresholds):
@@ -139,7 +141,8 @@ class SpeechEngine:
         if self.ctc or not isinstance(self.model, self.torch.nn.Module):
             return None
         self.batcher = WhisperBatcher(self.model, self.text, self.device, max_audios, log)
-        threading.Thread(target=self.batcher.run_forever, name="hf2triton-whisper", daemon=True).start()
+        self.batcher_thread = threading.Thread(target=self.batcher.run_forever, name="hf2triton-whisper", daemon=True)
+        self.batcher_thread.start()
         log(f"hf2triton: Whisper with continuous batching (up to {max_audios} audios decoding together)")
         return self.batcher
 
@@ -153,6 +156,12 @@ class SpeechEngine:
             interface.WORDS: np.array([empty] * len(texts), dtype=np.object_),
             interface.DURATION: np.array([len(audio) / self.rate for audio in audios], dtype=np.float32),
         }
+
+    def stop_batcher(self, timeout_s: float = 10.0) -> None:
+        """End the running batch: what it holds is answered with an error, then its thread ends."""
+        if self.batcher is not None:
+            self.batcher.stop()
+            self.batcher_thread.join(timeout_s)
 
     def transcribe(self, audios: list[np.ndarray], generate: dict[str, Any], done, cancelled=lambda: False) -> None:
         """Hand audios to the running batch; `done(texts, prompts, error)` is called on its thread when all are decoded
