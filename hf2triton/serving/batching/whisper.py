@@ -103,7 +103,7 @@ class Search:
     features: Any = None  # the audio's whole input features [1, mels, frames] (a next segment starts at `seek`)
     prompt: Any = None  # its decoder prompt, one row per beam (every segment starts from it)
     seek: int = 0  # input frames before this segment
-    answer: list = field(default_factory=list)  # the tokens of the segments before this one
+    segments: list = field(default_factory=list)  # the tokens of the segments before this one
 
 
 class WhisperBatcher:
@@ -201,7 +201,7 @@ class WhisperBatcher:
         encoder = self.model.get_encoder()
         states = encoder(input_features=segment.to(encoder.conv1.weight.dtype)).last_hidden_state
         search = self._search(previous.job, previous.index, previous.setup, previous.beams, previous.prompt)
-        search.features, search.seek, search.answer = previous.features, previous.seek, previous.answer
+        search.features, search.seek, search.segments = previous.features, previous.seek, previous.segments
         self._start([search], previous.prompt, states.repeat_interleave(search.beams, dim=0))
 
     def _start(self, searches: list[Search], input_ids, states) -> None:
@@ -217,7 +217,7 @@ class WhisperBatcher:
         self._advance(searches, logits, offset)
 
     def _search(self, job: Job, index: int, setup: _Setup, beams: int, prompt) -> Search:
-        """A joining audio's search state, as _beam_search (or _sample) initialises it for a batch of one."""
+        """A joining audio's search state, as _beam_search initialises it for a batch of one."""
         torch = self.torch
         config = setup.kwargs["generation_config"]
         prompt_len = prompt.shape[1]
@@ -426,9 +426,9 @@ class WhisperBatcher:
         """The batch's rows become `order` (old row of each new row) restricted to the searches in `keep`."""
         torch = self.torch
         rows, cross_rows, old = [], [], 0
-        positions = {id(s): 0 for s in keep}
+        kept = {id(s) for s in keep}
         for search in self.running:
-            if id(search) in positions:
+            if id(search) in kept:
                 rows.append(order[old : old + search.beams])
                 cross_rows.append(torch.arange(old, old + search.beams, device=self.device))  # an audio's beams: one cross cache
             old += search.beams
@@ -459,12 +459,12 @@ class WhisperBatcher:
         if job.ended:
             return
         kept, offset = self._segment(tokens, config, min(search.features.shape[-1] - search.seek, self.segment_frames))
-        search.answer.append(kept)
+        search.segments.append(kept)
         search.seek += offset
         if search.seek < search.features.shape[-1]:  # generate() decodes the rest of the window as a next segment
             self.resuming.append(search)
             return
-        job.texts[search.index] = self.answer(self.torch.cat(search.answer))
+        job.texts[search.index] = self.answer(self.torch.cat(search.segments))
         job.prompts[search.index] = search.prompt[0].tolist()
         job.left -= 1
         if not job.left:
@@ -481,9 +481,9 @@ class WhisperBatcher:
         pairs = (self.torch.where(stamps[:-1] & stamps[1:])[0] + 1).tolist()
         if not pairs:
             return tokens, frames
-        end = len(tokens) if single_ending else pairs[-1] + 1
         if single_ending:
-            return tokens[:end], frames
+            return tokens, frames
+        end = pairs[-1] + 1
         return tokens[:end], (int(tokens[end - 2]) - begin) * self.input_stride
 
     def _drop_cancelled(self) -> None:
