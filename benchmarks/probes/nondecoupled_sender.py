@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402
+from hf2triton.triton import client  # noqa: E402
 from hf2triton.triton.install import locate_tritonserver, prepare_backend_dir, server_environment  # noqa: E402
 
 CONFIG = """name: "toy"
@@ -81,7 +82,7 @@ def main() -> int:
     with open(work / "server.log", "wb") as log:
         server = subprocess.Popen(command, env=server_environment(install), stdout=log, stderr=subprocess.STDOUT)
     try:
-        ready = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
+        ready = client.http_client(f"127.0.0.1:{http}")
         for _ in range(120):
             if _ready(ready):
                 break
@@ -89,10 +90,10 @@ def main() -> int:
 
         def ask(module, url: str, value: int, delay: float = 0.0) -> float:
             time.sleep(delay)
-            client = module.InferenceServerClient(url)
+            triton = (client.http_client if module is httpclient else client.grpc_client)(url)  # the project's clients
             tensor = module.InferInput("X", [1, 1], "FP32")
             tensor.set_data_from_numpy(np.array([[value]], dtype=np.float32))
-            return float(client.infer("toy", [tensor]).as_numpy("Y")[0, 0])
+            return float(triton.infer("toy", [tensor]).as_numpy("Y")[0, 0])
 
         figures = {}
         for label, module, url, gap in (("http at once", httpclient, f"127.0.0.1:{http}", 0.0),
