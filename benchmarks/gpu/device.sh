@@ -401,12 +401,13 @@ vllm-tests)  # (after setup-vllm) the generation tests against backend vllm -> $
   stop_strays
   tail -n 40 results/vllm-tests.txt
   [ -z "${OUT:-}" ] || cp results/vllm-tests.txt "$OUT/"
-  # the fixtures' server logs (a 502 is explained there, not in pytest's output): the last 400 lines of each
+  # the fixtures' server and gateway logs (a 502 is explained there, not in pytest's output): the last 1,500 lines of each
   if [ -n "${OUT:-}" ]; then
     mkdir -p results/vllm-tests-logs
-    for log in /tmp/pytest-of-*/pytest-*/*/.hf2triton/server/tritonserver.log; do
+    for log in /tmp/pytest-of-*/pytest-*/*/.hf2triton/server/{tritonserver,gateway}.log; do
       [ -f "$log" ] || continue
-      tail -n 400 "$log" > "results/vllm-tests-logs/$(basename "$(dirname "$(dirname "$(dirname "$log")")")").log"
+      fixture=$(basename "$(dirname "$(dirname "$(dirname "$log")")")")
+      tail -n 1500 "$log" > "results/vllm-tests-logs/$fixture-$(basename "$log")"
     done
     tar -czf "$OUT/vllm-tests-logs.tar.gz" results/vllm-tests-logs
   fi
