@@ -82,18 +82,20 @@ async def generate(
             logprobs,
         )
 
-    stream, finished = None, False
+    stream, finished, received = None, False, 0
     try:
         stream, first = await gateway.call(opened)
         piece = read(first)
         while piece.final is None:
             yield piece
+            received += 1
             piece = read(await stream.__anext__())
         finished = True
         yield piece
     except ApiError:
         raise
     except StopAsyncIteration:
+        log.warning("model %s: Triton ended a stream after %d pieces without a final response", served.name, received)
         raise ApiError(502, "Triton ended the stream without a final response", "server_error") from None
     except Exception as err:  # noqa: BLE001 - gRPC failures become OpenAI errors
         raise triton_error(err, served.name) from None
