@@ -5,6 +5,10 @@ the per-token cost, which the answers' different lengths do not bias) of the sam
 interleaved round by round at each concurrency on a sample of the prompts (one run, so the machine's noise falls on
 both). The load generator shares the machine's cores with the server and the gateway.
 
+A free answer is capped at the length of the same prompt's constrained answer (`--free-length matched`, the default):
+a JSON answer is shorter than the free text, and at a fixed concurrency shorter answers mean more prefills per decoded
+token, which would be charged to the mask. `same-max` gives both `--max-tokens` instead (the earlier measurement).
+
     make serve OVERLAY=benchmarks/generation-2cpu/structured-overlay.yaml   (SmolLM2 may answer 256 tokens)
     .venv/bin/python benchmarks/structured_output.py [--model smollm2] [--concurrency 1 8] [--rounds 2] [--out FILE]
 """
@@ -138,6 +142,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--check-max-tokens", type=int, default=256, help="max_tokens of the validity run")
     parser.add_argument("--speed-prompts", type=int, default=12, help="prompts per speed cell (all schemas)")
+    parser.add_argument("--free-length", choices=["matched", "same-max"], default="matched", help="free answers' max_tokens")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     from openai import OpenAI
@@ -156,12 +161,16 @@ def main() -> int:
         }
         for m, k in zip(messages, kinds)
     ]
-    free = [{"messages": m, **common} for m in messages]
     run_cell(client, args.model, constrained[:2], 1)  # warm-up: the grammars' first compile, the first requests
     long = {"max_tokens": args.check_max_tokens}  # the validity run: room for every answer to finish
     checked = run_cell(client, args.model, [{**r, **long} for r in constrained], max(args.concurrency))
     checked["validity"] = validity(checked, kinds)
     print(f"all {len(constrained)} constrained requests at c{max(args.concurrency)}: valid {checked['validity']['valid']}", flush=True)
+    if args.free_length == "matched":  # as many tokens as the constrained answer (greedy: the same one in the speed cells)
+        lengths = [max(1, min(args.max_tokens, answer["tokens"])) for answer in checked["answers"]]
+        free = [{"messages": m, **common, "max_tokens": length} for m, length in zip(messages, lengths)]
+    else:
+        free = [{"messages": m, **common} for m in messages]
     # the mask's cost: the same prompts constrained and free, interleaved round by round (every third: all schemas)
     sample = slice(None, None, max(1, len(constrained) // args.speed_prompts))
     cells = []
@@ -175,21 +184,21 @@ def main() -> int:
                 cells.append(cell)
     lines = []
     for concurrency in args.concurrency:
-        rate = {
-            v: [c["tokens_per_s"] for c in cells if c["concurrency"] == concurrency and c["variant"] == v] for v in ("constrained", "free")
-        }
-        per_token = {
-            v: [c["ms_per_token_p50"] for c in cells if c["concurrency"] == concurrency and c["variant"] == v]
-            for v in ("constrained", "free")
-        }
-        rate = {v: round(statistics.median(values), 2) for v, values in rate.items()}
-        per_token = {v: round(statistics.median(values), 2) for v, values in per_token.items()}
-        itl = {v: statistics.median(c["itl_ms_p50"] for c in cells if c["concurrency"] == concurrency and c["variant"] == v) for v in rate}
+
+        def median(key: str, concurrency: int = concurrency) -> dict[str, float]:
+            """Per variant, the median over rounds of a cell figure."""
+            return {
+                v: round(statistics.median(c[key] for c in cells if c["concurrency"] == concurrency and c["variant"] == v), 3)
+                for v in ("constrained", "free")
+            }
+
+        rate, per_token, itl, length = (median(key) for key in ("tokens_per_s", "ms_per_token_p50", "itl_ms_p50", "tokens_per_answer"))
         ratio = rate["constrained"] / rate["free"]
         lines.append(
             f"c{concurrency}: constrained {rate['constrained']} vs free {rate['free']} tokens/s (medians of {args.rounds} rounds) = "
             f"{ratio:.3f}x; ms per token p50 {per_token['constrained']} vs {per_token['free']}; inter-token latency p50 "
-            f"{itl['constrained']:.2f} vs {itl['free']:.2f} ms = {itl['free'] / itl['constrained']:.3f}x the free decoding speed"
+            f"{itl['constrained']:.2f} vs {itl['free']:.2f} ms = {itl['free'] / itl['constrained']:.3f}x the free decoding speed; "
+            f"tokens per answer {length['constrained']} vs {length['free']} (free answers: {args.free_length})"
         )
     valid, cut = checked["validity"]["valid"], checked["validity"]["cut_by_max_tokens"]
     total = len(constrained)

@@ -226,3 +226,24 @@ def test_cli_flags_become_the_guided_input(tmp_path):
     ):
         with pytest.raises(UserError, match=message):
             guided_flag(path, regex)
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3], [1, 3]], ids=["every-row", "some-rows"])
+def test_the_cpu_mask_equals_xgrammars_kernel(rows):
+    """grammar._mask_on_cpu (numpy's unpacking, one masked_fill) forbids exactly the tokens xgrammar's own kernel does,
+    on the guided rows only, for a vocabulary that is not a multiple of 32."""
+    import torch
+    import xgrammar as xgr
+
+    from hf2triton.serving.batching.grammar import _mask_on_cpu
+
+    width = 1000
+    generator = torch.Generator().manual_seed(0)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (4, (width + 31) // 32), dtype=torch.int32, generator=generator)
+    logits = torch.randn(4, width, generator=generator)
+    ours, theirs = logits.clone(), logits.clone()
+    _mask_on_cpu(torch, ours, bitmask, rows, width)
+    xgr.apply_token_bitmask_inplace(theirs, bitmask, vocab_size=width, indices=rows, backend="torch_native")
+    assert torch.equal(ours, theirs)
+    untouched = [row for row in range(4) if row not in rows]
+    assert torch.equal(ours[untouched], logits[untouched]) and ours.isinf().any()

@@ -10,10 +10,13 @@ streaming torch model; a model whose Python lacks xgrammar refuses guided reques
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import threading
 from typing import Any
+
+import numpy as np
 
 from ..inputs import RequestError
 from .sequences import Guided, Sequence
@@ -69,6 +72,7 @@ class Grammars:
     def __init__(self, tokenizer: Any, vocabulary: int, stop_ids: set[int]):
         self.tokenizer, self.vocabulary, self.stop_ids = tokenizer, vocabulary, stop_ids
         self.compiler: Any = None
+        self.batch: Any = None  # xgrammar's BatchGrammarMatcher: the guided rows' bitmasks filled on its threads
         self.lock = threading.Lock()
 
     def matcher(self, guided: Guided) -> Any:
@@ -91,29 +95,32 @@ class Grammars:
             raise RequestError(f"the {guided.kind} cannot start with any token of this model's vocabulary: it cannot write that")
         return matcher
 
-    def mask(self, torch: Any, rows: list[Sequence], logits: Any) -> Any:
-        """`logits` ([rows, vocabulary]) with every token a guided row's grammar forbids next at -inf (a copy: the
-        raw logits stay for log-probabilities); `logits` itself when no row is guided."""
+    def mask(self, torch: Any, rows: list[Sequence], logits: Any, copy: bool = True) -> Any:
+        """`logits` ([rows, vocabulary]) with every token a guided row's grammar forbids next at -inf; a copy when
+        `copy` (the raw logits kept for log-probabilities), else masked in place; `logits` itself when no row is guided.
+
+        The guided rows' bitmasks are filled together on xgrammar's threads (C++, without the GIL) and applied in one
+        pass: numpy's unpacking and one masked_fill on the CPU, one xgrammar kernel on a GPU."""
         guided = [index for index, sequence in enumerate(rows) if sequence.matcher is not None]
         if not guided:
             return logits
         xgr = xgrammar()
-        bitmask = xgr.allocate_token_bitmask(len(guided), self.vocabulary)  # int32 [rows, words]: bit i = token i allowed
-        for slot, index in enumerate(guided):
-            rows[index].matcher.fill_next_token_bitmask(bitmask, slot)
-        bitmask = bitmask.to(logits.device, non_blocking=True)
-        shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-        allowed = ((bitmask[:, :, None] >> shifts) & 1).bool().reshape(len(guided), -1)
-        width = logits.shape[-1]
-        if allowed.shape[1] < width:  # logits wider than the vocabulary xgrammar knows: the padding is never allowed
-            allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[1]))
-        allowed = allowed[:, :width]
+        if self.batch is None:
+            self.batch = xgr.BatchGrammarMatcher(max_threads="auto")
+        bitmask = xgr.allocate_token_bitmask(len(rows), self.vocabulary)  # int32 [rows, words]: bit i = token i allowed
+        self.batch.batch_fill_next_token_bitmask([rows[index].matcher for index in guided], bitmask, guided)
         # a grammar that allows no token of this vocabulary here leaves its row unmasked: `advance` then refuses the
         # token and ends that sequence with an error (an all -inf row cannot be sampled and would fail the batch)
-        allowed[~allowed.any(-1)] = True
-        index = torch.tensor(guided, device=logits.device)
-        scores = logits.clone()
-        scores[index] = scores[index].masked_fill(~allowed, float("-inf"))
+        bitmask[~bitmask.any(-1)] = -1
+        scores = logits.clone() if copy else logits
+        width = min(scores.shape[-1], self.vocabulary)
+        if scores.device.type == "cpu":
+            _mask_on_cpu(torch, scores, bitmask, guided, width)
+        else:  # one xgrammar kernel (Triton's where the triton package is installed, as vLLM applies it)
+            kernel = "triton" if scores.device.type == "cuda" and importlib.util.find_spec("triton") else "torch_native"
+            xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device), vocab_size=width, indices=guided, backend=kernel)
+        if scores.shape[-1] > width:  # logits wider than the vocabulary xgrammar knows: the padding is never allowed
+            scores[guided, width:] = float("-inf")
         return scores
 
     @staticmethod
@@ -128,3 +135,15 @@ class Grammars:
             sequence.error = f"the {kind} allows no token of this model's vocabulary after {sequence.text[-40:]!r}: it cannot write that"
             return "error"
         return "stop" if matcher.is_terminated() else None
+
+
+def _mask_on_cpu(torch: Any, scores: Any, bitmask: Any, guided: list[int], width: int) -> None:
+    """The bitmask applied to CPU logits in place: unpacked by numpy (bit i of a little-endian int32 word is token
+    32 * word + i), then one masked_fill -- 32 rows x SmolLM2's 49,152 tokens in ~1.5 ms on 2 cores, where xgrammar's
+    own CPU kernel takes ~7 ms."""
+    allowed = torch.from_numpy(np.unpackbits(bitmask.numpy().view(np.uint8), axis=-1, bitorder="little")[:, :width].view(bool))
+    if len(guided) == scores.shape[0]:
+        scores[:, :width].masked_fill_(~allowed, float("-inf"))
+        return
+    index = torch.tensor(guided)
+    scores[index, :width] = scores[index, :width].masked_fill(~allowed[index], float("-inf"))
