@@ -143,13 +143,14 @@ def main() -> int:
     parser.add_argument("--check-max-tokens", type=int, default=256, help="max_tokens of the validity run")
     parser.add_argument("--speed-prompts", type=int, default=12, help="prompts per speed cell (all schemas)")
     parser.add_argument("--free-length", choices=["matched", "same-max"], default="matched", help="free answers' max_tokens")
+    parser.add_argument("--base-url", default="", help="another OpenAI server (vllm serve: http://HOST:PORT/v1)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     from openai import OpenAI
 
     project = load_project(args.config)
     host, key = project.openai.bind_host(project.server.host), os.environ.get(project.openai.api_key_env) or "none"
-    client = OpenAI(base_url=f"http://{host}:{project.openai.port}/v1", api_key=key, timeout=600)
+    client = OpenAI(base_url=args.base_url or f"http://{host}:{project.openai.port}/v1", api_key=key, timeout=600)
     kinds = [kind for kind in SCHEMAS for _ in SUBJECTS]
     messages = [[{"role": "user", "content": PROMPTS[kind].format(subject)}] for kind in SCHEMAS for subject in SUBJECTS]
     common = {"max_tokens": args.max_tokens, "temperature": 0}

@@ -45,6 +45,7 @@
 #   bash benchmarks/gpu/device.sh vllm-compare PART           issue 25's side by side, one part per call, in this order:
 #                                                             triton | real | anchor | torch | big-triton | big-anchor;
 #                                                             issue 44 (after setup-vllm): structured-vllm | structured-torch
+#                                                             | structured-anchor (after structured-vllm: vllm serve)
 #                                                             (benchmarks/structured_output.py, constrained vs free)
 #                                                             (SPENT_S=seconds the call already spent: time checks)
 #                                                             -> results/vllm-compare/, $OUT/vllm-compare-PART.tar.gz
@@ -135,6 +136,16 @@ structured() {  # PART: benchmarks/structured_output.py through the gateway (val
   # shellcheck disable=SC2086  # STRUCTURED_ARGS: words
   timeout $((570 - SECONDS)) "$VENV/bin/python" benchmarks/structured_output.py --concurrency 1 32 --rounds 3 \
     ${STRUCTURED_ARGS:-} --out "$COMPARE/$part${STRUCTURED_TAG:-}.json" 2>&1 | tee "$COMPARE/$part${STRUCTURED_TAG:-}.log"
+}
+
+wait_anchor() {  # PART: until `vllm serve` answers /v1/models (its own start: up to 240 s), or its log's tail and 1
+  for _ in $(seq 240); do
+    "$VENV/bin/python" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8100/v1/models', timeout=2)" 2> /dev/null && return 0
+    sleep 1
+  done
+  echo "vllm serve ($1) did not answer within 240 s"
+  tail -n 30 "$COMPARE/anchor-$1.log"
+  return 1
 }
 
 stop_anchor() {  # the process group start_anchor made (vllm serve and its engine core process)
@@ -452,7 +463,7 @@ torch-gen)  # issue 25 #3: SmolLM2 on the torch engine (preallocated KV cache, C
   exit $rc
   ;;
 vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 128 greedy tokens, 1/32/64/128 clients)
-  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | real | anchor | torch | big-triton | big-anchor | structured-vllm | structured-torch" >&2; exit 2; }
+  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | real | anchor | torch | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor" >&2; exit 2; }
   export PATH="$VENV/bin:$PATH"
   mkdir -p "$COMPARE"
   overlays=(benchmarks/h200/gpu-overlay.yaml benchmarks/h200/vllm-overlay.yaml)
@@ -494,13 +505,23 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
       { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-torch.yaml benchmarks/h200/structured.yaml &&
         structured "$part"; } || rc=$?
       ;;
+    structured-anchor)  # after structured-vllm: `vllm serve` on the same saved model (real weights), the same script
+      install_xgrammar
+      start_anchor "$part" .hf2triton/models/smollm2/pretrained float16 --load-format auto
+      if wait_anchor "$part"; then
+        STRUCTURED_ARGS="${STRUCTURED_ARGS:-} --base-url http://127.0.0.1:8100/v1" structured "$part" || rc=$?
+      else
+        rc=1
+      fi
+      stop_anchor
+      ;;
     big-anchor)  # after big-triton: the saved model named smollm2 is the 1.7B shape
       start_anchor "$part" .hf2triton/models/smollm2/pretrained bfloat16
       load "SmolLM2-1.7B shape bf16, random weights" "1.7b-vllm-serve=openai,http://127.0.0.1:8100,smollm2,ignore_eos" || rc=$?
       stop_anchor
       ;;
     *)
-      echo "vllm-compare: unknown part $part (triton | real | anchor | torch | big-triton | big-anchor | structured-vllm | structured-torch)" >&2
+      echo "vllm-compare: unknown part $part (triton | real | anchor | torch | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor)" >&2
       rc=2
       ;;
     esac
