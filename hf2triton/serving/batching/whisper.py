@@ -13,8 +13,11 @@ processors, the stopping criteria, beams, length penalty, max_length — is take
 just before its decoding loop (`decoding_setup`). Beam search is transformers' own per audio (GenerationMixin's
 _get_top_k_continuations, _get_running_beams_for_next_iteration, _update_finished_beams,
 _check_early_stop_heuristic); greedy or sampled decoding stays with generate(). Only the decoder passes are shared: one
-left-padded self-attention cache for all rows (an audio's beams are its rows), each audio's cross-attention cache
-computed when it joins, and explicit position ids (rows stand at different positions).
+left-padded self-attention cache for all rows (an audio's beams are its rows), explicit position ids (rows stand at
+different positions), and one cross-attention cache per audio, computed when it joins. generate() keeps one per beam,
+all equal: for a Whisper of small's shape in float32 that is 110 MB per row, so 32 audios x 5 beams held 17.7 GB and
+every decoding step read all of it. Here an audio's beams are the query positions of one attention over its cache
+(`shared_cross_attention`), which is the same arithmetic: each query attends on its own, unmasked.
 
 Standard library + torch (imported when a batcher starts): copied next to model.py with speech models.
 """
@@ -50,6 +53,73 @@ def _stop_before(mode: str):
 
 
 _SETUP_CLASSES: dict[type, type] = {}
+
+
+_SHARED = threading.local()  # .cross on the batcher's thread during its passes: (per layer (keys, values), beams)
+
+
+def shared_cross_attention(model) -> None:
+    """Each decoder layer's cross-attention (once per model) attends, while the batcher's thread runs a pass, over the
+    per-audio keys and values the batcher holds (`_SHARED.cross`: per layer [audios, heads, frames, dim], and the beams
+    per audio) instead of its cache; on any other thread (execute()'s own generate()) it is the model's own."""
+    for number, layer in enumerate(model.get_decoder().layers):
+        attention = layer.encoder_attn
+        if getattr(attention, "hf2triton_shared", False):
+            continue
+        own = attention.forward
+
+        def forward(*args, _attention=attention, _own=own, _layer=number, **kwargs):
+            shared = getattr(_SHARED, "cross", None)
+            if shared is None:
+                return _own(*args, **kwargs)
+            layers, beams = shared
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            return _attend(_attention, hidden, *layers[_layer], beams), None
+
+        attention.forward = forward
+        attention.hf2triton_shared = True
+
+
+def _attend(attention, hidden, keys, values, beams: list[int]):
+    """WhisperAttention's cross-attention for rows whose audios' keys / values are one row each: an audio's `beams`
+    consecutive rows become query positions of its row (beams equal for every audio), or the keys and values are
+    indexed per row (beams that differ: searches with other num_beams in the batch)."""
+    import torch
+
+    rows, length = hidden.shape[:2]
+    heads, dim = attention.num_heads, attention.head_dim
+    query = (attention.q_proj(hidden) * attention.scaling).view(rows, length, heads, dim).transpose(1, 2)  # [rows, heads, length, dim]
+    if len(set(beams)) == 1:
+        audios, beam = len(beams), beams[0]
+        query = query.reshape(audios, beam, heads, length, dim).transpose(1, 2).reshape(audios, heads, beam * length, dim)
+        out = _attention(attention, query, keys, values).reshape(audios, heads, beam, length, dim).permute(0, 2, 3, 1, 4)
+    else:
+        audio = torch.repeat_interleave(torch.arange(len(beams), device=keys.device), torch.tensor(beams, device=keys.device))
+        out = _attention(attention, query, keys[audio], values[audio]).transpose(1, 2)
+    return attention.out_proj(out.reshape(rows, length, heads * dim))
+
+
+def _attention(attention, query, keys, values):
+    """softmax(query keys^T) values as the model's own attention computes it (scaling is in the query): eager's
+    matmuls, else PyTorch's scaled_dot_product_attention (sdpa)."""
+    import torch
+
+    if attention.config._attn_implementation == "eager":
+        return torch.matmul(torch.nn.functional.softmax(torch.matmul(query, keys.transpose(2, 3)), dim=-1), values)
+    return torch.nn.functional.scaled_dot_product_attention(query, keys, values, scale=1.0)
+
+
+def cross_cache(model, states) -> list:
+    """Per decoder layer, the cross-attention's (keys, values) [audios, heads, frames, dim] of encoder `states` (one row
+    per audio), as WhisperAttention projects them."""
+    cache = []
+    rows = states.shape[0]
+    for layer in model.get_decoder().layers:
+        attention = layer.encoder_attn
+        shape = (rows, -1, attention.num_heads, attention.head_dim)
+        keys = attention.k_proj(states).view(shape).transpose(1, 2).contiguous()
+        cache.append((keys, attention.v_proj(states).view(shape).transpose(1, 2).contiguous()))
+    return cache
 
 
 def decoding_setup(model, generate_kwargs: dict[str, Any]) -> _Setup:
@@ -119,7 +189,7 @@ class WhisperBatcher:
         self.lock = threading.Condition()
         self.stopped = False
         self.cache: list = []  # self-attention (keys, values) per layer, [rows, heads, length, dim], left-padded
-        self.cross: list = []  # cross-attention (keys, values) per layer, [rows, heads, frames, dim]
+        self.cross: list = []  # cross-attention (keys, values) per layer, [audios, heads, frames, dim]: a row per search
         self.mask = None  # [rows, length] 1 = a real decoder token
         self.asked = time.monotonic()
         self.resuming: list[Search] = []  # audios whose next 30 s segment starts at the next step
@@ -128,6 +198,7 @@ class WhisperBatcher:
         encoder = model.get_encoder()
         self.input_stride = encoder.conv1.stride[0] * encoder.conv2.stride[0]
         self.segment_frames = self.input_stride * model.config.max_source_positions
+        shared_cross_attention(model)
 
     # ------------------------------------------------------------------ requests in
 
@@ -190,7 +261,7 @@ class WhisperBatcher:
             search.features = job.features[index]["input_features"]
             searches.append(search)
         states = setup.kwargs.pop("encoder_outputs").last_hidden_state  # held by no search once its caches are made
-        self._start(searches, input_ids, states)
+        self._start(searches, input_ids, states[::beams])  # generate() repeated each audio's states per beam
 
     def _resume(self, previous: Search) -> None:
         """The audio's next segment (generate()'s seek loop: the answer's timestamps ended short of the window):
@@ -202,16 +273,17 @@ class WhisperBatcher:
         states = encoder(input_features=segment.to(encoder.conv1.weight.dtype)).last_hidden_state
         search = self._search(previous.job, previous.index, previous.setup, previous.beams, previous.prompt)
         search.features, search.seek, search.segments = previous.features, previous.seek, previous.segments
-        self._start([search], previous.prompt, states.repeat_interleave(search.beams, dim=0))
+        self._start([search], previous.prompt, states)
 
     def _start(self, searches: list[Search], input_ids, states) -> None:
-        """The joining searches' first decoder pass (their prompts, the cross-attention caches from `states`), their
-        first step, and their rows after the running ones."""
+        """The joining searches' first decoder pass (their prompts; the cross-attention caches from `states`, a row per
+        search), their first step, and their rows after the running ones."""
         torch = self.torch
         rows = input_ids.shape[0]
         mask = torch.ones(input_ids.shape, dtype=torch.long, device=self.device)
         positions = torch.arange(input_ids.shape[1], device=self.device).expand(rows, -1)
-        logits, cache, cross = self._pass(input_ids, mask, positions, [], [], states)
+        cross = cross_cache(self.model, states)
+        logits, cache = self._pass(searches, input_ids, mask, positions, [], cross)
         offset = self.mask.shape[0] if self.running else 0
         self._merge(searches, cache, cross, mask)
         self._advance(searches, logits, offset)
@@ -252,9 +324,8 @@ class WhisperBatcher:
             self.running, self.cache, self.cross, self.mask = list(searches), cache, cross, mask
             return
         width = max(self.mask.shape[1], mask.shape[1])
-        # layer by layer, in place: one old layer at a time beside the merged caches (a Whisper of small's shape holds
-        # 110 MB of cross-attention cache per row in float32: 32 audios x 5 beams, 17.7 GB; a whole new list beside
-        # the old one took twice that and ran an H100 out of memory)
+        # layer by layer, in place: one old layer at a time beside the merged caches (a whole new list beside the old
+        # one took twice the memory and, with a cross-attention cache per beam, ran an H100 out of memory)
         for layer, ((k0, v0), (k1, v1)) in enumerate(zip(self.cache, cache)):
             self.cache[layer] = (torch.cat([_pad_left(torch, k0, width), _pad_left(torch, k1, width)]),
                                  torch.cat([_pad_left(torch, v0, width), _pad_left(torch, v1, width)]))  # fmt: skip
@@ -265,11 +336,18 @@ class WhisperBatcher:
 
     # ------------------------------------------------------------------ decoding
 
-    def _pass(self, input_ids, mask, positions, cache: list, cross: list, states):
-        """One decoder pass: the last position's logits, the grown self-attention cache and the cross-attention cache
-        (computed from `states` where `cross` is empty; once computed, the states are not read again)."""
+    def _pass(self, searches: list[Search], input_ids, mask, positions, cache: list, cross: list):
+        """One decoder pass of `searches`' rows: the last position's logits and the grown self-attention cache. The
+        cross-attention reads `cross` (a row per search) through shared_cross_attention; the encoder states the
+        decoder is given are a placeholder it does not read."""
         inputs = {"decoder_input_ids": input_ids, "decoder_attention_mask": mask, "decoder_position_ids": positions}
-        return decoder_pass(self.model, cache, cross, states, **inputs)
+        states = cross[0][0].new_zeros((input_ids.shape[0], 1, self.model.config.d_model))
+        _SHARED.cross = (cross, [search.beams for search in searches])
+        try:
+            logits, cache, _ = decoder_pass(self.model, cache, [], states, **inputs)
+        finally:
+            _SHARED.cross = None
+        return logits, cache
 
     def _decode(self) -> None:
         torch = self.torch
@@ -277,8 +355,7 @@ class WhisperBatcher:
         last = torch.cat([_last_tokens(s) for s in self.running])[:, None]
         mask = torch.cat([self.mask, self.mask.new_ones((rows, 1))], dim=1)
         positions = torch.tensor([s.cur_len - 1 for s in self.running for _ in range(s.beams)])[:, None].to(self.device)
-        states = self.cross[0][0].new_zeros((rows, 1, self.model.config.d_model))  # unread: the cross caches are filled
-        logits, self.cache, self.cross = self._pass(last, mask, positions, self.cache, self.cross, states)
+        logits, self.cache = self._pass(self.running, last, mask, positions, self.cache, self.cross)
         self.mask = mask
         self._advance(list(self.running), logits, offset=0)
 
@@ -425,12 +502,12 @@ class WhisperBatcher:
     def _reorder(self, order, keep: list[Search]) -> None:
         """The batch's rows become `order` (old row of each new row) restricted to the searches in `keep`."""
         torch = self.torch
-        rows, cross_rows, old = [], [], 0
+        rows, audios, old = [], [], 0
         kept = {id(s) for s in keep}
-        for search in self.running:
+        for number, search in enumerate(self.running):
             if id(search) in kept:
                 rows.append(order[old : old + search.beams])
-                cross_rows.append(torch.arange(old, old + search.beams, device=self.device))  # an audio's beams: one cross cache
+                audios.append(number)  # its row of the cross-attention cache
             old += search.beams
         self.running = keep
         if not keep:
@@ -442,10 +519,10 @@ class WhisperBatcher:
         self.mask = mask[:, first:]
         for layer, (k, v) in enumerate(self.cache):  # in place, layer by layer (as _merge)
             self.cache[layer] = (k[index][:, :, first:], v[index][:, :, first:])
-        if len(index) < old:  # searches left: their cross-attention rows go (a copy of every other row's: only then)
-            cross_index = torch.cat(cross_rows)
+        if len(audios) < self.cross[0][0].shape[0]:  # searches left: their cross-attention rows go (a copy: only then)
+            audio_index = torch.tensor(audios, device=self.device)
             for layer, (k, v) in enumerate(self.cross):
-                self.cross[layer] = (k[cross_index], v[cross_index])
+                self.cross[layer] = (k[audio_index], v[audio_index])
 
     # ------------------------------------------------------------------ answers out
 
