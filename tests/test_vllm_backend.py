@@ -696,6 +696,18 @@ def test_engine_errors():
     finally:
         gen.stop()
 
+    # vLLM's engine ended the request itself (finish reason "error": e.g. its grammar refused the sampled token): the
+    # final response carries a message (an empty error message is dropped by Triton's gRPC front end, and the gateway
+    # then saw a stream end without its final response)
+    gen = generator(FakeEngine(reason="error"))
+    try:
+        client = Client()
+        submit(gen, client)
+        assert client.done.wait(5)
+        assert client.finish.reason == "error" and "vLLM's engine ended this request" in client.finish.message
+    finally:
+        gen.stop()
+
     class NoStart(FakeApi):
         def engine(self, arguments):
             raise RuntimeError("CUDA out of memory")

@@ -281,8 +281,9 @@ class TritonPythonModel:
                 else:
                     pieces.append(text)
                 return
-            if finish.reason == "error":
-                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(finish.message)), flags=final)
+            if finish.reason == "error":  # never an empty message: Triton's gRPC front end drops the error then
+                message = finish.message or "generation failed; the server log says why"
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)), flags=final)
                 return
             body = text if stream else "".join(pieces) + text
             tensors = [

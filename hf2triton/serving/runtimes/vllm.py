@@ -36,6 +36,9 @@ from ..batching.sequences import Busy, Finish, TokenLogprob, add_pending, after_
 POLL_S = 0.1  # how often the clients of requests that get no output (waiting for a place) are asked if they are gone
 STOP_GRACE_S = 5.0  # finalize(): time for cancelled requests to send their final response
 
+# a request vLLM's engine ended with finish reason "error" (its reason is in vLLM's log, in the server log)
+ENGINE_ERROR = "vLLM's engine ended this request with an error; the server log has vLLM's reason"
+
 # vLLM's finish reasons (and "time", the generator's own) -> the model's (Finish: stop | length |
 # cancelled | time | error)
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error", "repetition": "stop", "time": "time"}
@@ -299,6 +302,8 @@ class VllmGenerator:
                         generated += len(completion.token_ids)
                         if output.finished:
                             reason, stop_reason, last = completion.finish_reason, completion.stop_reason, completion.text
+                            if reason == "error":  # vLLM's own (e.g. its grammar refused the sampled token): no message
+                                message = ENGINE_ERROR
                             break
                         self._post(stream, completion.text)
                         if stream.cancelled:
