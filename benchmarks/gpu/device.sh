@@ -123,10 +123,15 @@ start_anchor() {  # PART DIR DTYPE [ARGS...]: `vllm serve` (vLLM's own OpenAI se
   echo $! > /tmp/vllm-anchor.pid
 }
 
-install_xgrammar() {  # vLLM's own xgrammar wheel (and its apache-tvm-ffi) into /tmp/v: the gateway checks schemas
-  # with it, and the torch engine's models (their Python is /tmp/v's) mask their logits with it
-  "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile "$VLLM_STORE"/vllm-wheels/xgrammar-*.whl \
-    "$VLLM_STORE"/vllm-wheels/apache_tvm_ffi-*.whl
+install_xgrammar() {  # xgrammar (and its apache-tvm-ffi) into /tmp/v: the gateway checks schemas with it, and the torch
+  # engine's models (their Python is /tmp/v's) mask their logits with it. The wheels carried in .gpu-assets/xgrammar
+  # (the version envs/ pins: `pip download --no-deps --python-version 3.12 --only-binary=:all: xgrammar==0.2.9
+  # apache-tvm-ffi==0.1.15.post2`) where a call brought them, so the torch engine needs no vLLM stash; else vLLM's own.
+  local wheels=("$VLLM_STORE"/vllm-wheels/xgrammar-*.whl "$VLLM_STORE"/vllm-wheels/apache_tvm_ffi-*.whl)
+  if compgen -G ".gpu-assets/xgrammar/xgrammar-*.whl" > /dev/null; then
+    wheels=(.gpu-assets/xgrammar/*.whl)
+  fi
+  "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile "${wheels[@]}"
 }
 
 structured() {  # PART: benchmarks/structured_output.py through the gateway (validity at c32, then constrained vs free
