@@ -247,14 +247,17 @@ def smollm2_gguf() -> Path:
 
 
 def tiny_llama(directory: Path, context: int) -> Path:
-    """A random 2-layer Llama with SmolLM2's tokenizer and a `context`-token window (tests and benchmarks)."""
+    """A random 2-layer Llama with SmolLM2's tokenizer and a `context`-token window (tests and benchmarks). Heads of
+    16 dimensions; of 64 on HF2TRITON_TEST_BACKEND=vllm, a size vLLM's attention kernels are built for (with 16, vLLM
+    0.22.1's FLEX_ATTENTION in float32 once sampled a token its grammar mask forbade: benchmarks/h200/README.md)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf().parent, gguf_file=smollm2_gguf().name)
+    width = 128 if TEST_BACKEND == "vllm" else 32
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=width,
+        intermediate_size=2 * width,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
