@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -114,7 +115,29 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections (Linux's default where it cannot be read)."""
+    try:
+        low, high = (int(part) for part in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, for a server that binds it later. Drawn at random below the kernel's ephemeral range: a port
+    the kernel hands out for bind(0) comes from that range, where any outgoing connection meanwhile (a client of
+    another server of the same machine) may take it as its source port before the server binds it (CI saw the
+    gateway's port so taken). The kernel's bind(0) where nothing below the range is free."""
+    low, _ = ephemeral_ports()
+    below = range(max(1024, low - 12000), low)
+    for port in random.sample(below, min(64, len(below))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

@@ -328,3 +328,16 @@ def test_two_vllm_engines_load_one_after_the_other(settings):
     assert vllm_models(settings) == ["a"] and "--model-load-thread-count=1" not in server_command(install, settings, "/b", "k")
     render("b", "vllm")
     assert vllm_models(settings) == ["a", "b"] and "--model-load-thread-count=1" in server_command(install, settings, "/b", "k")
+
+
+def test_free_ports_come_from_below_the_ephemeral_range():
+    """A server's port is chosen below the kernel's range of outgoing source ports (where a client connecting anywhere
+    meanwhile could take it before the server binds it: a CI run lost the gateway's port so), and is free."""
+    import socket
+
+    low, _ = host.ephemeral_ports()
+    ports = host.free_ports(5)
+    assert len(set(ports)) == 5 and all(1024 <= port < low for port in ports), ports
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))

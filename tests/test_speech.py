@@ -197,30 +197,27 @@ def test_the_running_batch_equals_the_pipeline_as_audios_join_and_leave(whisper,
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 def test_one_cross_attention_cache_per_audio_equals_the_models_own_per_beam(whisper, implementation):
-    """The running batch keeps one cross-attention cache per audio (batching/whisper.py shared_cross_attention): its
+    """The running batch keeps one cross-attention cache per audio (batching/cross_attention.py): its
     beams attend as query positions of that one row, or (beams that differ) over keys indexed per row. Both equal the
     model's own cross-attention over per-beam copies of the encoder states, for eager and sdpa attention."""
     import torch
     import transformers
 
-    from hf2triton.serving.batching import whisper as whisper_batching
+    from hf2triton.serving.batching import cross_attention
 
     model = transformers.WhisperForConditionalGeneration.from_pretrained(whisper, attn_implementation=implementation).eval()
     generator = torch.Generator().manual_seed(0)
     states = torch.randn(3, 20, model.config.d_model, generator=generator)
-    whisper_batching.shared_cross_attention(model)
+    cross_attention.shared_cross_attention(model)
     with torch.inference_mode():
-        cache = whisper_batching.cross_cache(model, states)
+        cache = cross_attention.cross_cache(model, states)
         for beams in ([2, 2, 2], [1, 3, 2]):
             hidden = torch.randn(sum(beams), 4, model.config.d_model, generator=generator)
             per_beam = states.repeat_interleave(torch.tensor(beams), dim=0)
             for layer in model.get_decoder().layers:
                 own, _ = layer.encoder_attn(hidden_states=hidden, key_value_states=per_beam)
-                whisper_batching._SHARED.cross = (cache, beams)
-                try:
+                with cross_attention.attending(cache, beams):
                     shared, _ = layer.encoder_attn(hidden_states=hidden, key_value_states=per_beam)
-                finally:
-                    whisper_batching._SHARED.cross = None
                 torch.testing.assert_close(shared, own, rtol=0, atol=1e-5)
 
 

@@ -14,10 +14,8 @@ just before its decoding loop (`decoding_setup`). Beam search is transformers' o
 _get_top_k_continuations, _get_running_beams_for_next_iteration, _update_finished_beams,
 _check_early_stop_heuristic); greedy or sampled decoding stays with generate(). Only the decoder passes are shared: one
 left-padded self-attention cache for all rows (an audio's beams are its rows), explicit position ids (rows stand at
-different positions), and one cross-attention cache per audio, computed when it joins. generate() keeps one per beam,
-all equal: for a Whisper of small's shape in float32 that is 110 MB per row, so 32 audios x 5 beams held 17.7 GB and
-every decoding step read all of it. Here an audio's beams are the query positions of one attention over its cache
-(`shared_cross_attention`), which is the same arithmetic: each query attends on its own, unmasked.
+different positions), and one cross-attention cache per audio (not per beam, as generate() keeps it), computed when it
+joins (batching/cross_attention.py).
 
 Standard library + torch (imported when a batcher starts): copied next to model.py with speech models.
 """
@@ -32,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cross_attention import attending, cross_cache, shared_cross_attention
 from .seq2seq import decoder_pass
 
 CANCEL_POLL_S = 0.5  # how often the running requests are asked whether their client left (an IPC round trip each)
@@ -53,73 +52,6 @@ def _stop_before(mode: str):
 
 
 _SETUP_CLASSES: dict[type, type] = {}
-
-
-_SHARED = threading.local()  # .cross on the batcher's thread during its passes: (per layer (keys, values), beams)
-
-
-def shared_cross_attention(model) -> None:
-    """Each decoder layer's cross-attention (once per model) attends, while the batcher's thread runs a pass, over the
-    per-audio keys and values the batcher holds (`_SHARED.cross`: per layer [audios, heads, frames, dim], and the beams
-    per audio) instead of its cache; on any other thread (execute()'s own generate()) it is the model's own."""
-    for number, layer in enumerate(model.get_decoder().layers):
-        attention = layer.encoder_attn
-        if getattr(attention, "hf2triton_shared", False):
-            continue
-        own = attention.forward
-
-        def forward(*args, _attention=attention, _own=own, _layer=number, **kwargs):
-            shared = getattr(_SHARED, "cross", None)
-            if shared is None:
-                return _own(*args, **kwargs)
-            layers, beams = shared
-            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            return _attend(_attention, hidden, *layers[_layer], beams), None
-
-        attention.forward = forward
-        attention.hf2triton_shared = True
-
-
-def _attend(attention, hidden, keys, values, beams: list[int]):
-    """WhisperAttention's cross-attention for rows whose audios' keys / values are one row each: an audio's `beams`
-    consecutive rows become query positions of its row (beams equal for every audio), or the keys and values are
-    indexed per row (beams that differ: searches with other num_beams in the batch)."""
-    import torch
-
-    rows, length = hidden.shape[:2]
-    heads, dim = attention.num_heads, attention.head_dim
-    query = (attention.q_proj(hidden) * attention.scaling).view(rows, length, heads, dim).transpose(1, 2)  # [rows, heads, length, dim]
-    if len(set(beams)) == 1:
-        audios, beam = len(beams), beams[0]
-        query = query.reshape(audios, beam, heads, length, dim).transpose(1, 2).reshape(audios, heads, beam * length, dim)
-        out = _attention(attention, query, keys, values).reshape(audios, heads, beam, length, dim).permute(0, 2, 3, 1, 4)
-    else:
-        audio = torch.repeat_interleave(torch.arange(len(beams), device=keys.device), torch.tensor(beams, device=keys.device))
-        out = _attention(attention, query, keys[audio], values[audio]).transpose(1, 2)
-    return attention.out_proj(out.reshape(rows, length, heads * dim))
-
-
-def _attention(attention, query, keys, values):
-    """softmax(query keys^T) values as the model's own attention computes it (scaling is in the query): eager's
-    matmuls, else PyTorch's scaled_dot_product_attention (sdpa)."""
-    import torch
-
-    if attention.config._attn_implementation == "eager":
-        return torch.matmul(torch.nn.functional.softmax(torch.matmul(query, keys.transpose(2, 3)), dim=-1), values)
-    return torch.nn.functional.scaled_dot_product_attention(query, keys, values, scale=1.0)
-
-
-def cross_cache(model, states) -> list:
-    """Per decoder layer, the cross-attention's (keys, values) [audios, heads, frames, dim] of encoder `states` (one row
-    per audio), as WhisperAttention projects them."""
-    cache = []
-    rows = states.shape[0]
-    for layer in model.get_decoder().layers:
-        attention = layer.encoder_attn
-        shape = (rows, -1, attention.num_heads, attention.head_dim)
-        keys = attention.k_proj(states).view(shape).transpose(1, 2).contiguous()
-        cache.append((keys, attention.v_proj(states).view(shape).transpose(1, 2).contiguous()))
-    return cache
 
 
 def decoding_setup(model, generate_kwargs: dict[str, Any]) -> _Setup:
@@ -342,11 +274,8 @@ class WhisperBatcher:
         decoder is given are a placeholder it does not read."""
         inputs = {"decoder_input_ids": input_ids, "decoder_attention_mask": mask, "decoder_position_ids": positions}
         states = cross[0][0].new_zeros((input_ids.shape[0], 1, self.model.config.d_model))
-        _SHARED.cross = (cross, [search.beams for search in searches])
-        try:
+        with attending(cross, [search.beams for search in searches]):
             logits, cache, _ = decoder_pass(self.model, cache, [], states, **inputs)
-        finally:
-            _SHARED.cross = None
         return logits, cache
 
     def _decode(self) -> None:
