@@ -759,6 +759,47 @@ def test_generation_bench_against_a_served_streaming_model(tiny_workflow, tmp_pa
     assert set(cell["finish_reasons"]) <= {"length", "stop"}
 
 
+def test_generation_bench_measures_the_engine_alone(tiny_models, tmp_path, monkeypatch):
+    """generation_bench.py's `engine` target (issue 46's engine-alone column): vLLM's AsyncLLM in the bench's own
+    process, created on its loop with device.sh's limits, fed each prompt's chat-template ids, read as DELTA outputs
+    into the same cells as the servers' (a fake AsyncLLM here: the real one on the GPU host)."""
+    import types
+
+    made, prompts = [], []
+
+    class Engine(FakeEngine):
+        async def generate(self, prompt, sampling, request_id):
+            prompts.append(prompt["prompt_token_ids"])
+            async for output in super().generate(prompt["prompt_token_ids"], sampling, request_id):
+                yield output
+
+    def from_engine_args(arguments, usage_context):
+        made.append(arguments)
+        return Engine(pieces=("a", "b", "c", "d"), reason="length", step_s=0.001)
+
+    record = lambda **kwargs: types.SimpleNamespace(**kwargs)  # noqa: E731 - the classes' keyword arguments, kept
+    modules = {
+        "vllm": types.SimpleNamespace(AsyncEngineArgs=record, SamplingParams=record),
+        "vllm.sampling_params": types.SimpleNamespace(RequestOutputKind=types.SimpleNamespace(DELTA="delta")),
+        "vllm.usage.usage_lib": types.SimpleNamespace(UsageContext=types.SimpleNamespace(OPENAI_API_SERVER="server")),
+        "vllm.v1.engine.async_llm": types.SimpleNamespace(AsyncLLM=types.SimpleNamespace(from_engine_args=from_engine_args)),
+    }
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    bench = load_bench_module(monkeypatch)
+    out = tmp_path / "alone.json"
+    model = tiny_models["text-generation"]
+    arguments = ["--target", f"alone=engine,{model},smollm2,ignore_eos", "--clients", "2", "--seconds", "1", "--warmup-s", "0.2"]
+    assert bench.main([*arguments, "--max-tokens", "4", "--out", str(out)]) == 0
+    (cell,) = json.loads(out.read_text())["cells"]
+    assert cell["kind"] == "engine" and cell["errors"] == 0 and cell["tokens_per_request"] == 4 and cell["tokens_per_s"] > 0, cell
+    assert len(made) == 1 and made[0].model == str(model) and made[0].load_format == "dummy" and made[0].max_num_seqs == 256
+    from transformers import AutoTokenizer
+
+    chat = [{"role": "user", "content": bench.PROMPTS[0]}]
+    assert prompts[0] == AutoTokenizer.from_pretrained(model).apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+
+
 def test_generation_bench_reads_both_kinds_of_stream(tmp_path, monkeypatch):
     """benchmarks/gpu/generation_bench.py against an OpenAI-style and a Triton-style SSE endpoint (aiohttp fakes):
     tokens, finish, TTFT and ITL come out right, the key header reaches Triton, ignore_eos only where asked."""

@@ -43,7 +43,7 @@
 #                                                             load | eager (serve without graphs + load)
 #                                                             -> results/torch-gen/, $OUT/torch-gen-PARTS.tar.gz
 #   bash benchmarks/gpu/device.sh vllm-compare PART           issue 25's side by side, one part per call, in this order:
-#                                                             triton | real | anchor | torch | big-triton | big-anchor;
+#                                                             triton | real | anchor | engine | torch | big-triton | big-anchor;
 #                                                             issue 44 (after setup-vllm): structured-vllm | structured-torch
 #                                                             | structured-anchor (after structured-vllm: vllm serve)
 #                                                             (benchmarks/structured_output.py, constrained vs free)
@@ -109,7 +109,7 @@ load() {  # LABEL TARGET...: generation_bench.py, cells $CLIENTS, within what is
   local targets=()
   for target in "$@"; do targets+=(--target "$target"); done
   [ $((570 - SECONDS)) -gt 60 ] || { echo "load ($label): no time left in this call ($SECONDS s)"; return 1; }
-  timeout $((570 - SECONDS)) "$VENV/bin/python" benchmarks/gpu/generation_bench.py "${targets[@]}" --label "$label" \
+  timeout $((570 - SECONDS)) "${LOAD_PYTHON:-$VENV/bin/python}" benchmarks/gpu/generation_bench.py "${targets[@]}" --label "$label" \
     --clients $CLIENTS --seconds "$CELL_S" --warmup-s 3 --budget-s $((550 - SECONDS)) --out "$COMPARE/generation.json" \
     --markdown "$COMPARE/generation.md" 2>&1 | tee -a "$COMPARE/load.log"
 }
@@ -468,7 +468,7 @@ torch-gen)  # issue 25 #3: SmolLM2 on the torch engine (preallocated KV cache, C
   exit $rc
   ;;
 vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 128 greedy tokens, 1/32/64/128 clients)
-  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | real | anchor | torch | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor" >&2; exit 2; }
+  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | real | anchor | engine | torch | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor" >&2; exit 2; }
   export PATH="$VENV/bin:$PATH"
   mkdir -p "$COMPARE"
   overlays=(benchmarks/h200/gpu-overlay.yaml benchmarks/h200/vllm-overlay.yaml)
@@ -489,6 +489,12 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
       start_anchor "$part" .hf2triton/models/smollm2/pretrained float16
       load "SmolLM2-135M fp16, random weights" "135m-vllm-serve=openai,http://127.0.0.1:8100,smollm2,ignore_eos" || rc=$?
       stop_anchor
+      ;;
+    engine)  # vLLM's engine alone, no server (issue 46's ceiling): its AsyncLLM in the bench's process (the vLLM venv),
+      # the anchor's limits, on the saved model a part before this one served (random weights; ignore_eos: 128 tokens)
+      LOAD_PYTHON="$VLLM_VENV/bin/python" VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
+        load "SmolLM2-135M fp16, random weights" "135m-vllm-engine=engine,.hf2triton/models/smollm2/pretrained,smollm2,ignore_eos" ||
+        rc=$?
       ;;
     torch)  # hf2triton backend python (the torch continuous batcher), real weights (answers may end before 128)
       { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-torch.yaml &&
@@ -526,7 +532,7 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
       stop_anchor
       ;;
     *)
-      echo "vllm-compare: unknown part $part (triton | real | anchor | torch | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor)" >&2
+      echo "vllm-compare: unknown part $part (triton | real | anchor | engine | torch | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor)" >&2
       rc=2
       ;;
     esac

@@ -7,7 +7,11 @@ each send a prompt, read the streamed answer to its end and send the next, for a
 
 KIND: `openai` = POST URL/v1/chat/completions, stream: true, usage in the last chunk (`vllm serve`, hf2triton's
 gateway); `triton` = POST URL/v2/models/MODEL/generate_stream, server-sent events, with the hf2triton-key header
-(hf2triton.triton.client.client_key(), $HF2TRITON_KEY_FILE, or ~/.config/hf2triton/triton.key). `ignore_eos` asks an
+(hf2triton.triton.client.client_key(), $HF2TRITON_KEY_FILE, or ~/.config/hf2triton/triton.key); `engine` = vLLM's
+engine alone, no server: its AsyncLLM in this process (run with the vLLM venv's Python), URL the saved model's
+directory, built with the limits `vllm serve` and backend vllm get in benchmarks/gpu/device.sh (ENGINE_ARGUMENTS:
+float16, random weights, 4,096 positions, 256 sequences, 30 % of the GPU), the prompts through the model's chat template
+as the servers apply it; the ceiling a server in front of that engine is measured against (issue 46). `ignore_eos` asks an
 OpenAI server that knows it (vLLM's) for all max_tokens; hf2triton's model has no such option, so its answers end at
 an end-of-sequence token: serve random weights (vllm.load_format: dummy, or a random-weight checkpoint) so that is
 rare, and read tokens/request in the table (the completion tokens actually received).
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -43,10 +48,14 @@ PROMPTS = [
 ]
 
 
+# the engine alone's vLLM engine arguments: those of device.sh's start_anchor (`vllm serve`) and vllm-overlay.yaml
+ENGINE_ARGUMENTS = {"dtype": "float16", "max_model_len": 4096, "gpu_memory_utilization": 0.3, "max_num_seqs": 256, "load_format": "dummy"}
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
-    kind: str  # openai | triton
+    kind: str  # openai | triton | engine
     url: str  # http://host:port
     model: str
     ignore_eos: bool = False
@@ -55,8 +64,9 @@ class Target:
     def parse(cls, text: str) -> Target:
         name, _, rest = text.partition("=")
         parts = rest.split(",")
-        if not name or len(parts) not in (3, 4) or parts[0] not in ("openai", "triton") or parts[3:] not in ([], ["ignore_eos"]):
-            raise argparse.ArgumentTypeError(f"--target {text!r}: use NAME=openai|triton,http://HOST:PORT,MODEL[,ignore_eos]")
+        if not name or len(parts) not in (3, 4) or parts[0] not in ("openai", "triton", "engine") or parts[3:] not in ([], ["ignore_eos"]):
+            usage = "NAME=openai|triton,http://HOST:PORT,MODEL[,ignore_eos] or NAME=engine,MODEL_DIR,MODEL[,ignore_eos]"
+            raise argparse.ArgumentTypeError(f"--target {text!r}: use {usage}")
         return cls(name, parts[0], parts[1].rstrip("/"), parts[2], parts[3:] == ["ignore_eos"])
 
 
@@ -123,6 +133,8 @@ def read_event(target: Target, event: dict, record: Record, now: float) -> None:
 
 
 async def one_request(session, target: Target, prompt: str, max_tokens: int, headers: dict) -> Record:
+    if target.kind == "engine":
+        return await session.request(prompt, max_tokens)
     url, body = request_of(target, prompt, max_tokens)
     record = Record(time.perf_counter())
     try:
@@ -138,6 +150,49 @@ async def one_request(session, target: Target, prompt: str, max_tokens: int, hea
         record.error = f"{type(err).__name__}: {err}"
     record.end = time.perf_counter()
     return record
+
+
+class EngineAlone:
+    """vLLM's AsyncLLM on this process's loop (created inside it, as its output handler needs), as one_request's
+    `session` for a target of kind `engine`: each request a greedy DELTA stream of the prompt's chat-template ids."""
+
+    def __init__(self, target: Target):
+        from transformers import AutoTokenizer
+        from vllm import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        arguments = AsyncEngineArgs(model=target.url, disable_log_stats=True, **ENGINE_ARGUMENTS)
+        self.engine = AsyncLLM.from_engine_args(arguments, usage_context=UsageContext.OPENAI_API_SERVER)
+        tokenizer = AutoTokenizer.from_pretrained(target.url)
+        chat = [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
+        self.prompt_ids = {p: tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for p, m in zip(PROMPTS, chat)}
+        self.ignore_eos, self.count = target.ignore_eos, 0
+
+    async def request(self, prompt: str, max_tokens: int) -> Record:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=self.ignore_eos, output_kind=RequestOutputKind.DELTA)
+        self.count += 1
+        record = Record(time.perf_counter())
+        try:
+            async for output in self.engine.generate({"prompt_token_ids": self.prompt_ids[prompt]}, sampling, f"alone-{self.count}"):
+                now, completion = time.perf_counter(), output.outputs[0]
+                if completion.token_ids:
+                    record.first = record.first or now
+                    record.last = now
+                    record.pieces.append(now)
+                    record.tokens += len(completion.token_ids)
+                if output.finished:
+                    record.finish = completion.finish_reason
+        except Exception as err:  # noqa: BLE001 - counted as an error of this request
+            record.error = f"{type(err).__name__}: {err}"
+        record.end = time.perf_counter()
+        return record
+
+    def close(self) -> None:
+        self.engine.shutdown()
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -179,38 +234,48 @@ def summarize(records: list[Record], window: tuple[float, float]) -> dict:
     }
 
 
-async def run_cell(target: Target, clients: int, seconds: float, warmup_s: float, max_tokens: int, headers: dict) -> dict:
+@contextlib.asynccontextmanager
+async def session_for(target: Target, read_timeout_s: float | None = 120):
+    """What one_request sends through: an aiohttp session (servers), or the engine alone (kind `engine`)."""
+    if target.kind == "engine":
+        engine = EngineAlone(target)
+        try:
+            yield engine
+        finally:
+            engine.close()
+        return
     import aiohttp
 
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=read_timeout_s)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+        yield session
+
+
+async def run_cell(session, target: Target, clients: int, seconds: float, warmup_s: float, max_tokens: int, headers: dict) -> dict:
     records: list[Record] = []
     started = time.perf_counter()
     measure_from, stop_at = started + warmup_s, started + warmup_s + seconds
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
 
-        async def client(index: int) -> None:
-            turn = index
-            while time.perf_counter() < stop_at:
-                records.append(await one_request(session, target, PROMPTS[turn % len(PROMPTS)], max_tokens, headers))
-                turn += 1
+    async def client(index: int) -> None:
+        turn = index
+        while time.perf_counter() < stop_at:
+            records.append(await one_request(session, target, PROMPTS[turn % len(PROMPTS)], max_tokens, headers))
+            turn += 1
 
-        await asyncio.gather(*(client(i) for i in range(clients)))
+    await asyncio.gather(*(client(i) for i in range(clients)))
     return {"target": target.name, "kind": target.kind, "clients": clients, **summarize(records, (measure_from, stop_at))}
 
 
-async def wait_ready(target: Target, headers: dict, timeout_s: float) -> None:
+async def wait_ready(session, target: Target, headers: dict, timeout_s: float) -> None:
     """The endpoint answers a short request (a model still loading, a server still starting: wait)."""
-    import aiohttp
-
     deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        while True:
-            record = await one_request(session, target, PROMPTS[0], 4, headers)
-            if record.error is None and record.first is not None:
-                return
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{target.name}: not answering after {timeout_s:.0f} s: {record.error}")
-            await asyncio.sleep(2)
+    while True:
+        record = await one_request(session, target, PROMPTS[0], 4, headers)
+        if record.error is None and record.first is not None:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{target.name}: not answering after {timeout_s:.0f} s: {record.error}")
+        await asyncio.sleep(2)
 
 
 def markdown(results: list[dict], label: str) -> str:
@@ -250,28 +315,35 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict] = earlier.get("cells", [])
     targets = earlier.get("targets", []) + [asdict(t) for t in args.target]
     headers = {"hf2triton-key": client_key()} if any(t.kind == "triton" for t in args.target) else {}
+
+    def save() -> None:  # after every cell: a run cut short keeps what it measured
+        settings = {k: v for k, v in vars(args).items() if k not in ("target", "out", "markdown")}
+        document = {"label": args.label, "settings": settings, "targets": targets, "cells": results}
+        out.write_text(json.dumps(document, indent=1))
+        if args.markdown:
+            Path(args.markdown).write_text(markdown(results, args.label))
+
+    async def measure(target: Target) -> None:  # one loop per target: the engine alone lives on it
+        sent = headers if target.kind == "triton" else {}
+        async with session_for(target) as session:
+            await wait_ready(session, target, sent, args.ready_timeout_s)
+            for clients in args.clients:
+                cell_s = args.warmup_s + args.seconds + 10  # + the last answers after the window
+                if time.monotonic() - started + cell_s > args.budget_s:
+                    results.append({"target": target.name, "kind": target.kind, "clients": clients, "skipped": "time budget"})
+                else:
+                    cell = await run_cell(session, target, clients, args.seconds, args.warmup_s, args.max_tokens, sent)
+                    results.append(cell)
+                    print(
+                        f"{target.name} x{clients}: {cell['tokens_per_s']:,.0f} tokens/s, TTFT p50 {cell['ttft_ms_p50']} ms, "
+                        f"ITL p50 {cell['itl_ms_p50']} ms, {cell['tokens_per_request']} tokens/request, {cell['errors']} errors"
+                        + (f" (first: {cell['error_sample'][:300]})" if cell["errors"] else ""),  # the cause where only the log returns
+                        flush=True,
+                    )
+                save()
+
     for target in args.target:
-        asyncio.run(wait_ready(target, headers if target.kind == "triton" else {}, args.ready_timeout_s))
-        for clients in args.clients:
-            cell_s = args.warmup_s + args.seconds + 10  # + the last answers after the window
-            if time.monotonic() - started + cell_s > args.budget_s:
-                results.append({"target": target.name, "kind": target.kind, "clients": clients, "skipped": "time budget"})
-            else:
-                cell = asyncio.run(
-                    run_cell(target, clients, args.seconds, args.warmup_s, args.max_tokens, headers if target.kind == "triton" else {})
-                )
-                results.append(cell)
-                print(
-                    f"{target.name} x{clients}: {cell['tokens_per_s']:,.0f} tokens/s, TTFT p50 {cell['ttft_ms_p50']} ms, "
-                    f"ITL p50 {cell['itl_ms_p50']} ms, {cell['tokens_per_request']} tokens/request, {cell['errors']} errors"
-                    + (f" (first: {cell['error_sample'][:300]})" if cell["errors"] else ""),  # the cause where only the log returns
-                    flush=True,
-                )
-            settings = {k: v for k, v in vars(args).items() if k not in ("target", "out", "markdown")}
-            document = {"label": args.label, "settings": settings, "targets": targets, "cells": results}
-            out.write_text(json.dumps(document, indent=1))
-            if args.markdown:
-                Path(args.markdown).write_text(markdown(results, args.label))
+        asyncio.run(measure(target))
     return 0
 
 
