@@ -687,26 +687,18 @@ def test_engine_errors():
             raise ValueError("prompt too long")
             yield  # pragma: no cover - makes this an async generator
 
-    gen = generator(Broken())
-    try:
-        client = Client()
-        submit(gen, client)
-        assert client.done.wait(5)
-        assert client.finish.reason == "error" and "ValueError: prompt too long" in client.finish.message
-    finally:
-        gen.stop()
-
-    # vLLM's engine ended the request itself (finish reason "error": e.g. its grammar refused the sampled token): the
-    # final response carries a message (an empty error message is dropped by Triton's gRPC front end, and the gateway
-    # then saw a stream end without its final response)
-    gen = generator(FakeEngine(reason="error"))
-    try:
-        client = Client()
-        submit(gen, client)
-        assert client.done.wait(5)
-        assert client.finish.reason == "error" and "vLLM's engine ended this request" in client.finish.message
-    finally:
-        gen.stop()
+    # an exception from vLLM's generate(); vLLM's engine ending the request itself (finish reason "error": e.g. its
+    # grammar refused the sampled token): either way the final response carries a message (an empty error message is
+    # dropped by Triton's gRPC front end, and the gateway then saw a stream end without its final response)
+    for engine, said in ((Broken(), "ValueError: prompt too long"), (FakeEngine(reason="error"), "vLLM's engine ended this request")):
+        gen = generator(engine)
+        try:
+            client = Client()
+            submit(gen, client)
+            assert client.done.wait(5)
+            assert client.finish.reason == "error" and said in client.finish.message
+        finally:
+            gen.stop()
 
     class NoStart(FakeApi):
         def engine(self, arguments):
