@@ -1,0 +1,89 @@
+"""Probe (issue 44): what the torch engine's grammar mask costs per decoding step on this machine's CPU, for 32 guided
+rows over SmolLM2's 49,152-token vocabulary (a JSON schema, each matcher inside an object), and the ways to apply it.
+
+    .venv/bin/python benchmarks/probes/grammar_mask.py
+
+Prints milliseconds per step (median of 5 runs of 20): filling the bitmasks one matcher at a time and together on
+xgrammar's threads, and applying them to a copy of the logits with grammar.py's numpy unpacking + one masked_fill,
+xgrammar's own CPU kernel, and xgrammar's torch_native kernel (what the GPU path falls back to without triton); then
+Grammars.mask as the batcher calls it (the copy included).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from hf2triton.serving.batching.grammar import Grammars, _mask_on_cpu  # noqa: E402
+from tests.helpers import smollm2_gguf  # noqa: E402
+
+ROWS = 32
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name", "age", "tags"],
+}
+
+
+def per_step_ms(work, runs: int = 5, steps: int = 20) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        for _ in range(steps):
+            work()
+        times.append((time.perf_counter() - started) / steps * 1000)
+    return round(statistics.median(times), 3)
+
+
+def main() -> int:
+    import torch
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf().parent, gguf_file=smollm2_gguf().name)
+    vocabulary = len(tokenizer)
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocabulary, stop_token_ids=[tokenizer.eos_token_id])
+    compiled = xgr.GrammarCompiler(info, max_threads=2).compile_grammar(xgr.Grammar.from_json_schema(json.dumps(SCHEMA)))
+    prefix = tokenizer.encode('{"name": "Alice Smith", "age": 3', add_special_tokens=False)
+    matchers = [xgr.GrammarMatcher(compiled) for _ in range(ROWS)]
+    for matcher in matchers:
+        assert all(matcher.accept_token(token) for token in prefix)
+    rows = list(range(ROWS))
+    bitmask = xgr.allocate_token_bitmask(ROWS, vocabulary)
+    batch = xgr.BatchGrammarMatcher(max_threads="auto")
+    logits = torch.randn(ROWS, vocabulary)
+    grammars = Grammars(tokenizer, vocabulary, {tokenizer.eos_token_id})
+    sequences = [SimpleNamespace(matcher=matcher) for matcher in matchers]
+
+    def one_by_one() -> None:
+        for row, matcher in enumerate(matchers):
+            matcher.fill_next_token_bitmask(bitmask, row)
+
+    figures = {
+        "fill one matcher at a time": per_step_ms(one_by_one),
+        "fill together (BatchGrammarMatcher)": per_step_ms(lambda: batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)),
+        "copy of the logits": per_step_ms(logits.clone),
+        "apply: numpy unpack + masked_fill (ours)": per_step_ms(lambda: _mask_on_cpu(torch, logits.clone(), bitmask, rows, vocabulary)),
+        "apply: xgrammar's CPU kernel": per_step_ms(
+            lambda: xgr.apply_token_bitmask_inplace(logits.clone(), bitmask, vocab_size=vocabulary, indices=rows, backend="cpu")
+        ),
+        "apply: xgrammar's torch_native kernel": per_step_ms(
+            lambda: xgr.apply_token_bitmask_inplace(logits.clone(), bitmask, vocab_size=vocabulary, indices=rows, backend="torch_native")
+        ),
+        "Grammars.mask (fill together + copy + apply)": per_step_ms(lambda: grammars.mask(torch, sequences, logits)),
+    }
+    print(f"{ROWS} guided rows x {vocabulary:,} tokens, torch threads {torch.get_num_threads()}, ms per decoding step:")
+    for name, value in figures.items():
+        print(f"  {name:<48} {value:8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
