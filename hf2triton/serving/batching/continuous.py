@@ -350,10 +350,10 @@ class ContinuousBatcher:
         """Pick each row's next token (a guided row's within its grammar; log-probabilities, for rows that asked, from
         the raw logits), emit new text, and retire the rows that are done."""
         chosen_from = logits if self.settings is None else self.settings.apply(self.torch, rows, logits, self._decoder_ids)
-        copy = chosen_from is logits and any(sequence.sampling.logprobs >= 0 for sequence in rows)  # raw logits kept
+        asked = [index for index, sequence in enumerate(rows) if sequence.sampling.logprobs >= 0]
+        copy = chosen_from is logits and bool(asked)  # the raw logits kept for the log-probabilities
         tokens = sample_tokens(self.torch, rows, self.grammars.mask(self.torch, rows, chosen_from, copy))
         self._set_last(offset, tokens)
-        asked = [index for index, sequence in enumerate(rows) if sequence.sampling.logprobs >= 0]
         if asked:  # the other rows cost nothing: no log-softmax over their vocabulary
             chosen = [tokens[index] for index in asked]
             found = token_logprobs(self.torch, logits[asked], chosen, [rows[index].sampling.logprobs for index in asked])

@@ -13,14 +13,21 @@ from __future__ import annotations
 import contextlib
 import threading
 
-_SHARED = threading.local()  # .cross on the batcher's thread during its passes: (per layer (keys, values), beams)
+_SHARED = threading.local()  # .cross on the batcher's thread during its passes: (per layer (keys, values), beams, rows)
 
 
 @contextlib.contextmanager
 def attending(cross: list, beams: list[int]):
     """While it lasts, the patched cross-attentions of this thread's passes read `cross` (per layer (keys, values)
-    [audios, heads, frames, dim]) for rows that are `beams` consecutive beams per audio."""
-    _SHARED.cross = (cross, beams)
+    [audios, heads, frames, dim]) for rows that are `beams` consecutive beams per audio. Beams that differ between
+    audios: each row's audio, computed here once for every layer."""
+    rows = None
+    if len(set(beams)) > 1:
+        import torch
+
+        device = cross[0][0].device
+        rows = torch.repeat_interleave(torch.arange(len(beams), device=device), torch.tensor(beams, device=device))
+    _SHARED.cross = (cross, beams, rows)
     try:
         yield
     finally:
@@ -41,30 +48,27 @@ def shared_cross_attention(model) -> None:
             shared = getattr(_SHARED, "cross", None)
             if shared is None:
                 return _own(*args, **kwargs)
-            layers, beams = shared
+            layers, beams, rows = shared
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            return _attend(_attention, hidden, *layers[_layer], beams), None
+            return _attend(_attention, hidden, *layers[_layer], beams, rows), None
 
         attention.forward = forward
         attention.hf2triton_shared = True
 
 
-def _attend(attention, hidden, keys, values, beams: list[int]):
+def _attend(attention, hidden, keys, values, beams: list[int], audio_of_row):
     """WhisperAttention's cross-attention for rows whose audios' keys / values are one row each: an audio's `beams`
-    consecutive rows become query positions of its row (beams equal for every audio), or the keys and values are
-    indexed per row (beams that differ: searches with other num_beams in the batch)."""
-    import torch
-
+    consecutive rows become query positions of its row (beams equal for every audio: `audio_of_row` None), or the keys
+    and values are indexed per row (beams that differ: searches with other num_beams in the batch)."""
     rows, length = hidden.shape[:2]
     heads, dim = attention.num_heads, attention.head_dim
     query = (attention.q_proj(hidden) * attention.scaling).view(rows, length, heads, dim).transpose(1, 2)  # [rows, heads, length, dim]
-    if len(set(beams)) == 1:
+    if audio_of_row is None:
         audios, beam = len(beams), beams[0]
         query = query.reshape(audios, beam, heads, length, dim).transpose(1, 2).reshape(audios, heads, beam * length, dim)
         out = _attention(attention, query, keys, values).reshape(audios, heads, beam, length, dim).permute(0, 2, 3, 1, 4)
     else:
-        audio = torch.repeat_interleave(torch.arange(len(beams), device=keys.device), torch.tensor(beams, device=keys.device))
-        out = _attention(attention, query, keys[audio], values[audio]).transpose(1, 2)
+        out = _attention(attention, query, keys[audio_of_row], values[audio_of_row]).transpose(1, 2)
     return attention.out_proj(out.reshape(rows, length, heads * dim))
 
 

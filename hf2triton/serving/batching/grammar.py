@@ -73,6 +73,7 @@ class Grammars:
         self.tokenizer, self.vocabulary, self.stop_ids = tokenizer, vocabulary, stop_ids
         self.compiler: Any = None
         self.batch: Any = None  # xgrammar's BatchGrammarMatcher: the guided rows' bitmasks filled on its threads
+        self.kernel: str | None = None  # xgrammar's kernel applying bitmasks to a GPU's logits (the first guided step's)
         self.lock = threading.Lock()
 
     def matcher(self, guided: Guided) -> Any:
@@ -117,8 +118,9 @@ class Grammars:
         if scores.device.type == "cpu":
             _mask_on_cpu(torch, scores, bitmask, guided, width)
         else:  # one xgrammar kernel (Triton's where the triton package is installed, as vLLM applies it)
-            kernel = "triton" if scores.device.type == "cuda" and importlib.util.find_spec("triton") else "torch_native"
-            xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device), vocab_size=width, indices=guided, backend=kernel)
+            if self.kernel is None:  # looked up once: not a search of sys.path at every step
+                self.kernel = "triton" if scores.device.type == "cuda" and importlib.util.find_spec("triton") else "torch_native"
+            xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device), vocab_size=width, indices=guided, backend=self.kernel)
         if scores.shape[-1] > width:  # logits wider than the vocabulary xgrammar knows: the padding is never allowed
             scores[guided, width:] = float("-inf")
         return scores
