@@ -44,6 +44,8 @@
 #                                                             -> results/torch-gen/, $OUT/torch-gen-PARTS.tar.gz
 #   bash benchmarks/gpu/device.sh vllm-compare PART           issue 25's side by side, one part per call, in this order:
 #                                                             triton | real | anchor | engine | torch | big-triton | big-anchor;
+#                                                             gateways (after triton: a gateway of each GATEWAY_WORKERS
+#                                                             count in front of the same Triton, issue 46 #2);
 #                                                             issue 44 (after setup-vllm): structured-vllm | structured-torch
 #                                                             | structured-anchor (after structured-vllm: vllm serve)
 #                                                             (benchmarks/structured_output.py, constrained vs free)
@@ -61,6 +63,7 @@ VLLM_VENV=/tmp/v-vllm            # = paths.vllm_env in benchmarks/h200/vllm-over
 COMPARE=${COMPARE:-results/vllm-compare}  # where serve_with and load write (torch-gen: results/torch-gen)
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for the ratio goals alone)
+GATEWAY_WORKERS=${GATEWAY_WORKERS:-}  # vllm-compare gateways: the gateway again with these worker counts (e.g. "1 8")
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
 step=${1:?stash|setup|tasks|media|speech|multigpu|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
@@ -141,6 +144,23 @@ structured() {  # PART: benchmarks/structured_output.py through the gateway (val
   # shellcheck disable=SC2086  # STRUCTURED_ARGS: words
   timeout $((570 - SECONDS)) "$VENV/bin/python" benchmarks/structured_output.py --concurrency 1 32 --rounds 3 \
     ${STRUCTURED_ARGS:-} --out "$COMPARE/$part${STRUCTURED_TAG:-}.json" 2>&1 | tee "$COMPARE/$part${STRUCTURED_TAG:-}.log"
+}
+
+extra_gateway() {  # WORKERS: `python -m hf2triton.gateway --workers WORKERS` on 9100+WORKERS in front of the Triton that
+  # the triton part serves, loaded like the configured one (its own label), then stopped
+  local workers=$1 port=$((9100 + $1)) rc=0
+  setsid "$VENV/bin/python" -m hf2triton.gateway --grpc 127.0.0.1:8001 --port "$port" --models smollm2 --workers "$workers" \
+    > "$COMPARE/gateway-w$workers.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 60); do
+    "$VENV/bin/python" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/v1/models', timeout=2)" 2> /dev/null && break
+    sleep 1
+  done
+  load "SmolLM2-135M fp16, random weights" "135m-triton-vllm-gateway-w$workers=openai,http://127.0.0.1:$port,smollm2" || rc=$?
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  sleep 2
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  return "$rc"
 }
 
 wait_anchor() {  # PART: until `vllm serve` answers /v1/models (its own start: up to 240 s), or its log's tail and 1
@@ -468,7 +488,7 @@ torch-gen)  # issue 25 #3: SmolLM2 on the torch engine (preallocated KV cache, C
   exit $rc
   ;;
 vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 128 greedy tokens, 1/32/64/128 clients)
-  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | real | anchor | engine | torch | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor" >&2; exit 2; }
+  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | gateways | real | anchor | engine | torch | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor" >&2; exit 2; }
   export PATH="$VENV/bin:$PATH"
   mkdir -p "$COMPARE"
   overlays=(benchmarks/h200/gpu-overlay.yaml benchmarks/h200/vllm-overlay.yaml)
@@ -481,6 +501,9 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
       { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-dummy.yaml &&
         load "SmolLM2-135M fp16, random weights" "135m-triton-vllm-sse=triton,$triton,smollm2" \
           "135m-triton-vllm-gateway=openai,$gateway,smollm2"; } || rc=$?
+      ;;
+    gateways)  # after triton (its server still up): the gateway with other worker counts than auto's (GATEWAY_WORKERS)
+      for workers in $GATEWAY_WORKERS; do extra_gateway "$workers" || rc=$?; done
       ;;
     real)  # backend vllm on SmolLM2's real weights: validation compares its greedy answer with the torch model's
       serve_with "$part" "${overlays[@]}" || rc=$?
@@ -532,7 +555,7 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
       stop_anchor
       ;;
     *)
-      echo "vllm-compare: unknown part $part (triton | real | anchor | engine | torch | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor)" >&2
+      echo "vllm-compare: unknown part $part (triton | gateways | real | anchor | engine | torch | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor)" >&2
       rc=2
       ;;
     esac
