@@ -37,6 +37,8 @@
 #                                                             interleaved in each round -> $OUT/repeat.tar.gz
 #   bash benchmarks/gpu/device.sh stash-vllm .gpu-assets/vllm/callN   keep prepare_vllm.sh's pieces in /tmp/gpu-assets-vllm
 #   bash benchmarks/gpu/device.sh setup-vllm                  (after setup) the vLLM environment /tmp/v-vllm over /tmp/v
+#   bash benchmarks/gpu/device.sh stash-clients DIR           a folder of prepare_clients.sh (lm-eval, guidellm wheels)
+#   bash benchmarks/gpu/device.sh setup-clients               (after setup) installs them: vllm-tests runs lm-eval, guidellm
 #   bash benchmarks/gpu/device.sh vllm-tests [PYTEST ARGS]    (after setup-vllm) the generation tests on backend vllm
 #   bash benchmarks/gpu/device.sh torch-gen PART...           issue 25 #3, the torch engine (no vLLM needed), parts in order:
 #                                                             serve (graphs; + decode_probe.py in-process + the GPU tests) |
@@ -65,7 +67,7 @@ CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for the ratio goals alone)
 GATEWAY_WORKERS=${GATEWAY_WORKERS:-}  # vllm-compare gateways: the gateway again with these worker counts (e.g. "1 8")
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
-step=${1:?stash|setup|tasks|media|speech|multigpu|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
+step=${1:?stash|stash-clients|setup-clients|setup|tasks|media|speech|multigpu|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
 join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
   python3 - "$1" <<'PY'
@@ -400,6 +402,17 @@ repeat)  # (after serve) REPS MODEL...: each model's bench cells, REPS rounds, t
   done
   [ -z "${OUT:-}" ] || tar -czf "$OUT/repeat.tar.gz" results/repeat
   ;;
+stash-clients)  # a folder of prepare_clients.sh's wheels (lm-eval, guidellm and what they need)
+  mkdir -p "$STORE/client-wheels"
+  cp "$2"/*.whl "$STORE/client-wheels/"
+  echo "stashed $(ls "$2" | wc -l) client wheels; $(ls "$STORE/client-wheels" | wc -l) in store"
+  ;;
+setup-clients)  # (after setup) the stashed client wheels into /tmp/v; their scikit-learn (numpy 1) replaces the hidden one
+  "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile "$STORE"/client-wheels/*.whl
+  SITE=$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')
+  echo "import sys; [sys.modules.setdefault(m, None) for m in ('flax', 'optax')]" > "$SITE/zz-hide-numpy2.pth"
+  "$VENV/bin/python" -c 'import lm_eval, guidellm, sklearn; print("clients ready: lm_eval", lm_eval.__version__, "sklearn", sklearn.__version__)'
+  ;;
 stash-vllm)
   mkdir -p "$VLLM_STORE/pieces"
   cp "$2"/* "$VLLM_STORE/pieces/"
@@ -421,14 +434,16 @@ print("vLLM environment ready: python", sys.version.split()[0], "vllm", vllm.__v
       "transformers", transformers.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available())'
   ;;
 vllm-tests)  # (after setup-vllm) the generation tests against backend vllm -> $OUT/vllm-tests.txt: streaming and
-  # cancellation, logprobs / echo / n, structured output, tools (PYTEST ARGS: other files or -k). lm-eval, guidellm and
-  # the browser are not carried; the gateway checks schemas with xgrammar: vLLM's own wheel, installed into /tmp/v.
+  # cancellation, logprobs / echo / n, structured output, tools (PYTEST ARGS: other files or -k); lm-eval and guidellm
+  # where setup-clients installed them (the browser is not carried); the gateway checks schemas with xgrammar: vLLM's own wheel, installed into /tmp/v.
   export PATH="$VENV/bin:$PATH"
   install_xgrammar
   mkdir -p results
   tests=("${@:2}")
+  skip="not lm_eval and not guidellm and not playground"
+  "$VENV/bin/python" -c 'import lm_eval, guidellm' 2> /dev/null && skip="not playground"  # setup-clients ran
   [ ${#tests[@]} -gt 0 ] || tests=(tests/test_streaming.py tests/test_response_threads.py tests/test_logprobs.py tests/test_structured_output.py tests/test_tools.py
-    -k "not lm_eval and not guidellm and not playground")
+    -k "$skip")
   set +e
   HF2TRITON_TEST_BACKEND=vllm HF2TRITON_TEST_VLLM_ENV="$VLLM_VENV" timeout "${TESTS_S:-540}" "$VENV/bin/python" -m pytest -ra -p no:cacheprovider \
     "${tests[@]}" > results/vllm-tests.txt 2>&1

@@ -31,52 +31,10 @@ rm -rf "$ASSETS"/call* "$WORK"
 mkdir -p "$WORK/wheels" "$WORK/server" "$WORK/models" "$WORK/sdist" "$WORK/ort-wheels"
 
 pin() { grep -hiE "^$1==" envs/requirements.txt envs/models.txt | head -1; }
-PLATFORMS=()
-for tag in manylinux_2_39 manylinux_2_38 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 \
-  manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1; do
-  PLATFORMS+=(--platform "${tag}_x86_64")
-done
-
-# What the machine has (KINDS.md, 2026-11) in a version that works: not carried.
-ON_MACHINE=" aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi charset-normalizer click filelock \
-frozenlist fsspec grpcio h11 hf-xet idna jinja2 markupsafe ml-dtypes multidict packaging propcache psutil pyyaml \
-regex requests safetensors tqdm typing-extensions urllib3 uvloop wrapt yarl tabulate accelerate matplotlib pillow "
-# The closure of what the workflow imports, with the versions installed here (= the pins).
-mapfile -t WANTED < <("$PY" - <<'PY'
-import re
-from importlib import metadata
-from packaging.requirements import Requirement
-
-roots = ["snakemake", "jsonschema", "gguf", "fastapi", "uvicorn", "httptools", "tritonclient", "transformers",
-         "tokenizers", "huggingface_hub", "numpy", "protobuf", "python-rapidjson", "orjson",
-         "soundfile", "scipy", "python-multipart",  # speech (issue 45): decoding, resampling, the gateway's forms
-         "openai", "langchain-openai"]  # the OpenAI clients the generation tests drive (`device.sh vllm-tests`)
-seen, stack = {}, list(roots)
-while stack:
-    name = stack.pop()
-    key = re.sub(r"[-_.]+", "-", name).lower()
-    if key in seen:
-        continue
-    dist = metadata.distribution(name)
-    seen[key] = dist.version
-    for raw in dist.requires or []:
-        req = Requirement(raw)
-        if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in ("", "grpc", "http")):
-            stack.append(req.name)
-for key, version in sorted(seen.items()):
-    print(f"{key}=={version}")
-PY
-)
-for spec in "${WANTED[@]}"; do
-  [ -n "$spec" ] || continue
-  name=${spec%%==*}
-  case "$ON_MACHINE" in *" $name "*) continue ;; esac
-  if ! "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \
-    -d "$WORK/wheels" "$spec" 2>/dev/null; then
-    echo "prepare: $spec has no cp312 wheel: building one from its sdist (pure Python)"
-    "$PY" -m pip wheel -q --no-deps -w "$WORK/wheels" "$spec"
-  fi
-done
+# shellcheck source=benchmarks/gpu/wheels.sh
+source benchmarks/gpu/wheels.sh
+mapfile -t WANTED < <("$PY" benchmarks/gpu/closure.py "${WORKFLOW_ROOTS[@]}")
+download_wheels "$WORK/wheels" "${WANTED[@]}"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \
   -d "$WORK/wheels" "$(grep -oE 'perf-analyzer==[0-9.]+' Makefile | head -1)"
 
