@@ -739,16 +739,21 @@ def load_bench_module(monkeypatch):
 
 @pytest.mark.integration
 def test_generation_bench_against_a_served_streaming_model(tiny_workflow, tmp_path, monkeypatch):
-    """The real thing the H200 run reads: Triton's generate_stream events of hf2triton's streaming model (torch)."""
+    """The real thing the H200 run reads: hf2triton's streaming model (torch) through Triton's generate_stream events
+    and through Triton's gRPC stream (kind `grpc`, as the gateway reads it): the same greedy answers' lengths."""
     bench = load_bench_module(monkeypatch)
-    target = f"tiny=triton,http://{tiny_workflow.settings().url()},generate"
+    settings = tiny_workflow.settings()
+    targets = ["--target", f"sse=triton,http://{settings.url()},generate", "--target", f"grpc=grpc,{settings.url('grpc_port')},generate"]
     out = tmp_path / "r.json"
-    arguments = ["--target", target, "--clients", "2", "--seconds", "2", "--warmup-s", "0.5", "--max-tokens", "8", "--out", str(out)]
+    arguments = [*targets, "--clients", "2", "--seconds", "2", "--warmup-s", "0.5", "--max-tokens", "8", "--out", str(out)]
     assert bench.main(arguments) == 0
-    (cell,) = json.loads(out.read_text())["cells"]
-    assert cell["errors"] == 0 and cell["requests"] > 0, cell
-    assert 0 < cell["tokens_per_request"] <= 8 and cell["ttft_ms_p50"] > 0
-    assert set(cell["finish_reasons"]) <= {"length", "stop"}
+    cells = json.loads(out.read_text())["cells"]
+    assert [cell["target"] for cell in cells] == ["sse", "grpc"]
+    for cell in cells:
+        assert cell["errors"] == 0 and cell["requests"] > 0, cell
+        assert 0 < cell["tokens_per_request"] <= 8 and cell["ttft_ms_p50"] > 0 and cell["pieces_per_request"] >= 1
+        assert set(cell["finish_reasons"]) <= {"length", "stop"}
+    assert cells[0]["tokens_per_request"] == cells[1]["tokens_per_request"], cells  # the 8 prompts, greedy, both ways
 
 
 def test_generation_bench_measures_the_engine_alone(tiny_models, tmp_path, monkeypatch):

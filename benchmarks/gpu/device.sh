@@ -512,10 +512,11 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
   rc=0
   for part in "${@:2}"; do  # several parts may share one call: each step checks the time left
     case "$part" in
-    triton)  # hf2triton backend vllm, random weights (load_format dummy): direct SSE and through the gateway
+    triton)  # hf2triton backend vllm, random weights (load_format dummy): direct SSE, Triton's gRPC stream (as the
+      # gateway reads it) and through the gateway
       { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-dummy.yaml &&
         load "SmolLM2-135M fp16, random weights" "135m-triton-vllm-sse=triton,$triton,smollm2" \
-          "135m-triton-vllm-gateway=openai,$gateway,smollm2"; } || rc=$?
+          "135m-triton-vllm-grpc=grpc,127.0.0.1:8001,smollm2" "135m-triton-vllm-gateway=openai,$gateway,smollm2"; } || rc=$?
       ;;
     gateways)  # after triton (its server still up): the gateway with other worker counts than auto's (GATEWAY_WORKERS)
       for workers in $GATEWAY_WORKERS; do extra_gateway "$workers" || rc=$?; done

@@ -7,7 +7,9 @@ each send a prompt, read the streamed answer to its end and send the next, for a
 
 KIND: `openai` = POST URL/v1/chat/completions, stream: true, usage in the last chunk (`vllm serve`, hf2triton's
 gateway); `triton` = POST URL/v2/models/MODEL/generate_stream, server-sent events, with the hf2triton-key header
-(hf2triton.triton.client.client_key(), $HF2TRITON_KEY_FILE, or ~/.config/hf2triton/triton.key); `engine` = vLLM's
+(hf2triton.triton.client.client_key(), $HF2TRITON_KEY_FILE, or ~/.config/hf2triton/triton.key); `grpc` = the same
+request as `triton` through Triton's gRPC stream (URL host:port of its gRPC port), read as the gateway reads it
+(tritonclient.grpc.aio, one stream per request): Triton's gRPC front end without the gateway's HTTP side; `engine` = vLLM's
 engine alone, no server: its AsyncLLM in this process (run with the vLLM venv's Python), URL the saved model's
 directory, built with the limits `vllm serve` and backend vllm get in benchmarks/gpu/device.sh (ENGINE_ARGUMENTS:
 float16, random weights, 4,096 positions, 256 sequences, 30 % of the GPU), the prompts through the model's chat template
@@ -55,7 +57,7 @@ ENGINE_ARGUMENTS = {"dtype": "float16", "max_model_len": 4096, "gpu_memory_utili
 @dataclass(frozen=True)
 class Target:
     name: str
-    kind: str  # openai | triton | engine
+    kind: str  # openai | triton | grpc | engine
     url: str  # http://host:port
     model: str
     ignore_eos: bool = False
@@ -64,8 +66,10 @@ class Target:
     def parse(cls, text: str) -> Target:
         name, _, rest = text.partition("=")
         parts = rest.split(",")
-        if not name or len(parts) not in (3, 4) or parts[0] not in ("openai", "triton", "engine") or parts[3:] not in ([], ["ignore_eos"]):
-            usage = "NAME=openai|triton,http://HOST:PORT,MODEL[,ignore_eos] or NAME=engine,MODEL_DIR,MODEL[,ignore_eos]"
+        kinds = ("openai", "triton", "grpc", "engine")
+        if not name or len(parts) not in (3, 4) or parts[0] not in kinds or parts[3:] not in ([], ["ignore_eos"]):
+            usage = "NAME=openai|triton,http://HOST:PORT,MODEL[,ignore_eos], NAME=grpc,HOST:PORT,MODEL"
+            usage += " or NAME=engine,MODEL_DIR,MODEL[,ignore_eos]"
             raise argparse.ArgumentTypeError(f"--target {text!r}: use {usage}")
         return cls(name, parts[0], parts[1].rstrip("/"), parts[2], parts[3:] == ["ignore_eos"])
 
@@ -133,7 +137,7 @@ def read_event(target: Target, event: dict, record: Record, now: float) -> None:
 
 
 async def one_request(session, target: Target, prompt: str, max_tokens: int, headers: dict) -> Record:
-    if target.kind == "engine":
+    if target.kind in ("engine", "grpc"):
         return await session.request(prompt, max_tokens)
     url, body = request_of(target, prompt, max_tokens)
     record = Record(time.perf_counter())
@@ -195,6 +199,54 @@ class EngineAlone:
         self.engine.shutdown()
 
 
+class TritonStreams:
+    """Triton's gRPC stream as one_request's `session` for a target of kind `grpc`: one tritonclient.grpc.aio client
+    (one channel, the key sent), one stream_infer per request with the `triton` kind's inputs, as the gateway asks."""
+
+    def __init__(self, target: Target):
+        import tritonclient.grpc as grpcclient
+        import tritonclient.grpc.aio as aio
+
+        from hf2triton.triton import client
+
+        self.target, self.grpcclient, self.client = target, grpcclient, client
+        self.triton = client.keyed(aio.InferenceServerClient(target.url.removeprefix("grpc://")))
+
+    async def request(self, prompt: str, max_tokens: int) -> Record:
+        from hf2triton.serving import interface
+
+        options = {interface.MAX_NEW_TOKENS: max_tokens, interface.TEMPERATURE: 0.0}
+        inputs = self.client.build_inputs(self.grpcclient, [prompt], options, one_prompt=True)
+        record = Record(time.perf_counter())
+
+        async def requests():
+            yield {"model_name": self.target.model, "inputs": inputs}
+
+        try:
+            async for result, error in self.triton.stream_infer(requests()):
+                now = time.perf_counter()
+                if error is not None:
+                    record.error = str(error)
+                    break
+                piece = result.as_numpy(interface.TEXT_OUTPUT)
+                if piece is not None and piece.reshape(-1)[0]:
+                    record.first = record.first or now
+                    record.last = now
+                    record.pieces.append(now)
+                reason = result.as_numpy(interface.FINISH_REASON)
+                if reason is not None:
+                    record.finish = reason.reshape(-1)[0].decode()
+                    record.tokens = int(result.as_numpy(interface.COMPLETION_TOKENS).reshape(-1)[0])
+                    break
+        except Exception as err:  # noqa: BLE001 - counted as an error of this request
+            record.error = f"{type(err).__name__}: {err}"
+        record.end = time.perf_counter()
+        return record
+
+    async def close(self) -> None:
+        await self.triton.close()
+
+
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -236,7 +288,15 @@ def summarize(records: list[Record], window: tuple[float, float]) -> dict:
 
 @contextlib.asynccontextmanager
 async def session_for(target: Target, read_timeout_s: float | None = 120):
-    """What one_request sends through: an aiohttp session (servers), or the engine alone (kind `engine`)."""
+    """What one_request sends through: an aiohttp session (servers), Triton's gRPC client (kind `grpc`), or the engine
+    alone (kind `engine`)."""
+    if target.kind == "grpc":
+        streams = TritonStreams(target)
+        try:
+            yield streams
+        finally:
+            await streams.close()
+        return
     if target.kind == "engine":
         engine = EngineAlone(target)
         try:
