@@ -4,7 +4,7 @@
 
 Serves the tests' tiny generator (4096-token window, 32 running sequences, one gateway worker) and runs
 benchmarks/gpu/generation_bench.py's closed loops of CLIENTS streams of 64 greedy tokens, first straight at
-Triton's generate_stream (SSE) and then at the gateway's /v1/chat/completions, each cell's CPU seconds per 1,000
+Triton's generate_stream (SSE), then at Triton's gRPC stream (read as the gateway reads it) and then at the gateway's /v1/chat/completions, each cell's CPU seconds per 1,000
 tokens read from /proc for tritonserver (its HTTP and gRPC front ends), the model's stub and the gateway worker.
 During a second gateway cell py-spy samples the gateway worker; the functions with the most samples (self and
 inclusive) are printed. On 2 cores the load generator, the server and the gateway share the machine: the CPU per
@@ -94,7 +94,9 @@ def test_profile(served, tmp_path):
     port = served.config["openai"]["port"]
     triton = f"sse=triton,http://{settings.url()},generate"
     gateway = f"gateway=openai,http://127.0.0.1:{port},generate"
-    results = {"sse": load(triton, tmp_path / "sse.json"), "gateway": load(gateway, tmp_path / "gateway.json")}
+    grpc = f"grpc=grpc,{settings.url('grpc_port')},generate"  # Triton's gRPC stream, read as the gateway reads it
+    results = {"sse": load(triton, tmp_path / "sse.json"), "grpc": load(grpc, tmp_path / "grpc.json")}
+    results["gateway"] = load(gateway, tmp_path / "gateway.json")
     worker = max(processes()["gateway"], key=lambda pid: cpu([pid]))
     with tempfile.NamedTemporaryFile(suffix=".txt") as folded:
         spy = subprocess.Popen(
