@@ -37,6 +37,7 @@
 #                                                             interleaved in each round -> $OUT/repeat.tar.gz
 #   bash benchmarks/gpu/device.sh stash-vllm .gpu-assets/vllm/callN   keep prepare_vllm.sh's pieces in /tmp/gpu-assets-vllm
 #   bash benchmarks/gpu/device.sh setup-vllm                  (after setup) the vLLM environment /tmp/v-vllm over /tmp/v
+#   bash benchmarks/gpu/device.sh clip                        (after setup) CLIP image embeddings served vs in-process
 #   bash benchmarks/gpu/device.sh stash-clients DIR           a folder of prepare_clients.sh (lm-eval, guidellm wheels)
 #   bash benchmarks/gpu/device.sh setup-clients               (after setup) installs them: vllm-tests runs lm-eval, guidellm
 #   bash benchmarks/gpu/device.sh vllm-tests [PYTEST ARGS]    (after setup-vllm) the generation tests on backend vllm
@@ -67,7 +68,7 @@ CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for the ratio goals alone)
 GATEWAY_WORKERS=${GATEWAY_WORKERS:-}  # vllm-compare gateways: the gateway again with these worker counts (e.g. "1 8")
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
-step=${1:?stash|stash-clients|setup-clients|setup|tasks|media|speech|multigpu|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
+step=${1:?stash|stash-clients|setup-clients|setup|tasks|media|speech|clip|multigpu|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
 join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
   python3 - "$1" <<'PY'
@@ -251,6 +252,22 @@ speech)  # issue 45 (after setup): Whisper of small's shape served with continuo
   stop_strays
   grep -v -i "warn\|deprecat\|custom logits\|default values" results/speech-batching.log | tail -n 30
   [ -z "${OUT:-}" ] || cp results/speech-batching.json results/speech-batching.log "$OUT/" 2>/dev/null || true
+  exit $rc
+  ;;
+clip)  # issue 45 #3 (after setup): CLIP (ViT-B/32's shape) image embeddings through the gateway's /v1/embeddings
+  # against the model in-process at batch 1 and 64 (benchmarks/probes/clip_embeddings.py) -> $OUT/clip-embeddings.json
+  stop_strays
+  export PATH="$VENV/bin:$PATH"
+  mkdir -p results
+  set +e
+  CLIP_CLIENTS=${CLIP_CLIENTS:-1 32} CLIP_IMAGES=${CLIP_IMAGES:-1 32} CLIP_SECONDS=${CLIP_SECONDS:-10} CLIP_OUT=results/clip-embeddings.json \
+    timeout "${STEP_S:-540}" "$VENV/bin/python" -m pytest -q -s -p no:cacheprovider -p tests.conftest benchmarks/probes/clip_embeddings.py \
+    > results/clip-embeddings.log 2>&1
+  rc=$?
+  set -e
+  stop_strays
+  grep -v -i "warn\|deprecat" results/clip-embeddings.log | tail -n 30
+  [ -z "${OUT:-}" ] || cp results/clip-embeddings.json results/clip-embeddings.log "$OUT/" 2>/dev/null || true
   exit $rc
   ;;
 multigpu)  # issue 47 on a machine of 2+ GPUs (after setup and setup-vllm), one part per call:

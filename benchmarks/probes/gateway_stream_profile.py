@@ -4,8 +4,9 @@
 
 Serves the tests' tiny generator (4096-token window, 32 running sequences, one gateway worker) and runs
 benchmarks/gpu/generation_bench.py's closed loops of CLIENTS streams of 64 greedy tokens, first straight at
-Triton's generate_stream (SSE), then at Triton's gRPC stream (read as the gateway reads it) and then at the gateway's /v1/chat/completions, each cell's CPU seconds per 1,000
-tokens read from /proc for tritonserver (its HTTP and gRPC front ends), the model's stub and the gateway worker.
+Triton's generate_stream (SSE), then at Triton's gRPC stream (read as the gateway reads it) and then at the
+gateway's /v1/chat/completions, each cell's CPU seconds per 1,000 tokens read from /proc for tritonserver (its HTTP
+and gRPC front ends), the model's stub and the gateway worker.
 During a second gateway cell py-spy samples the gateway worker; the functions with the most samples (self and
 inclusive) are printed. On 2 cores the load generator, the server and the gateway share the machine: the CPU per
 token is the figure to compare, not the tokens/s."""
