@@ -17,11 +17,14 @@ import pytest
 
 from hf2triton import host
 from hf2triton.triton import client
-from tests.helpers import ROOT, make_workflow, on_test_backend, tiny_model_entries
+from tests.helpers import ROOT, TEST_BACKEND, make_workflow, on_test_backend, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 
 MAX_N = 3
+# served log-probabilities vs the model's own log_softmax on the CPU: the torch engine on the CPU runs the reference's
+# kernels; vLLM's float32 GPU kernels sum in another order (1.4e-4 apart at log-probabilities near -10 on an H100)
+LOGPROB_TOLERANCE = 1e-3 if TEST_BACKEND == "vllm" else 1e-4
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -144,7 +147,7 @@ def test_echo_of_token_prompts_with_nothing_generated_is_the_models_log_softmax(
         assert found["tokens"] == [tokenizer.decode([i]) for i in ids] and found["token_logprobs"][0] is None
         assert found["top_logprobs"][0] is None and found["text_offset"][0] == 0
         for position in range(1, len(ids)):
-            assert abs(found["token_logprobs"][position] - float(expected[position - 1, ids[position]])) < 1e-4
+            assert abs(found["token_logprobs"][position] - float(expected[position - 1, ids[position]])) < LOGPROB_TOLERANCE
             assert len(found["top_logprobs"][position]) in (2, 3), "2 alternatives and the token itself"
     status, answer = post(served, {"model": "generate", "prompt": "x", "max_tokens": 0})
     assert status == 400 and answer["error"]["param"] == "max_tokens"
@@ -162,7 +165,8 @@ def test_completion_logprobs_streamed_and_not_agree(served, llm):
     assert status == 200, whole
     found = whole["choices"][0]["logprobs"]
     assert len(found["tokens"]) == whole["usage"]["completion_tokens"] + (whole["choices"][0]["finish_reason"] == "stop"), "EOS too"
-    assert abs(found["token_logprobs"][0] - float(reference(llm, ids)[-1].max())) < 1e-4, "the first, from the prefill's logits"
+    first = float(reference(llm, ids)[-1].max())
+    assert abs(found["token_logprobs"][0] - first) < LOGPROB_TOLERANCE, "the first, from the prefill's logits"
     assert all(max(top.values()) == logprob for logprob, top in zip(found["token_logprobs"], found["top_logprobs"])), "greedy"
     assert "".join(found["tokens"]).startswith(whole["choices"][0]["text"]) and found["text_offset"][0] == 0
     events = client.http_post(f"{base_url(served)}/completions", body={**body, "stream": True}, timeout=60)[1]
@@ -183,7 +187,7 @@ def test_openai_client_chat_logprobs_and_n(served, llm):
     content = chat.choices[0].logprobs.content
     prompt = llm[1].apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
     first = reference(llm, llm[1](prompt, add_special_tokens=False)["input_ids"])[-1]
-    assert abs(content[0].logprob - float(first.max())) < 1e-4, "the first token's, from the model's own logits"
+    assert abs(content[0].logprob - float(first.max())) < LOGPROB_TOLERANCE, "the first token's, from the model's own logits"
     for item in content:  # greedy: each token the most likely, its alternatives most likely first
         assert len(item.top_logprobs) == 3 and item.top_logprobs[0].token == item.token and bytes(item.bytes).decode() == item.token
         assert item.top_logprobs[0].logprob == item.logprob >= item.top_logprobs[1].logprob >= item.top_logprobs[2].logprob

@@ -12,19 +12,25 @@ from packaging.requirements import Requirement
 
 
 def closure(roots: list[str]) -> dict[str, str]:
+    """name -> installed version of `roots` and everything they require, following the extras a requirement names
+    (guidellm's `httpx[http2]` brings h2)."""
     seen: dict[str, str] = {}
-    stack = list(roots)
+    done: set[tuple[str, str]] = set()
+    stack = [(name, "") for name in roots]
     while stack:
-        name = stack.pop()
+        name, extra = stack.pop()
         key = re.sub(r"[-_.]+", "-", name).lower()
-        if key in seen:
+        if (key, extra) in done:
             continue
+        done.add((key, extra))
         dist = metadata.distribution(name)
         seen[key] = dist.version
+        extras = ("", "grpc", "http", extra) if extra else ("", "grpc", "http")
         for raw in dist.requires or []:
             req = Requirement(raw)
-            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in ("", "grpc", "http")):
-                stack.append(req.name)
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in extras):
+                stack.append((req.name, ""))
+                stack.extend((req.name, wanted) for wanted in req.extras)
     return seen
 
 
