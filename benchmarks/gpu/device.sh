@@ -520,7 +520,7 @@ torch-gen)  # issue 25 #3: SmolLM2 on the torch engine (preallocated KV cache, C
   exit $rc
   ;;
 vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 128 greedy tokens, 1/32/64/128 clients)
-  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | gateways | real | anchor | engine | torch | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor" >&2; exit 2; }
+  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | gateways | real | anchor | engine | torch | onnx | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor" >&2; exit 2; }
   export PATH="$VENV/bin:$PATH"
   mkdir -p "$COMPARE"
   overlays=(benchmarks/h200/gpu-overlay.yaml benchmarks/h200/vllm-overlay.yaml)
@@ -557,6 +557,12 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
         load "SmolLM2-135M fp16 (torch: real weights)" "135m-triton-torch-sse=triton,$triton,smollm2" \
           "135m-triton-torch-gateway=openai,$gateway,smollm2"; } || rc=$?
       ;;
+    onnx)  # issue 46 #3 (after setup-onnx): the ONNX Runtime decoder streamed by the continuous batcher vs the torch
+      # engine, one server (benchmarks/h200/onnx/streamed.yaml), both through Triton's SSE
+      { serve_with "$part" benchmarks/h200/onnx/streamed.yaml &&
+        load "SmolLM2-135M fp16 (real weights, streamed)" "135m-triton-torch-stream=triton,$triton,smollm2" \
+          "135m-triton-onnx-stream=triton,$triton,smollm2-onnx"; } || rc=$?
+      ;;
     big-triton)  # a SmolLM2-1.7B-shaped checkpoint (random weights) through the pipeline, served by backend vllm
       timeout 240 "$VENV/bin/python" benchmarks/gpu/random_checkpoint.py benchmarks/h200/vllm/smollm2-1.7b-config.json \
         /tmp/hf2triton-vllm/smollm2-1.7b-shape 2>&1 | tail -n 3 || rc=$?
@@ -588,7 +594,7 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
       stop_anchor
       ;;
     *)
-      echo "vllm-compare: unknown part $part (triton | gateways | real | anchor | engine | torch | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor)" >&2
+      echo "vllm-compare: unknown part $part (triton | gateways | real | anchor | engine | torch | onnx | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor)" >&2
       rc=2
       ;;
     esac
