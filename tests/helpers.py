@@ -551,3 +551,18 @@ def staggered(target, count: int, gap_s: float) -> None:
         time.sleep(gap_s)
     for thread in threads:
         thread.join()
+
+
+def run_clients(loop, clients: int) -> float:
+    """`loop` (a closed-loop client: it returns when its time is up) on `clients` threads at once; the wall seconds
+    until the last one returned (the probes' served cells)."""
+    import threading
+    import time
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=loop) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started

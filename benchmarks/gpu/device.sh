@@ -149,6 +149,21 @@ structured() {  # PART: benchmarks/structured_output.py through the gateway (val
     ${STRUCTURED_ARGS:-} --out "$COMPARE/$part${STRUCTURED_TAG:-}.json" 2>&1 | tee "$COMPARE/$part${STRUCTURED_TAG:-}.log"
 }
 
+run_probe() {  # NAME FILE: a pytest probe of benchmarks/probes (its settings in the environment) within STEP_S, its
+  # NAME.json and NAME.log into $OUT; exits with pytest's status
+  stop_strays
+  export PATH="$VENV/bin:$PATH"
+  mkdir -p results
+  set +e
+  timeout "${STEP_S:-540}" "$VENV/bin/python" -m pytest -q -s -p no:cacheprovider -p tests.conftest "$2" > "results/$1.log" 2>&1
+  local rc=$?
+  set -e
+  stop_strays
+  grep -v -i "warn\|deprecat\|custom logits\|default values" "results/$1.log" | tail -n 30
+  [ -z "${OUT:-}" ] || cp "results/$1.json" "results/$1.log" "$OUT/" 2>/dev/null || true
+  exit $rc
+}
+
 extra_gateway() {  # WORKERS: `python -m hf2triton.gateway --workers WORKERS` on 9100+WORKERS in front of the Triton that
   # the triton part serves, loaded like the configured one (its own label), then stopped
   local workers=$1 port=$((9100 + $1)) rc=0
@@ -240,35 +255,13 @@ media)  # issue 45 (after setup): the image and speech models built there (Whisp
 speech)  # issue 45 (after setup): Whisper of small's shape served with continuous batching and with whole Triton
   # batches side by side, 32 clients of single 5 s audios, against the pipeline at batch 1 on the GPU
   # (benchmarks/probes/speech_batching.py) -> $OUT/speech-batching.json
-  stop_strays
-  export PATH="$VENV/bin:$PATH"
-  mkdir -p results
-  set +e
   SPEECH_SHAPE=small SPEECH_CLIENTS=${SPEECH_CLIENTS:-32} SPEECH_SECONDS=${SPEECH_SECONDS:-20} SPEECH_OUT=results/speech-batching.json \
-    timeout "${STEP_S:-540}" "$VENV/bin/python" -m pytest -q -s -p no:cacheprovider -p tests.conftest benchmarks/probes/speech_batching.py \
-    > results/speech-batching.log 2>&1
-  rc=$?
-  set -e
-  stop_strays
-  grep -v -i "warn\|deprecat\|custom logits\|default values" results/speech-batching.log | tail -n 30
-  [ -z "${OUT:-}" ] || cp results/speech-batching.json results/speech-batching.log "$OUT/" 2>/dev/null || true
-  exit $rc
+    run_probe speech-batching benchmarks/probes/speech_batching.py
   ;;
 clip)  # issue 45 #3 (after setup): CLIP (ViT-B/32's shape) image embeddings through the gateway's /v1/embeddings
   # against the model in-process at batch 1 and 64 (benchmarks/probes/clip_embeddings.py) -> $OUT/clip-embeddings.json
-  stop_strays
-  export PATH="$VENV/bin:$PATH"
-  mkdir -p results
-  set +e
   CLIP_CLIENTS=${CLIP_CLIENTS:-1 32} CLIP_IMAGES=${CLIP_IMAGES:-1 32} CLIP_SECONDS=${CLIP_SECONDS:-10} CLIP_OUT=results/clip-embeddings.json \
-    timeout "${STEP_S:-540}" "$VENV/bin/python" -m pytest -q -s -p no:cacheprovider -p tests.conftest benchmarks/probes/clip_embeddings.py \
-    > results/clip-embeddings.log 2>&1
-  rc=$?
-  set -e
-  stop_strays
-  grep -v -i "warn\|deprecat" results/clip-embeddings.log | tail -n 30
-  [ -z "${OUT:-}" ] || cp results/clip-embeddings.json results/clip-embeddings.log "$OUT/" 2>/dev/null || true
-  exit $rc
+    run_probe clip-embeddings benchmarks/probes/clip_embeddings.py
   ;;
 multigpu)  # issue 47 on a machine of 2+ GPUs (after setup and setup-vllm), one part per call:
   #   tp-triton: a Qwen2.5-32B-shaped model (random weights) served by backend vllm, tensor_parallel_size 2, and loaded

@@ -17,7 +17,6 @@ import base64
 import json
 import os
 import statistics
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from hf2triton import host
-from tests.helpers import make_workflow
+from tests.helpers import make_workflow, run_clients
 
 CLIENTS = [int(n) for n in os.environ.get("CLIP_CLIENTS", "1 32").split()]
 IMAGES = [int(n) for n in os.environ.get("CLIP_IMAGES", "1 32").split()]
@@ -105,13 +104,7 @@ def closed_loops(url: str, body: bytes, count: int, expected, clients: int, seco
                 continue
             worst[0] = max(worst[0], float(np.abs(np.asarray(data[0]["embedding"]) - expected).max()))
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=loop) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - started
+    wall = run_clients(loop, clients)
     return {
         "images_per_s": round(len(latencies) * count / wall, 1),
         "latency_p50_s": round(statistics.median(latencies), 4) if latencies else None,

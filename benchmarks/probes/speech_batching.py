@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import make_workflow
+from tests.helpers import make_workflow, run_clients
 
 SHAPE = os.environ.get("SPEECH_SHAPE", "tiny")
 CLIENTS = int(os.environ.get("SPEECH_CLIENTS", "16"))
@@ -68,13 +67,7 @@ def closed_loops(url: str, model: str, audio: bytes, expected: bytes, clients: i
             wrong[0] += text != expected
         triton.close()
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=loop) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - started
+    wall = run_clients(loop, clients)
     return {
         "audios_per_s": round(len(latencies) / wall, 2),
         "latency_p50_s": round(statistics.median(latencies), 3),
