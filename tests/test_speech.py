@@ -603,6 +603,27 @@ def test_cli_infer_audio_files(served, whisper, tmp_path):
     assert "Traceback" not in wrong.stderr
 
 
+@pytest.mark.integration
+def test_transcription_bench_reads_the_gateway(served, whisper, tmp_path):
+    """benchmarks/gpu/transcription_bench.py (issue 45's `vllm serve` anchor, the same load on both): closed loops of
+    multipart posts to the gateway's /v1/audio/transcriptions, every answer the pipeline's text for that WAV."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    expected = pipeline_speech_answers(str(whisper), [encoded_audio(synthetic_audio(2.0, 16000), 16000, "WAV")])
+    out = tmp_path / "transcription.json"
+    target = f"gateway=http://127.0.0.1:{served.config['openai']['port']},whisper"
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "transcription_bench.py"), "--target", target]
+    command += ["--clients", "1", "3", "--seconds", "2", "--audio-s", "2", "--out", str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["clients"] for c in cells] == [1, 3] and all(c["answers"] > 0 and c["errors"] == 0 for c in cells), cells
+    assert all(c["distinct_texts"] == [expected[interface.TEXT_OUTPUT][0].decode()] for c in cells), (cells, expected)
+
+
 def test_rendered_interface(whisper, tmp_path):
     from tritonclient.grpc import model_config_pb2 as mc
 

@@ -417,11 +417,12 @@ stash-clients)  # a folder of prepare_clients.sh's wheels (lm-eval, guidellm and
   cp "$2"/*.whl "$STORE/client-wheels/"
   echo "stashed $(ls "$2" | wc -l) client wheels; $(ls "$STORE/client-wheels" | wc -l) in store"
   ;;
-setup-clients)  # (after setup) the stashed client wheels into /tmp/v; their scikit-learn (numpy 1) replaces the hidden one
+setup-clients)  # (after setup) the stashed client wheels into /tmp/v (vLLM's venv sees them too: av and soxr, its audio
+  # extras); their scikit-learn (numpy 1) replaces the hidden one
   "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile "$STORE"/client-wheels/*.whl
   SITE=$("$VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')
   echo "import sys; [sys.modules.setdefault(m, None) for m in ('flax', 'optax')]" > "$SITE/zz-hide-numpy2.pth"
-  "$VENV/bin/python" -c 'import lm_eval, guidellm, sklearn; print("clients ready: lm_eval", lm_eval.__version__, "sklearn", sklearn.__version__)'
+  "$VENV/bin/python" -c 'import lm_eval, guidellm, sklearn, av, soxr; print("clients ready: lm_eval", lm_eval.__version__, "sklearn", sklearn.__version__, "av", av.__version__)'
   ;;
 stash-vllm)
   mkdir -p "$VLLM_STORE/pieces"
@@ -513,7 +514,7 @@ torch-gen)  # issue 25 #3: SmolLM2 on the torch engine (preallocated KV cache, C
   exit $rc
   ;;
 vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 128 greedy tokens, 1/32/64/128 clients)
-  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | gateways | real | anchor | engine | torch | onnx | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor" >&2; exit 2; }
+  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | gateways | real | anchor | engine | torch | onnx | speech-anchor | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor" >&2; exit 2; }
   export PATH="$VENV/bin:$PATH"
   mkdir -p "$COMPARE"
   overlays=(benchmarks/h200/gpu-overlay.yaml benchmarks/h200/vllm-overlay.yaml)
@@ -556,6 +557,21 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
         load "SmolLM2-135M fp16 (real weights, streamed)" "135m-triton-torch-stream=triton,$triton,smollm2" \
           "135m-triton-onnx-stream=triton,$triton,smollm2-onnx"; } || rc=$?
       ;;
+    speech-anchor)  # issue 45 (after setup-clients: vllm serve's audio extras av and soxr): Whisper of small's shape
+      # through the gateway's and `vllm serve`'s /v1/audio/transcriptions (benchmarks/h200/speech-anchor.yaml)
+      "$VENV/bin/python" -c "from pathlib import Path; from benchmarks.tasks.build_media import build_whisper; \
+build_whisper(Path('/tmp/hf2triton-speech/whisper'), 'small')" || rc=$?
+      serve_with "$part" benchmarks/h200/speech-anchor.yaml || rc=$?
+      start_anchor "$part" /tmp/hf2triton-speech/whisper float32 --load-format auto --max-model-len 448 --max-num-seqs 64
+      if wait_anchor "$part"; then
+        timeout $((570 - SECONDS)) "$VENV/bin/python" benchmarks/gpu/transcription_bench.py --clients ${SPEECH_CLIENTS:-1 32} \
+          --seconds "${CELL_S}" --target "hf2triton-gateway=$gateway,whisper" --target "vllm-serve=http://127.0.0.1:8100,smollm2" \
+          --out "$COMPARE/transcription.json" 2>&1 | tee "$COMPARE/transcription.log" || rc=$?
+      else
+        rc=1
+      fi
+      stop_anchor
+      ;;
     big-triton)  # a SmolLM2-1.7B-shaped checkpoint (random weights) through the pipeline, served by backend vllm
       timeout 240 "$VENV/bin/python" benchmarks/gpu/random_checkpoint.py benchmarks/h200/vllm/smollm2-1.7b-config.json \
         /tmp/hf2triton-vllm/smollm2-1.7b-shape 2>&1 | tail -n 3 || rc=$?
@@ -587,7 +603,7 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
       stop_anchor
       ;;
     *)
-      echo "vllm-compare: unknown part $part (triton | gateways | real | anchor | engine | torch | onnx | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor)" >&2
+      echo "vllm-compare: unknown part $part (triton | gateways | real | anchor | engine | torch | onnx | speech-anchor | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor)" >&2
       rc=2
       ;;
     esac

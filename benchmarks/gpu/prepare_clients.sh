@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The evaluation and benchmark clients issue 44 runs against the served models (lm-evaluation-harness, guidellm) for
 # the GPU machine, which has no package registry: their cp312 wheels that prepare.sh's call folders do not carry,
-# whole, packed into call folders of at most LIMIT_MIB. Run here after `make .venv/.installed-test`:
+# whole, packed into call folders of at most LIMIT_MIB; with them vLLM 0.22.1's `audio` extras the machine lacks (av,
+# soxr: `vllm serve`'s /v1/audio/transcriptions, issue 45's anchor; not installed here, so pinned below). Run here after `make .venv/.installed-test`:
 #
 #     bash benchmarks/gpu/prepare_clients.sh    # -> .gpu-assets/clients/call1 ... (git-ignored)
 #
@@ -16,7 +17,8 @@ source benchmarks/gpu/wheels.sh
 rm -rf "$ASSETS"
 mkdir -p "$ASSETS/.build"
 mapfile -t WANTED < <("$PY" benchmarks/gpu/closure.py lm-eval guidellm --minus "${WORKFLOW_ROOTS[@]}")
-download_wheels "$ASSETS/.build" "${WANTED[@]}"
+VLLM_AUDIO=(av==19.0.2 soxr==1.1.0)  # vllm 0.22.1's METADATA: audio = av, scipy, soundfile, mistral_common[audio] (soxr)
+download_wheels "$ASSETS/.build" "${WANTED[@]}" "${VLLM_AUDIO[@]}"
 number=1 size=0
 for wheel in $(ls -S "$ASSETS"/.build/*.whl); do  # largest first: the big ones each start a folder
   bytes=$(stat -c %s "$wheel")
