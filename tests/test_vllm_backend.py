@@ -66,6 +66,7 @@ def test_vllm_defaults_and_spec():
         "max_num_seqs": 64,
         "max_num_batched_tokens": None,
         "enforce_eager": False,
+        "enable_prefix_caching": True,
         "quantization": None,
         "load_format": "auto",
         "tensor_parallel_size": 1,
@@ -379,6 +380,7 @@ ENGINE_PARAMS = {
     "response_threads": 0,
     "max_num_batched_tokens": 0,
     "enforce_eager": False,
+    "enable_prefix_caching": True,
     "quantization": "",
     "load_format": "dummy",
     "tensor_parallel_size": 1,
@@ -410,6 +412,7 @@ def test_engine_arguments():
     }
     explicit = engine_arguments(engine_params(dtype="bfloat16", max_num_batched_tokens=8192, quantization="fp8"))
     assert (explicit["dtype"], explicit["max_num_batched_tokens"], explicit["quantization"]) == ("bfloat16", 8192, "fp8")
+    assert engine_arguments(engine_params(enable_prefix_caching=False))["enable_prefix_caching"] is False
 
 
 def test_sampling_arguments_and_finish():

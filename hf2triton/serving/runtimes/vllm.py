@@ -66,6 +66,8 @@ def engine_arguments(params: Any) -> dict[str, Any]:
     }
     if params.max_num_batched_tokens:  # 0: vLLM's default for the GPU
         arguments["max_num_batched_tokens"] = params.max_num_batched_tokens
+    if not params.enable_prefix_caching:  # on: vLLM's default, not named
+        arguments["enable_prefix_caching"] = False
     if params.quantization:  # "": the checkpoint's own
         arguments["quantization"] = params.quantization
     if params.tensor_parallel_size * params.pipeline_parallel_size > 1:  # workers in processes of their own, over NCCL
