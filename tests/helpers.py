@@ -422,6 +422,8 @@ def server_block() -> dict:
 # `benchmarks/gpu/device.sh vllm-tests`): the generation tests' served models run on backend vllm instead of torch.
 TEST_BACKEND = os.environ.get("HF2TRITON_TEST_BACKEND", "python")
 TEST_VLLM_ENV = os.environ.get("HF2TRITON_TEST_VLLM_ENV", "")
+# more of backend vllm's keys for every test model, as JSON (an A/B on the GPU host: '{"enable_prefix_caching": false}')
+TEST_VLLM_EXTRA = json.loads(os.environ.get("HF2TRITON_TEST_VLLM_EXTRA") or "{}")
 
 
 def on_test_backend(entries: list[dict], **vllm: object) -> list[dict]:
@@ -437,7 +439,7 @@ def on_test_backend(entries: list[dict], **vllm: object) -> list[dict]:
     for entry in entries:
         sequences = entry.get("generation", {}).get("max_sequences", 8)
         entry.update(backend="vllm", dtype="float32")
-        entry["vllm"] = {"max_num_seqs": sequences, "gpu_memory_utilization": 0.2, **vllm}
+        entry["vllm"] = {"max_num_seqs": sequences, "gpu_memory_utilization": 0.2, **vllm, **TEST_VLLM_EXTRA}
     return entries
 
 
