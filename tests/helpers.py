@@ -418,28 +418,34 @@ def server_block() -> dict:
     }  # fmt: skip
 
 
-# HF2TRITON_TEST_BACKEND=vllm (a GPU host with the vLLM environment at HF2TRITON_TEST_VLLM_ENV: the H200's
-# `benchmarks/gpu/device.sh vllm-tests`): the generation tests' served models run on backend vllm instead of torch.
+# HF2TRITON_TEST_BACKEND (a GPU host: `benchmarks/gpu/device.sh vllm-tests`): the generation tests' served models on
+# backend vllm (`vllm`, the vLLM environment at HF2TRITON_TEST_VLLM_ENV) or on the torch engine on the GPU
+# (`torch-gpu`) instead of the torch engine where `device: auto` puts it (`python`, the default: the CPU in CI).
+TEST_BACKENDS = ("python", "vllm", "torch-gpu")
 TEST_BACKEND = os.environ.get("HF2TRITON_TEST_BACKEND", "python")
+if TEST_BACKEND not in TEST_BACKENDS:
+    raise ValueError(f"HF2TRITON_TEST_BACKEND={TEST_BACKEND!r}: one of {', '.join(TEST_BACKENDS)}")
 TEST_VLLM_ENV = os.environ.get("HF2TRITON_TEST_VLLM_ENV", "")
 # more of backend vllm's keys for every test model, as JSON (an A/B on the GPU host: '{"enable_prefix_caching": false}')
 TEST_VLLM_EXTRA = json.loads(os.environ.get("HF2TRITON_TEST_VLLM_EXTRA") or "{}")
 
 
 def on_test_backend(entries: list[dict], **vllm: object) -> list[dict]:
-    """The text-generation `entries` on HF2TRITON_TEST_BACKEND: as they are, or on backend vllm in float32 (the
-    tests' references are the float32 model in-process) with as many running sequences as their `generation` allows
-    (`vllm`: more of its keys). Skips where backend vllm cannot run."""
-    if TEST_BACKEND != "vllm":
+    """The text-generation `entries` on HF2TRITON_TEST_BACKEND: as they are, on backend vllm, or on the torch engine
+    on the GPU -- both in float32 (the tests' references are the float32 model in-process); backend vllm with as many
+    running sequences as their `generation` allows (`vllm`: more of its keys). Skips where that cannot run."""
+    if TEST_BACKEND == "python":
         return entries
-    if not host.has_gpu() or not TEST_VLLM_ENV:
+    if not host.has_gpu() or (TEST_BACKEND == "vllm" and not TEST_VLLM_ENV):
         import pytest
 
-        pytest.skip("HF2TRITON_TEST_BACKEND=vllm needs a CUDA GPU and HF2TRITON_TEST_VLLM_ENV (run on the H200)")
+        pytest.skip(f"HF2TRITON_TEST_BACKEND={TEST_BACKEND} needs a CUDA GPU (and for vllm HF2TRITON_TEST_VLLM_ENV): run on the H200")
     for entry in entries:
-        sequences = entry.get("generation", {}).get("max_sequences", 8)
-        entry.update(backend="vllm", dtype="float32")
-        entry["vllm"] = {"max_num_seqs": sequences, "gpu_memory_utilization": 0.2, **vllm, **TEST_VLLM_EXTRA}
+        entry.update(device="gpu", dtype="float32")
+        if TEST_BACKEND == "vllm":
+            sequences = entry.get("generation", {}).get("max_sequences", 8)
+            entry.update(backend="vllm")
+            entry["vllm"] = {"max_num_seqs": sequences, "gpu_memory_utilization": 0.2, **vllm, **TEST_VLLM_EXTRA}
     return entries
 
 

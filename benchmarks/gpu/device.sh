@@ -444,7 +444,8 @@ from vllm.v1.engine.async_llm import AsyncLLM
 print("vLLM environment ready: python", sys.version.split()[0], "vllm", vllm.__version__, "torch", torch.__version__,
       "transformers", transformers.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available())'
   ;;
-vllm-tests)  # (after setup-vllm) the generation tests against backend vllm -> $OUT/vllm-tests.txt: streaming and
+vllm-tests)  # (after setup-vllm; TEST_BACKEND=torch-gpu: the torch engine on the GPU instead, after setup alone) the
+  # generation tests against backend vllm -> $OUT/vllm-tests.txt: streaming and
   # cancellation, logprobs / echo / n, structured output, tools (PYTEST ARGS: other files or -k); lm-eval and guidellm
   # where setup-clients installed them (the browser is not carried); the gateway checks schemas with xgrammar: vLLM's own wheel, installed into /tmp/v.
   export PATH="$VENV/bin:$PATH"
@@ -456,7 +457,7 @@ vllm-tests)  # (after setup-vllm) the generation tests against backend vllm -> $
   [ ${#tests[@]} -gt 0 ] || tests=(tests/test_streaming.py tests/test_response_threads.py tests/test_logprobs.py tests/test_structured_output.py tests/test_tools.py
     -k "$skip")
   set +e
-  HF2TRITON_TEST_BACKEND=vllm HF2TRITON_TEST_VLLM_ENV="$VLLM_VENV" timeout "${TESTS_S:-540}" "$VENV/bin/python" -m pytest -ra -p no:cacheprovider \
+  HF2TRITON_TEST_BACKEND=${TEST_BACKEND:-vllm} HF2TRITON_TEST_VLLM_ENV="$VLLM_VENV" timeout "${TESTS_S:-540}" "$VENV/bin/python" -m pytest -ra -p no:cacheprovider \
     "${tests[@]}" > results/vllm-tests.txt 2>&1
   rc=$?
   set -e
