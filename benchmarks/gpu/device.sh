@@ -170,10 +170,7 @@ extra_gateway() {  # WORKERS: `python -m hf2triton.gateway --workers WORKERS` on
   setsid "$VENV/bin/python" -m hf2triton.gateway --grpc 127.0.0.1:8001 --port "$port" --models smollm2 --workers "$workers" \
     > "$COMPARE/gateway-w$workers.log" 2>&1 &
   local pid=$!
-  for _ in $(seq 60); do
-    "$VENV/bin/python" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/v1/models', timeout=2)" 2> /dev/null && break
-    sleep 1
-  done
+  answers "http://127.0.0.1:$port/v1/models" 60 || true  # not up: the load's readiness check says so
   load "SmolLM2-135M fp16, random weights" "135m-triton-vllm-gateway-w$workers=openai,http://127.0.0.1:$port,smollm2" || rc=$?
   kill -TERM -- "-$pid" 2>/dev/null || true
   sleep 2
@@ -181,11 +178,16 @@ extra_gateway() {  # WORKERS: `python -m hf2triton.gateway --workers WORKERS` on
   return "$rc"
 }
 
-wait_anchor() {  # PART: until `vllm serve` answers /v1/models (its own start: up to 240 s), or its log's tail and 1
-  for _ in $(seq 240); do
-    "$VENV/bin/python" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8100/v1/models', timeout=2)" 2> /dev/null && return 0
+answers() {  # URL SECONDS: until URL answers (0), or 1 after SECONDS
+  for _ in $(seq "$2"); do
+    "$VENV/bin/python" -c "import urllib.request as u; u.urlopen('$1', timeout=2)" 2> /dev/null && return 0
     sleep 1
   done
+  return 1
+}
+
+wait_anchor() {  # PART: until `vllm serve` answers /v1/models (its own start: up to 240 s), or its log's tail and 1
+  answers http://127.0.0.1:8100/v1/models 240 && return 0
   echo "vllm serve ($1) did not answer within 240 s"
   tail -n 30 "$COMPARE/anchor-$1.log"
   return 1

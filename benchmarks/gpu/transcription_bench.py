@@ -19,6 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
+from generation_bench import percentile  # this script's folder is on sys.path: the same percentile as the generation load
+
 
 def parse_target(text: str) -> tuple[str, str, str]:
     name, _, rest = text.partition("=")
@@ -60,13 +62,12 @@ async def cell(url: str, model: str, audio: bytes, audio_s: float, clients: int,
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
         await asyncio.gather(*(client(session) for _ in range(clients)))
     wall = time.perf_counter() - started
-    ordered = sorted(latencies)
     return {
         "clients": clients,
         "audios_per_s": round(len(latencies) / wall, 2),
         "audio_seconds_per_s": round(len(latencies) * audio_s / wall, 1),
-        "latency_p50_s": round(statistics.median(ordered), 3) if ordered else None,
-        "latency_p99_s": round(ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))], 3) if ordered else None,
+        "latency_p50_s": round(statistics.median(latencies), 3) if latencies else None,
+        "latency_p99_s": round(percentile(latencies, 0.99), 3) if latencies else None,
         "answers": len(latencies),
         "errors": len(errors),
         "error_sample": errors[0] if errors else None,
