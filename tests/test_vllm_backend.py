@@ -743,15 +743,20 @@ def load_bench_module(monkeypatch):
 @pytest.mark.integration
 def test_generation_bench_against_a_served_streaming_model(tiny_workflow, tmp_path, monkeypatch):
     """The real thing the H200 run reads: hf2triton's streaming model (torch) through Triton's generate_stream events
-    and through Triton's gRPC stream (kind `grpc`, as the gateway reads it): the same greedy answers' lengths."""
+    and through Triton's gRPC stream (kind `grpc`, as the gateway reads it): the same greedy answers' lengths. Two
+    rounds, the order reversed in the second; the markdown's medians and per-round ratios to the reference."""
     bench = load_bench_module(monkeypatch)
     settings = tiny_workflow.settings()
     targets = ["--target", f"sse=triton,http://{settings.url()},generate", "--target", f"grpc=grpc,{settings.url('grpc_port')},generate"]
-    out = tmp_path / "r.json"
-    arguments = [*targets, "--clients", "2", "--seconds", "2", "--warmup-s", "0.5", "--max-tokens", "8", "--out", str(out)]
-    assert bench.main(arguments) == 0
+    out, table = tmp_path / "r.json", tmp_path / "r.md"
+    arguments = [*targets, "--clients", "2", "--seconds", "1", "--warmup-s", "0.5", "--max-tokens", "8", "--out", str(out)]
+    assert bench.main([*arguments, "--rounds", "2", "--reference", "sse", "--markdown", str(table)]) == 0
     cells = json.loads(out.read_text())["cells"]
-    assert [cell["target"] for cell in cells] == ["sse", "grpc"]
+    assert [(cell["target"], cell["round"]) for cell in cells] == [("sse", 0), ("grpc", 0), ("grpc", 1), ("sse", 1)]
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.read_text().splitlines() if line.startswith("| ") and "(" in line}
+    assert rows["sse"].split(" | ")[2] == "2" and rows["sse"].split(" | ")[-2:] == ["1.00", "1.00 |"], rows  # rounds; ratios to itself
+    with pytest.raises(SystemExit):
+        bench.main([*arguments, "--reference", "nobody"])  # not a target: refused before any load
     for cell in cells:
         assert cell["errors"] == 0 and cell["requests"] > 0, cell
         assert 0 < cell["tokens_per_request"] <= 8 and cell["ttft_ms_p50"] > 0 and cell["pieces_per_request"] >= 1

@@ -47,6 +47,8 @@
 #                                                             -> results/torch-gen/, $OUT/torch-gen-PARTS.tar.gz
 #   bash benchmarks/gpu/device.sh vllm-compare PART           issue 25's side by side, one part per call, in this order:
 #                                                             triton | real | anchor | engine | torch | big-triton | big-anchor;
+#                                                             rounds (issue 46: Triton SSE, the gateway and vllm serve up
+#                                                             together, ROUNDS interleaved rounds, ratios per round);
 #                                                             gateways (after triton: a gateway of each GATEWAY_WORKERS
 #                                                             count in front of the same Triton, issue 46 #2);
 #                                                             issue 44 (after setup-vllm): structured-vllm | structured-torch
@@ -66,7 +68,8 @@ VLLM_VENV=/tmp/v-vllm            # = paths.vllm_env in benchmarks/h200/vllm-over
 COMPARE=${COMPARE:-results/vllm-compare}  # where serve_with and load write (torch-gen: results/torch-gen)
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for the ratio goals alone)
-GATEWAY_WORKERS=${GATEWAY_WORKERS:-}  # vllm-compare gateways: the gateway again with these worker counts (e.g. "1 8")
+GATEWAY_WORKERS=${GATEWAY_WORKERS:-}  # vllm-compare gateways, rounds: the gateway again with these worker counts (e.g. "1 8")
+GATEWAY_PIDS=()
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
 step=${1:?stash|stash-clients|setup-clients|setup|tasks|media|speech|clip|multigpu|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
@@ -115,9 +118,11 @@ load() {  # LABEL TARGET...: generation_bench.py, cells $CLIENTS, within what is
   local targets=()
   for target in "$@"; do targets+=(--target "$target"); done
   [ $((570 - SECONDS)) -gt 60 ] || { echo "load ($label): no time left in this call ($SECONDS s)"; return 1; }
+  local reference=()  # REFERENCE: a target's name, the medians and per-round ratios of the markdown are to it
+  [ -z "${REFERENCE:-}" ] || reference=(--reference "$REFERENCE")
   timeout $((570 - SECONDS)) "${LOAD_PYTHON:-$VENV/bin/python}" benchmarks/gpu/generation_bench.py "${targets[@]}" --label "$label" \
-    --clients $CLIENTS --seconds "$CELL_S" --warmup-s 3 --budget-s $((550 - SECONDS)) --out "$COMPARE/generation.json" \
-    --markdown "$COMPARE/generation.md" 2>&1 | tee -a "$COMPARE/load.log"
+    --clients $CLIENTS --seconds "$CELL_S" --warmup-s 3 --budget-s $((550 - SECONDS)) --rounds "${ROUNDS:-1}" "${reference[@]}" \
+    --out "$COMPARE/generation.json" --markdown "$COMPARE/generation.md" 2>&1 | tee -a "$COMPARE/load.log"
 }
 
 start_anchor() {  # PART DIR DTYPE [ARGS...]: `vllm serve` (vLLM's own OpenAI server) on 8100, random weights, the
@@ -164,17 +169,28 @@ run_probe() {  # NAME FILE: a pytest probe of benchmarks/probes (its settings in
   exit $rc
 }
 
-extra_gateway() {  # WORKERS: `python -m hf2triton.gateway --workers WORKERS` on 9100+WORKERS in front of the Triton that
-  # the triton part serves, loaded like the configured one (its own label), then stopped
-  local workers=$1 port=$((9100 + $1)) rc=0
-  setsid "$VENV/bin/python" -m hf2triton.gateway --grpc 127.0.0.1:8001 --port "$port" --models smollm2 --workers "$workers" \
-    > "$COMPARE/gateway-w$workers.log" 2>&1 &
-  local pid=$!
-  answers "http://127.0.0.1:$port/v1/models" 60 || true  # not up: the load's readiness check says so
-  load "SmolLM2-135M fp16, random weights" "135m-triton-vllm-gateway-w$workers=openai,http://127.0.0.1:$port,smollm2" || rc=$?
-  kill -TERM -- "-$pid" 2>/dev/null || true
+start_gateway() {  # WORKERS: `python -m hf2triton.gateway --workers WORKERS` on 9100+WORKERS in front of the Triton that
+  # the triton part serves (its process group's id appended to GATEWAY_PIDS), until it answers (60 s at most)
+  setsid "$VENV/bin/python" -m hf2triton.gateway --grpc 127.0.0.1:8001 --port $((9100 + $1)) --models smollm2 --workers "$1" \
+    > "$COMPARE/gateway-w$1.log" 2>&1 &
+  GATEWAY_PIDS+=($!)
+  answers "http://127.0.0.1:$((9100 + $1))/v1/models" 60 || true  # not up: the load's readiness check says so
+}
+
+stop_gateways() {  # the gateways start_gateway started
+  local pid
+  for pid in "${GATEWAY_PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
   sleep 2
-  kill -KILL -- "-$pid" 2>/dev/null || true
+  for pid in "${GATEWAY_PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+  GATEWAY_PIDS=()
+}
+
+extra_gateway() {  # WORKERS: a gateway of WORKERS workers (start_gateway), loaded like the configured one (its own
+  # label), then stopped
+  local rc=0
+  start_gateway "$1"
+  load "SmolLM2-135M fp16, random weights" "135m-triton-vllm-gateway-w$1=openai,http://127.0.0.1:$((9100 + $1)),smollm2" || rc=$?
+  stop_gateways
   return "$rc"
 }
 
@@ -517,7 +533,7 @@ torch-gen)  # issue 25 #3: SmolLM2 on the torch engine (preallocated KV cache, C
   exit $rc
   ;;
 vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 128 greedy tokens, 1/32/64/128 clients)
-  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | gateways | real | anchor | engine | torch | onnx | speech-anchor | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor" >&2; exit 2; }
+  [ $# -ge 2 ] || { echo "vllm-compare PART...: triton | rounds | gateways | real | anchor | engine | torch | onnx | speech-anchor | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor" >&2; exit 2; }
   export PATH="$VENV/bin:$PATH"
   mkdir -p "$COMPARE"
   overlays=(benchmarks/h200/gpu-overlay.yaml benchmarks/h200/vllm-overlay.yaml)
@@ -531,6 +547,26 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
       { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-dummy.yaml &&
         load "SmolLM2-135M fp16, random weights" "135m-triton-vllm-sse=triton,$triton,smollm2" \
           "135m-triton-vllm-grpc=grpc,127.0.0.1:8001,smollm2" "135m-triton-vllm-gateway=openai,$gateway,smollm2"; } || rc=$?
+      ;;
+    rounds)  # issue 46's ratios in one run: backend vllm (random weights) and `vllm serve` up together (30 % of the
+      # GPU each), Triton SSE, the gateway and vllm serve loaded in turn for ROUNDS rounds (order reversed every other),
+      # the markdown's medians and per-round ratios to vllm serve
+      saved=.hf2triton/models/smollm2/pretrained
+      [ ! -f "$saved/config.json" ] || start_anchor "$part" "$saved" float16  # starts beside serve when a part before saved it
+      { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-dummy.yaml &&
+        { [ -f /tmp/vllm-anchor.pid ] || start_anchor "$part" "$saved" float16; } &&
+        wait_anchor "$part" && {
+        extra=()  # GATEWAY_WORKERS: more gateways (other worker counts) in front of the same Triton, loaded in turn too
+        for workers in $GATEWAY_WORKERS; do
+          start_gateway "$workers"
+          extra+=("135m-triton-vllm-gateway-w$workers=openai,http://127.0.0.1:$((9100 + workers)),smollm2")
+        done
+        REFERENCE=${REFERENCE:-135m-vllm-serve} ROUNDS=${ROUNDS:-3} load "SmolLM2-135M fp16, random weights, interleaved rounds" \
+          "135m-triton-vllm-sse=triton,$triton,smollm2" "135m-triton-vllm-gateway=openai,$gateway,smollm2" "${extra[@]}" \
+          "135m-vllm-serve=openai,http://127.0.0.1:8100,smollm2,ignore_eos"
+      }; } || rc=$?
+      stop_gateways
+      stop_anchor
       ;;
     gateways)  # after triton (its server still up): the gateway with other worker counts than auto's (GATEWAY_WORKERS)
       for workers in $GATEWAY_WORKERS; do extra_gateway "$workers" || rc=$?; done
@@ -606,7 +642,7 @@ build_whisper(Path('/tmp/hf2triton-speech/whisper'), 'small')" || rc=$?
       stop_anchor
       ;;
     *)
-      echo "vllm-compare: unknown part $part (triton | gateways | real | anchor | engine | torch | onnx | speech-anchor | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor)" >&2
+      echo "vllm-compare: unknown part $part (triton | rounds | gateways | real | anchor | engine | torch | onnx | speech-anchor | big-triton | big-anchor | structured-vllm | structured-torch | structured-anchor)" >&2
       rc=2
       ;;
     esac

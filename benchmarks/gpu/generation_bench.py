@@ -3,7 +3,7 @@ each send a prompt, read the streamed answer to its end and send the next, for a
 
     python benchmarks/gpu/generation_bench.py --target NAME=KIND,URL,MODEL[,ignore_eos] [--target ...]
         [--clients 1 32 64 128] [--seconds 15] [--warmup-s 3] [--max-tokens 128] [--budget-s 540]
-        --out RESULTS.json [--markdown RESULTS.md] [--label TEXT]
+        [--rounds 1] [--reference NAME] --out RESULTS.json [--markdown RESULTS.md] [--label TEXT]
 
 KIND: `openai` = POST URL/v1/chat/completions, stream: true, usage in the last chunk (`vllm serve`, hf2triton's
 gateway); `triton` = POST URL/v2/models/MODEL/generate_stream, server-sent events, with the hf2triton-key header
@@ -23,6 +23,11 @@ completion tokens of the requests that finished inside the measured window (afte
 TTFT = time to the first piece of text; ITL = per request (last piece - first piece) / (tokens - 1), so pieces
 that carry several tokens count right; gap = time between pieces. Results are written after every cell (a cut-short
 run keeps what it measured); a cell that would end after --budget-s is skipped and says so.
+
+--rounds N measures every cell N times, the targets in turn and in reverse order every other round, so a drift of the
+shared machine (one window of one cell was the noise that decided several goals) hits every target alike; the
+markdown then adds, per target and clients, the median over rounds and the median of the per-round ratios to the
+--reference target (its cell of the same round and clients: `vllm serve`, or Triton SSE for the gateway).
 """
 
 from __future__ import annotations
@@ -338,21 +343,57 @@ async def wait_ready(session, target: Target, headers: dict, timeout_s: float) -
         await asyncio.sleep(2)
 
 
-def markdown(results: list[dict], label: str) -> str:
+def ratios(results: list[dict], reference: str) -> list[str]:
+    """Markdown rows: per (target, clients), the medians over rounds of tokens/s, TTFT and ITL p50, and the medians
+    of the per-round ratios to `reference`'s cell of the same round and clients (tokens/s; ITL p50)."""
+    measured = [c for c in results if "skipped" not in c and c.get("requests")]
+    by_key = {(c["target"], c["clients"], c.get("round", 0)): c for c in measured}
+    rows = []
+    for target, clients in dict.fromkeys((c["target"], c["clients"]) for c in measured):
+        cells = [c for c in measured if (c["target"], c["clients"]) == (target, clients)]
+        pairs = [(c, by_key.get((reference, clients, c.get("round", 0)))) for c in cells]
+        pairs = [(c, r) for c, r in pairs if r is not None and r["tokens_per_s"] and r["itl_ms_p50"]]
+        tokens = [c["tokens_per_s"] for c in cells]
+
+        def median(values: list[float]) -> str:
+            return f"{statistics.median(values):.2f}" if values else "–"
+
+        figures = [
+            len(cells),
+            f"{statistics.median(tokens):,.0f} ({min(tokens):,.0f}–{max(tokens):,.0f})",
+            median([c["ttft_ms_p50"] for c in cells if c["ttft_ms_p50"] is not None]),
+            median([c["itl_ms_p50"] for c in cells if c["itl_ms_p50"] is not None]),
+            median([c["tokens_per_s"] / r["tokens_per_s"] for c, r in pairs]),
+            median([c["itl_ms_p50"] / r["itl_ms_p50"] for c, r in pairs if c["itl_ms_p50"] is not None]),
+        ]
+        rows.append(f"| {target} | {clients} | " + " | ".join(map(str, figures)) + " |")
+    head = [
+        "",
+        f"Medians over rounds; ratios: the median of each round's ratio to {reference} (same round and clients).",
+        "",
+        f"| target | clients | rounds | tokens/s median (range) | TTFT p50 (ms) | ITL p50 (ms) | tokens/s ÷ {reference} | ITL ÷ {reference} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    return head + rows
+
+
+def markdown(results: list[dict], label: str, reference: str | None = None) -> str:
     lines = [
         f"# {label}",
         "",
-        "| target | clients | tokens/s | requests/s | tokens/request | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) "
-        "| errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| target | clients | round | tokens/s | requests/s | tokens/request | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) "
+        "| ITL p99 (ms) | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in results:
         if "skipped" in cell:
-            lines.append(f"| {cell['target']} | {cell['clients']} | skipped: {cell['skipped']} | | | | | | | |")
+            lines.append(f"| {cell['target']} | {cell['clients']} | {cell.get('round', 0)} | skipped: {cell['skipped']} | | | | | | | |")
             continue
-        figures = [f"{cell['tokens_per_s']:,.0f}", *(cell[k] for k in ("requests_per_s", "tokens_per_request", "ttft_ms_p50"))]
-        figures += [cell["ttft_ms_p99"], cell["itl_ms_p50"], cell["itl_ms_p99"], cell["errors"]]
+        figures = [cell.get("round", 0), f"{cell['tokens_per_s']:,.0f}", *(cell[k] for k in ("requests_per_s", "tokens_per_request"))]
+        figures += [cell["ttft_ms_p50"], cell["ttft_ms_p99"], cell["itl_ms_p50"], cell["itl_ms_p99"], cell["errors"]]
         lines.append(f"| {cell['target']} | {cell['clients']} | " + " | ".join(map(str, figures)) + " |")
+    if reference is not None:
+        lines += ratios(results, reference)
     return "\n".join(lines) + "\n"
 
 
@@ -365,10 +406,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ready-timeout-s", type=float, default=300.0)
     parser.add_argument("--budget-s", type=float, default=540.0, help="skip cells that would end after this (from the start)")
+    parser.add_argument("--rounds", type=int, default=1, help="every cell this many times, the target order reversed every other round")
+    parser.add_argument("--reference", help="a --target NAME: the markdown adds medians and per-round ratios to it")
     parser.add_argument("--out", required=True)
     parser.add_argument("--markdown")
     parser.add_argument("--label", default="generation load")
     args = parser.parse_args(argv)
+    if args.reference is not None and args.reference not in {t.name for t in args.target}:
+        parser.error(f"--reference {args.reference!r}: not a --target NAME ({', '.join(t.name for t in args.target)})")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: at least 1")
     started = time.monotonic()
     out = Path(args.out)
     earlier = json.loads(out.read_text()) if out.is_file() else {}  # appended to: several calls, one file
@@ -381,29 +428,31 @@ def main(argv: list[str] | None = None) -> int:
         document = {"label": args.label, "settings": settings, "targets": targets, "cells": results}
         out.write_text(json.dumps(document, indent=1))
         if args.markdown:
-            Path(args.markdown).write_text(markdown(results, args.label))
+            Path(args.markdown).write_text(markdown(results, args.label, args.reference))
 
-    async def measure(target: Target) -> None:  # one loop per target: the engine alone lives on it
+    async def measure(target: Target, round_: int) -> None:  # one loop per target: the engine alone lives on it
         sent = headers if target.kind == "triton" else {}
         async with session_for(target) as session:
             await wait_ready(session, target, sent, args.ready_timeout_s)
             for clients in args.clients:
                 cell_s = args.warmup_s + args.seconds + 10  # + the last answers after the window
                 if time.monotonic() - started + cell_s > args.budget_s:
-                    results.append({"target": target.name, "kind": target.kind, "clients": clients, "skipped": "time budget"})
+                    skipped = {"target": target.name, "kind": target.kind, "clients": clients, "skipped": "time budget"}
+                    results.append({**skipped, "round": round_})
                 else:
-                    cell = await run_cell(session, target, clients, args.seconds, args.warmup_s, args.max_tokens, sent)
+                    cell = {**await run_cell(session, target, clients, args.seconds, args.warmup_s, args.max_tokens, sent), "round": round_}
                     results.append(cell)
                     print(
-                        f"{target.name} x{clients}: {cell['tokens_per_s']:,.0f} tokens/s, TTFT p50 {cell['ttft_ms_p50']} ms, "
+                        f"{target.name} x{clients} (round {round_}): {cell['tokens_per_s']:,.0f} tokens/s, TTFT p50 {cell['ttft_ms_p50']} ms, "
                         f"ITL p50 {cell['itl_ms_p50']} ms, {cell['tokens_per_request']} tokens/request, {cell['errors']} errors"
                         + (f" (first: {cell['error_sample'][:300]})" if cell["errors"] else ""),  # the cause where only the log returns
                         flush=True,
                     )
                 save()
 
-    for target in args.target:
-        asyncio.run(measure(target))
+    for round_ in range(args.rounds):
+        for target in args.target if round_ % 2 == 0 else args.target[::-1]:
+            asyncio.run(measure(target, round_))
     return 0
 
 
