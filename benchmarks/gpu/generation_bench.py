@@ -371,7 +371,8 @@ def ratios(results: list[dict], reference: str) -> list[str]:
         "",
         f"Medians over rounds; ratios: the median of each round's ratio to {reference} (same round and clients).",
         "",
-        f"| target | clients | rounds | tokens/s median (range) | TTFT p50 (ms) | ITL p50 (ms) | tokens/s ÷ {reference} | ITL ÷ {reference} |",
+        "| target | clients | rounds | tokens/s median (range) | TTFT p50 (ms) | ITL p50 (ms) "
+        f"| tokens/s ÷ {reference} | ITL ÷ {reference} |",
         "|---|---|---|---|---|---|---|---|",
     ]
     return head + rows
@@ -443,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
                     cell = {**await run_cell(session, target, clients, args.seconds, args.warmup_s, args.max_tokens, sent), "round": round_}
                     results.append(cell)
                     print(
-                        f"{target.name} x{clients} (round {round_}): {cell['tokens_per_s']:,.0f} tokens/s, TTFT p50 {cell['ttft_ms_p50']} ms, "
+                        f"{target.name} x{clients} (round {round_}): {cell['tokens_per_s']:,.0f} tokens/s, "
+                        f"TTFT p50 {cell['ttft_ms_p50']} ms, "
                         f"ITL p50 {cell['itl_ms_p50']} ms, {cell['tokens_per_request']} tokens/request, {cell['errors']} errors"
                         + (f" (first: {cell['error_sample'][:300]})" if cell["errors"] else ""),  # the cause where only the log returns
                         flush=True,
