@@ -310,7 +310,7 @@ def test_benchmark_overlays_are_valid_configs(overlay):
     assert cfg["models"]
 
 
-def test_gateway_workers_auto_is_one_per_four_cores_at_most_four(tmp_path, monkeypatch):
+def test_gateway_workers_auto_is_one_per_two_cores_at_most_eight(tmp_path, monkeypatch):
     from hf2triton import host
     from hf2triton.gateway import process
     from hf2triton.specs import OpenAISpec, ServerSpec

@@ -184,6 +184,24 @@ def test_a_killed_gateway_is_started_again(supervised):
     print(f"killed gateway: serving again after {took:.1f} s")
 
 
+def test_a_serve_of_other_settings_takes_over_and_the_old_supervisor_steps_aside(supervised):
+    """Another config in the same directory (one model fewer): its validation restarts the server while the first
+    serve's supervisor still runs. That supervisor must not count the new server's stubs against its own models
+    ("the stub process of embed is gone") and restart its own settings under the validation (as on an H100,
+    2026-12-06): it steps aside, and the new serve's supervisor takes over."""
+    settings = supervised.settings()
+    old = supervisor_status(settings)["pid"]
+    supervised.config["models"] = [entry for entry in supervised.config["models"] if entry["name"] != "embed"]
+    supervised.run("serve")
+    assert host.process_cmdline(old) is None, "the first supervisor exited"
+    status = supervisor_status(supervised.settings())
+    assert status["running"] and status["pid"] != old and status["restarts"] == 0, status
+    assert "replaced the one supervised here" in log_file(settings).read_text(), log_file(settings).read_text()[-2000:]
+    generated = client.stream_generate(settings.url("grpc_port"), "generate", "Hi", {"max_new_tokens": 2}, timeout_s=30)
+    assert generated["completion_tokens"] >= 1
+    assert read_state(supervised.settings())["models"] == ["generate"]
+
+
 def test_stop_stops_the_supervisor_first_and_nothing_comes_back(supervised):
     settings = supervised.settings()
     supervisor = supervisor_status(settings)["pid"]

@@ -10,7 +10,9 @@ second it looks at what runs, and when something is wrong it takes the serving l
   them hanging for good); a stopped stub resumed later aborts tritonserver itself (lock_exception) anyway;
 - the gateway gone: started again.
 Repeated failures back off (1, 2, 4 ... MAX_BACKOFF_S). `make stop` stops the supervisor first; it also ends by
-itself when the server's state file is gone (stopped by other means). Every action is one line in its log and
+itself when the server's state file is gone (stopped by other means), and when a server of other settings replaced its
+own (a `serve` or `validate` of another config or overlay: that run's `serve` starts the supervisor of its own;
+restarting the old settings would kill the new server under the run that is validating it). Every action is one line in its log and
 in `make status` (`supervisor`).
 """
 
@@ -33,7 +35,7 @@ from hf2triton.gateway.process import ensure_gateway, gateway_alive
 from hf2triton.specs import OpenAISpec, ServerSpec, from_param
 from hf2triton.triton.cleanup import find_ours, terminate
 from hf2triton.triton.process import ensure_server, serving_lock
-from hf2triton.triton.settings import Settings
+from hf2triton.triton.settings import Settings, redacted_command
 from hf2triton.triton.state import dead_stub_models, read_state
 
 log = logging.getLogger("hf2triton.supervisor")
@@ -134,6 +136,22 @@ class Supervisor:
         self.settings, self.openai = settings, openai
         self.stopped_since: dict[int, float] = {}  # stub pid -> when it was first seen stopped
         self.backoff_s, self.last_problem_at = 1.0, 0.0
+        self.command = self.served_command()  # the server it supervises (serve started it just before)
+
+    def served_command(self) -> list[str] | None:
+        """The running server's command line (secrets redacted) as its state file records it; None: no state."""
+        state = read_state(self.settings)
+        return redacted_command(state.get("cmdline", [])) if state else None
+
+    def superseded(self) -> bool:
+        """A server of other settings runs (or starts) in this server directory: another `serve` or `validate` took
+        it over. Its stubs are not ours to count, nor is the server ours to restart."""
+        command = self.served_command()
+        return command is not None and self.command is not None and command != self.command
+
+    def step_aside(self) -> None:
+        log.info("a server of other settings replaced the one supervised here: its own serve supervises it; exiting")
+        raise SystemExit(0)
 
     def problems(self) -> list[str]:
         """What is wrong now ([] when all serves); kills stubs stopped for STALLED_S on the way."""
@@ -175,12 +193,15 @@ class Supervisor:
                 state = read_state(self.settings)
                 if state is None:  # `make stop` ran meanwhile
                     raise SystemExit(0)
+                if self.superseded():  # another config's run restarted the server while this one waited for the lock
+                    self.step_aside()
                 if any("stub process" in problem for problem in problems):
                     kill_group(int(state["pid"]))
                     done.append(f"killed tritonserver (pid {state['pid']})")
                 server = ensure_server(self.settings)
                 if server["action"] != "keep":
                     done.append(f"server {server['action']} ({server['reason']})")
+                self.command = self.served_command()  # what this repair started (the same settings)
                 if self.openai.enabled:
                     gateway = ensure_gateway(self.settings, self.openai)["action"]
                     if gateway != "kept":
@@ -200,6 +221,8 @@ class Supervisor:
 
     def step(self) -> None:
         reap_children()
+        if self.superseded():
+            self.step_aside()
         problems = self.problems()
         now = time.monotonic()
         if not problems:
