@@ -111,6 +111,7 @@ class VllmSpec:
     max_num_batched_tokens: int | None = None  # None: vLLM's default
     enforce_eager: bool = False
     enable_prefix_caching: bool = True  # vLLM's default: a request reuses the cached blocks of a prompt prefix seen before
+    async_scheduling: bool | None = None  # None: vLLM's choice (on where it supports it)
     quantization: str | None = None  # None: the checkpoint's own
     load_format: str = "auto"  # dummy: random weights (benchmarks)
     tensor_parallel_size: int = 1  # GPUs each layer is split over (vLLM's multiprocessing executor, NCCL)

@@ -320,7 +320,7 @@ def test_gateway_workers_auto_is_one_per_two_cores_at_most_eight(tmp_path, monke
     assert [OpenAISpec().worker_count(cores) for cores in (1, 2, 7, 8, 16, 128)] == [1, 1, 3, 4, 8, 8]
     assert OpenAISpec(workers=3).worker_count(2) == 3, "a number is taken as it is"
     settings = Settings.of(ServerSpec(), ["m"], str(tmp_path / "w"), str(tmp_path / "r"))
-    for cores, workers in ((2, None), (16, "4")):
+    for cores, workers in ((2, None), (16, "8")):
         monkeypatch.setattr(host, "cpu_count", lambda cores=cores: cores)
         command = process.command(settings, OpenAISpec(enabled=True))
         assert (command[command.index("--workers") + 1] if "--workers" in command else None) == workers, cores

@@ -67,6 +67,7 @@ def test_vllm_defaults_and_spec():
         "max_num_batched_tokens": None,
         "enforce_eager": False,
         "enable_prefix_caching": True,
+        "async_scheduling": None,
         "quantization": None,
         "load_format": "auto",
         "tensor_parallel_size": 1,
@@ -381,6 +382,7 @@ ENGINE_PARAMS = {
     "max_num_batched_tokens": 0,
     "enforce_eager": False,
     "enable_prefix_caching": True,
+    "async_scheduling": "",
     "quantization": "",
     "load_format": "dummy",
     "tensor_parallel_size": 1,
@@ -413,6 +415,8 @@ def test_engine_arguments():
     explicit = engine_arguments(engine_params(dtype="bfloat16", max_num_batched_tokens=8192, quantization="fp8"))
     assert (explicit["dtype"], explicit["max_num_batched_tokens"], explicit["quantization"]) == ("bfloat16", 8192, "fp8")
     assert engine_arguments(engine_params(enable_prefix_caching=False))["enable_prefix_caching"] is False
+    assert engine_arguments(engine_params(async_scheduling="false"))["async_scheduling"] is False
+    assert engine_arguments(engine_params(async_scheduling="true"))["async_scheduling"] is True
 
 
 def test_sampling_arguments_and_finish():

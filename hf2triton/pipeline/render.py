@@ -166,6 +166,7 @@ def vllm_parameters(vllm: VllmSpec, context: int | None) -> dict[str, object]:
         max_model_len=context or VLLM_MAX_MODEL_LEN,
         max_num_batched_tokens=vllm.max_num_batched_tokens or 0,
         quantization=vllm.quantization or "",
+        async_scheduling="" if vllm.async_scheduling is None else str(vllm.async_scheduling).lower(),
     )
     return values
 

@@ -372,6 +372,7 @@ class ModelParameters:
     max_num_batched_tokens: int = 0  # tokens per engine step; 0: vLLM's default
     enforce_eager: bool = False  # no torch.compile / CUDA graphs
     enable_prefix_caching: bool = True  # vLLM's automatic prefix caching (its default)
+    async_scheduling: str = ""  # "": vLLM's choice; "true" / "false": the config's vllm.async_scheduling
     quantization: str = ""  # vLLM's quantization method; "": the checkpoint's own
     load_format: str = "auto"  # dummy: random weights (benchmarks)
     tensor_parallel_size: int = 1  # GPUs each layer is split over
@@ -450,6 +451,7 @@ VLLM_KEYS = [
     "max_num_batched_tokens",
     "enforce_eager",
     "enable_prefix_caching",
+    "async_scheduling",
     "quantization",
     "load_format",
     "tensor_parallel_size",

@@ -68,6 +68,8 @@ def engine_arguments(params: Any) -> dict[str, Any]:
         arguments["max_num_batched_tokens"] = params.max_num_batched_tokens
     if not params.enable_prefix_caching:  # on: vLLM's default, not named
         arguments["enable_prefix_caching"] = False
+    if params.async_scheduling:  # "": vLLM's own choice, not named
+        arguments["async_scheduling"] = params.async_scheduling == "true"
     if params.quantization:  # "": the checkpoint's own
         arguments["quantization"] = params.quantization
     if params.tensor_parallel_size * params.pipeline_parallel_size > 1:  # workers in processes of their own, over NCCL
