@@ -38,6 +38,7 @@
 #   bash benchmarks/gpu/device.sh stash-vllm .gpu-assets/vllm/callN   keep prepare_vllm.sh's pieces in /tmp/gpu-assets-vllm
 #   bash benchmarks/gpu/device.sh setup-vllm                  (after setup) the vLLM environment /tmp/v-vllm over /tmp/v
 #   bash benchmarks/gpu/device.sh clip                        (after setup) CLIP image embeddings served vs in-process
+#   bash benchmarks/gpu/device.sh grammar-mask                (after setup) the torch engine's grammar mask per step on the GPU
 #   bash benchmarks/gpu/device.sh stash-clients DIR           a folder of prepare_clients.sh (lm-eval, guidellm wheels)
 #   bash benchmarks/gpu/device.sh setup-clients               (after setup) installs them: vllm-tests runs lm-eval, guidellm
 #   bash benchmarks/gpu/device.sh vllm-tests [PYTEST ARGS]    (after setup-vllm) the generation tests on backend vllm
@@ -71,7 +72,7 @@ CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for th
 GATEWAY_WORKERS=${GATEWAY_WORKERS:-}  # vllm-compare gateways, rounds: the gateway again with these worker counts (e.g. "1 8")
 GATEWAY_PIDS=()
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
-step=${1:?stash|stash-clients|setup-clients|setup|tasks|media|speech|clip|multigpu|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
+step=${1:?stash|stash-clients|setup-clients|setup|tasks|media|speech|clip|grammar-mask|multigpu|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
 join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
   python3 - "$1" <<'PY'
@@ -280,6 +281,13 @@ clip)  # issue 45 #3 (after setup): CLIP (ViT-B/32's shape) image embeddings thr
   # against the model in-process at batch 1 and 64 (benchmarks/probes/clip_embeddings.py) -> $OUT/clip-embeddings.json
   CLIP_CLIENTS=${CLIP_CLIENTS:-1 32} CLIP_IMAGES=${CLIP_IMAGES:-1 32} CLIP_SECONDS=${CLIP_SECONDS:-10} CLIP_OUT=results/clip-embeddings.json \
     run_probe clip-embeddings benchmarks/probes/clip_embeddings.py
+  ;;
+grammar-mask)  # issue 44 (after setup): the torch engine's grammar mask per step on the GPU, part by part
+  # (benchmarks/probes/grammar_mask.py cuda) -> $OUT/grammar-mask.txt
+  install_xgrammar
+  mkdir -p results
+  timeout "${STEP_S:-240}" "$VENV/bin/python" benchmarks/probes/grammar_mask.py cuda 2>&1 | grep -v -i warn | tee results/grammar-mask.txt
+  [ -z "${OUT:-}" ] || cp results/grammar-mask.txt "$OUT/"
   ;;
 multigpu)  # issue 47 on a machine of 2+ GPUs (after setup and setup-vllm), one part per call:
   #   tp-triton: a Qwen2.5-32B-shaped model (random weights) served by backend vllm, tensor_parallel_size 2, and loaded
