@@ -247,3 +247,23 @@ def test_the_cpu_mask_equals_xgrammars_kernel(rows):
     assert torch.equal(ours, theirs)
     untouched = [row for row in range(4) if row not in rows]
     assert torch.equal(ours[untouched], logits[untouched]) and ours.isinf().any()
+
+
+def test_decode_probe_guided_cells_run_free_and_constrained_rows(llama, monkeypatch):
+    """benchmarks/gpu/decode_probe.py --guided (the GPU host's breakdown of the constrained step's cost), on the CPU:
+    both medians measured, the constrained run profiled."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    gpu = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
+    monkeypatch.syspath_prepend(str(gpu))  # decode_probe imports generation_bench from its own directory
+    spec = importlib.util.spec_from_file_location("decode_probe", gpu / "decode_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "decode_probe", probe)
+    spec.loader.exec_module(probe)
+    model, tokenizer = llama
+    ids = [tokenizer("Hello there", add_special_tokens=False)["input_ids"], tokenizer("A person", add_special_tokens=False)["input_ids"]]
+    (cell,) = probe.guided_cells(model, tokenizer, ids, [2], 24, device="cpu")
+    assert cell["rows"] == 2 and cell["ms_per_full_step_free"] > 0 and cell["ms_per_full_step_guided"] > 0, cell
+    assert "function calls" in cell["guided_profile"] and cell["free_over_guided"] > 0

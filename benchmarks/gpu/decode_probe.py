@@ -5,20 +5,32 @@ row decodes the same number of steps), no Triton. Prints and writes tokens/s, ms
 variant produced the same greedy tokens as the dynamic cache.
 
     python benchmarks/gpu/decode_probe.py MODEL_DIR OUT.json [--rows 1 32 64 128] [--tokens 128] [--dtype float16]
+    python benchmarks/gpu/decode_probe.py MODEL_DIR OUT.json --guided [--rows 1 32] [--tokens 48]
+
+--guided (issue 44: served on an H100, 32 JSON-constrained rows decoded at 0.53x the free ITL): the slots with CUDA
+graphs, every row free and then every row constrained to benchmarks/structured_output.py's "person" schema, the
+median milliseconds of the steps where all rows were running, and where a guided run's host time goes (cProfile,
+by own time). A constrained row ends with its JSON; a free one runs all `--tokens`.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
+import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from generation_bench import PROMPTS  # the served load's prompts (this directory is on sys.path)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf2triton.serving.batching.continuous import ContinuousBatcher
-from hf2triton.serving.batching.sequences import Sampling, Sequence
+from hf2triton.serving.batching.sequences import Guided, Sampling, Sequence
 from hf2triton.serving.batching.slots import SlotBatcher
 
 VARIANTS = {
@@ -28,17 +40,60 @@ VARIANTS = {
 }
 
 
-def run(batcher, prompts: list[list[int]], tokens: int) -> tuple[float, int, list[list[int]]]:
-    batcher.eos_ids = set()  # every row decodes `tokens` steps
-    sequences = [Sequence(ids, Sampling(max_new_tokens=tokens), lambda text, finish: None) for ids in prompts]
-    torch.cuda.synchronize()
+def run(batcher, prompts: list[list[int]], tokens: int, guided: Guided | None = None, full_steps: list | None = None):
+    """(seconds, steps, each row's tokens); `full_steps` collects the milliseconds of the steps that ran every row."""
+    batcher.eos_ids = set()  # every free row decodes `tokens` steps (a guided one ends with its grammar)
+    sequences = [Sequence(ids, Sampling(max_new_tokens=tokens, guided=guided), lambda text, finish: None) for ids in prompts]
+    sync = torch.cuda.synchronize if batcher.device.startswith("cuda") else lambda: None  # the CPU: tests only
+    sync()
     started, steps = time.perf_counter(), batcher.steps
     for sequence in sequences:
         batcher.submit(sequence)
     while not batcher.idle:
+        before, rows = time.perf_counter(), len(batcher.running)
         batcher.step()
-    torch.cuda.synchronize()
+        if full_steps is not None and rows == len(prompts):
+            full_steps.append(1000 * (time.perf_counter() - before))
+    sync()
     return time.perf_counter() - started, batcher.steps - steps, [s.generated for s in sequences]
+
+
+def guided_cells(model, tokenizer, ids: list[list[int]], rows_list: list[int], tokens: int, device: str = "cuda:0") -> list[dict]:
+    """Free vs JSON-constrained rows on the slots with CUDA graphs: the median step with every row running, and the
+    top of a constrained run's profile."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from structured_output import SCHEMAS  # benchmarks/: the served bench's schemas
+
+    schema = Guided("json_schema", SCHEMAS["person"])
+    cells = []
+    for rows in rows_list:
+        prompts = [ids[i % len(ids)] for i in range(rows)]
+        limits = {"max_sequences": max(rows_list), "max_queue": max(rows_list), "context": 2048}
+        batcher = SlotBatcher(model, tokenizer, device, cuda_graphs=True, **limits)
+        run(batcher, prompts, tokens)  # warm-up: the buckets' graphs, xgrammar's compiled schema
+        run(batcher, prompts, tokens, schema)
+        medians = {}
+        for name, guided in (("free", None), ("guided", schema)):
+            full: list[float] = []
+            run(batcher, prompts, tokens, guided, full)
+            medians[name] = round(statistics.median(full), 3) if full else None
+        profile = cProfile.Profile()
+        profile.enable()
+        run(batcher, prompts, tokens, schema)
+        profile.disable()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(12)
+        cell = {
+            "rows": rows,
+            "ms_per_full_step_free": medians["free"],
+            "ms_per_full_step_guided": medians["guided"],
+            "free_over_guided": round(medians["free"] / medians["guided"], 3) if medians["free"] and medians["guided"] else None,
+        }
+        print(json.dumps(cell), flush=True)
+        print(text.getvalue(), flush=True)
+        cells.append({**cell, "guided_profile": text.getvalue()})
+        del batcher
+    return cells
 
 
 def main() -> None:
@@ -48,6 +103,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64, 128])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--guided", action="store_true", help="free vs JSON-constrained rows (CUDA graphs), profiled")
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=getattr(torch, args.dtype)).to("cuda:0").eval()
@@ -55,8 +111,8 @@ def main() -> None:
         tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in PROMPTS
     ]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in templated]
-    results = []
-    for rows in args.rows:
+    results = guided_cells(model, tokenizer, ids, args.rows, args.tokens) if args.guided else []
+    for rows in [] if args.guided else args.rows:
         prompts = [ids[i % len(ids)] for i in range(rows)]
         reference = None
         for name, build in VARIANTS.items():

@@ -283,11 +283,19 @@ clip)  # issue 45 #3 (after setup): CLIP (ViT-B/32's shape) image embeddings thr
     run_probe clip-embeddings benchmarks/probes/clip_embeddings.py
   ;;
 grammar-mask)  # issue 44 (after setup): the torch engine's grammar mask per step on the GPU, part by part
-  # (benchmarks/probes/grammar_mask.py cuda) -> $OUT/grammar-mask.txt
+  # (benchmarks/probes/grammar_mask.py cuda), then, where a part before saved SmolLM2, its batcher in-process with
+  # 1 and 32 rows free vs JSON-constrained, the constrained run profiled (decode_probe.py --guided)
+  # -> $OUT/grammar-mask.txt, $OUT/decode-guided.json
   install_xgrammar
   mkdir -p results
   timeout "${STEP_S:-240}" "$VENV/bin/python" benchmarks/probes/grammar_mask.py cuda 2>&1 | grep -v -i warn | tee results/grammar-mask.txt
-  [ -z "${OUT:-}" ] || cp results/grammar-mask.txt "$OUT/"
+  if [ -f .hf2triton/models/smollm2/pretrained/config.json ]; then
+    timeout "${STEP_S:-240}" "$VENV/bin/python" benchmarks/gpu/decode_probe.py .hf2triton/models/smollm2/pretrained \
+      results/decode-guided.json --guided --rows 1 32 --tokens 48 2>&1 | grep -v -i warn | tee -a results/grammar-mask.txt
+  else
+    echo "grammar-mask: no saved SmolLM2 (.hf2triton/models/smollm2/pretrained): decode_probe.py --guided skipped"
+  fi
+  [ -z "${OUT:-}" ] || cp results/grammar-mask.txt results/decode-guided.json "$OUT/" 2>/dev/null || true
   ;;
 multigpu)  # issue 47 on a machine of 2+ GPUs (after setup and setup-vllm), one part per call:
   #   tp-triton: a Qwen2.5-32B-shaped model (random weights) served by backend vllm, tensor_parallel_size 2, and loaded
