@@ -420,8 +420,9 @@ def server_block() -> dict:
 
 # HF2TRITON_TEST_BACKEND (a GPU host: `benchmarks/gpu/device.sh vllm-tests`): the generation tests' served models on
 # backend vllm (`vllm`, the vLLM environment at HF2TRITON_TEST_VLLM_ENV) or on the torch engine on the GPU
-# (`torch-gpu`) instead of the torch engine where `device: auto` puts it (`python`, the default: the CPU in CI).
-TEST_BACKENDS = ("python", "vllm", "torch-gpu")
+# (`torch-gpu`) or on the ONNX Runtime decoder behind the same batcher (`onnx`, where `device: auto` puts it: the CPU
+# here) instead of the torch engine where `device: auto` puts it (`python`, the default: the CPU in CI).
+TEST_BACKENDS = ("python", "vllm", "torch-gpu", "onnx")
 TEST_BACKEND = os.environ.get("HF2TRITON_TEST_BACKEND", "python")
 if TEST_BACKEND not in TEST_BACKENDS:
     raise ValueError(f"HF2TRITON_TEST_BACKEND={TEST_BACKEND!r}: one of {', '.join(TEST_BACKENDS)}")
@@ -430,23 +431,34 @@ TEST_VLLM_ENV = os.environ.get("HF2TRITON_TEST_VLLM_ENV", "")
 TEST_VLLM_EXTRA = json.loads(os.environ.get("HF2TRITON_TEST_VLLM_EXTRA") or "{}")
 
 
-def on_test_backend(entries: list[dict], **vllm: object) -> list[dict]:
-    """The text-generation `entries` on HF2TRITON_TEST_BACKEND: as they are, on backend vllm, or on the torch engine
-    on the GPU -- both in float32 (the tests' references are the float32 model in-process); backend vllm with as many
-    running sequences as their `generation` allows (`vllm`: more of its keys). Skips where that cannot run."""
-    if TEST_BACKEND == "python":
+def on_test_backend(entries: list[dict], backend: str | None = None, **vllm: object) -> list[dict]:
+    """The text-generation `entries` on `backend` (default HF2TRITON_TEST_BACKEND): as they are, on backend onnx (the
+    GenAI builder's export on the CPU), on backend vllm, or on the torch engine on the GPU -- the last two in float32
+    (the tests' references are the float32 model in-process); backend vllm with as many running sequences as their
+    `generation` allows (`vllm`: more of its keys). Skips where that cannot run."""
+    backend = backend or TEST_BACKEND
+    if backend == "python":
         return entries
-    if not host.has_gpu() or (TEST_BACKEND == "vllm" and not TEST_VLLM_ENV):
+    if backend == "onnx":
+        for entry in entries:
+            entry.update(backend="onnx")
+        return entries
+    if not host.has_gpu() or (backend == "vllm" and not TEST_VLLM_ENV):
         import pytest
 
-        pytest.skip(f"HF2TRITON_TEST_BACKEND={TEST_BACKEND} needs a CUDA GPU (and for vllm HF2TRITON_TEST_VLLM_ENV): run on the H200")
+        pytest.skip(f"HF2TRITON_TEST_BACKEND={backend} needs a CUDA GPU (and for vllm HF2TRITON_TEST_VLLM_ENV): run on the H200")
     for entry in entries:
         entry.update(device="gpu", dtype="float32")
-        if TEST_BACKEND == "vllm":
+        if backend == "vllm":
             sequences = entry.get("generation", {}).get("max_sequences", 8)
             entry.update(backend="vllm")
             entry["vllm"] = {"max_num_seqs": sequences, "gpu_memory_utilization": 0.2, **vllm, **TEST_VLLM_EXTRA}
     return entries
+
+
+# The engines the streaming tests run on in one session: the torch engine and the ONNX Runtime decoder behind the same
+# batcher on the CPU (CI), or the one HF2TRITON_TEST_BACKEND names (a GPU host)
+STREAMING_ENGINES = ("python", "onnx") if TEST_BACKEND == "python" else (TEST_BACKEND,)
 
 
 def make_workflow(directory: Path, models: list[dict]) -> Workflow:

@@ -2,7 +2,11 @@
 streamed text joined = one-answer text = in-process greedy text; HTTP generate_stream sends pieces as server-sent
 events; staggered streams each equal their solo result; a cancelled stream frees its place; a full queue is
 refused at once while running streams finish; stop strings and seeds; the chat form; the per-request cap.
-Streaming is the default for a text-generation model on the python backend (the fixture does not ask for it)."""
+Streaming is the default for a text-generation model on the python backend (the fixture does not ask for it). Every
+test runs on the torch engine and on the ONNX Runtime decoder behind the same batcher (backend onnx, the GenAI
+builder's export: issue 46 #3), or on the engine HF2TRITON_TEST_BACKEND names (backend vllm on a GPU host). The ONNX
+run's validation streams its parity prompts at once: with this fixture's max_queue of 2 it was "busy" before
+validation sent no more than the queue holds."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import urllib.request
 import pytest
 
 from hf2triton.triton import client
-from tests.helpers import long_context_copy, make_workflow, on_test_backend, staggered, tiny_model_entries
+from tests.helpers import STREAMING_ENGINES, long_context_copy, make_workflow, on_test_backend, staggered, tiny_model_entries
 
 pytestmark = pytest.mark.integration
 
@@ -25,14 +29,14 @@ LONG = {"max_new_tokens": 2000, "temperature": 1.0, "seed": 1}
 PROMPTS = ["What is the capital of France?", "Hi", "Tell me a very long story about a dragon and a knight", "你好，介绍一下你自己"]
 
 
-@pytest.fixture(scope="module")
-def streaming(tmp_path_factory, tiny_models):
+@pytest.fixture(scope="module", params=STREAMING_ENGINES)
+def streaming(request, tmp_path_factory, tiny_models):
     long_context = long_context_copy(tiny_models["text-generation"], tmp_path_factory.mktemp("long-context"))
     entries = tiny_model_entries({"text-generation": long_context})
     # 4 response threads, as a 16-core GPU host gets by default (this machine's default would be 1)
     generation = {"max_new_tokens": 16, "max_sequences": 2, "max_queue": 2, "max_new_tokens_limit": 3000, "response_threads": 4}
     entries[0]["generation"] = generation
-    workflow = make_workflow(tmp_path_factory.mktemp("streaming"), on_test_backend(entries, max_model_len=4096))
+    workflow = make_workflow(tmp_path_factory.mktemp("streaming"), on_test_backend(entries, request.param, max_model_len=4096))
     workflow.run("serve")
     workflow.original_config = copy.deepcopy(workflow.config)
     yield workflow

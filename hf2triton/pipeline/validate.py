@@ -342,7 +342,9 @@ def export_precision(rendered: mc.ModelConfig) -> str:
 
 def parity_check(rendered: mc.ModelConfig, name: str, http_client, floor: float, grpc_url: str = "") -> dict[str, Any]:
     """Served non-torch backend vs the torch reference on the fixed probe set, with the figures. A streaming model's
-    (`grpc_url`) answers are streamed, all prompts at once: rows of different lengths join and leave one batch."""
+    (`grpc_url`) answers are streamed together, as many at once as its queue holds (none may have joined the running
+    batch when the last is sent: more would be "busy" on a small generation.max_queue): rows of different lengths join
+    and leave one batch."""
     from concurrent.futures import ThreadPoolExecutor
 
     import tritonclient.http as httpclient
@@ -351,7 +353,7 @@ def parity_check(rendered: mc.ModelConfig, name: str, http_client, floor: float,
     texts = PARITY_GENERATION_PROMPTS if params.task == GENERATION else parity_texts(params.task, params.model_dir, PARITY_PROBES)
     outputs = tuple(o.name for o in rendered.output)
     if grpc_url:
-        with ThreadPoolExecutor(len(texts)) as pool:
+        with ThreadPoolExecutor(max(1, min(len(texts), params.max_queue))) as pool:
             streamed = pool.map(lambda text: client.stream_generate(grpc_url, name, text, VALIDATION_OPTIONS)["text"].strip(), texts)
             served = {interface.TEXT_OUTPUT: np.array([text.encode() for text in streamed], dtype=np.object_)}
     else:
