@@ -461,6 +461,20 @@ def on_test_backend(entries: list[dict], backend: str | None = None, **vllm: obj
 STREAMING_ENGINES = ("python", "onnx") if TEST_BACKEND == "python" else (TEST_BACKEND,)
 
 
+def load_gpu_script(name: str, monkeypatch):
+    """benchmarks/gpu/NAME.py as a module (registered under NAME, its directory on sys.path: the scripts import each
+    other by name and their dataclasses look their module up), undone after the test."""
+    import importlib.util
+
+    directory = ROOT / "benchmarks" / "gpu"
+    monkeypatch.syspath_prepend(str(directory))
+    spec = importlib.util.spec_from_file_location(name, directory / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
 def make_workflow(directory: Path, models: list[dict]) -> Workflow:
     directory.mkdir(parents=True, exist_ok=True)
     paths = {"work": ".hf2triton"}

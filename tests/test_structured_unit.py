@@ -19,7 +19,7 @@ from hf2triton.serving.batching.sequences import Guided, Sampling, Sequence
 from hf2triton.serving.batching.slots import SlotBatcher
 from hf2triton.serving.inputs import RequestError, guided_option
 from hf2triton.triton import client
-from tests.helpers import tiny_bart, tiny_llama, tiny_t5
+from tests.helpers import load_gpu_script, tiny_bart, tiny_llama, tiny_t5
 from tests.test_continuous_batching import Collector
 
 SCHEMA = {
@@ -252,16 +252,7 @@ def test_the_cpu_mask_equals_xgrammars_kernel(rows):
 def test_decode_probe_guided_cells_run_free_and_constrained_rows(llama, monkeypatch):
     """benchmarks/gpu/decode_probe.py --guided (the GPU host's breakdown of the constrained step's cost), on the CPU:
     both medians measured, the constrained run profiled."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    gpu = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
-    monkeypatch.syspath_prepend(str(gpu))  # decode_probe imports generation_bench from its own directory
-    spec = importlib.util.spec_from_file_location("decode_probe", gpu / "decode_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "decode_probe", probe)
-    spec.loader.exec_module(probe)
+    probe = load_gpu_script("decode_probe", monkeypatch)  # it imports generation_bench from its own directory
     model, tokenizer = llama
     ids = [tokenizer("Hello there", add_special_tokens=False)["input_ids"], tokenizer("A person", add_special_tokens=False)["input_ids"]]
     (cell,) = probe.guided_cells(model, tokenizer, ids, [2], 24, device="cpu")

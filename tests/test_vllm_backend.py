@@ -20,7 +20,7 @@ import yaml
 from hf2triton.config import validate_config
 from hf2triton.errors import UserError
 from hf2triton.specs import VLLM_MAX_MODEL_LEN, GenerationSpec, ModelSpec, VllmSpec, project_spec, serving_values
-from tests.helpers import BIN, CUDA_TORCH, ROOT, SNAKEFILE, ask_each_model, server_block
+from tests.helpers import BIN, CUDA_TORCH, ROOT, SNAKEFILE, ask_each_model, load_gpu_script, server_block
 
 GENERATE = {"name": "llm", "source": "org/llm", "task": "text-generation", "backend": "vllm"}
 
@@ -734,22 +734,12 @@ def test_served_vllm_model_needs_a_gpu():
 # ---------------------------------------------------------------- the H200 load generator, against fake endpoints
 
 
-def load_bench_module(monkeypatch):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("generation_bench", ROOT / "benchmarks" / "gpu" / "generation_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "generation_bench", bench)  # its dataclasses look their module up
-    spec.loader.exec_module(bench)
-    return bench
-
-
 @pytest.mark.integration
 def test_generation_bench_against_a_served_streaming_model(tiny_workflow, tmp_path, monkeypatch):
     """The real thing the H200 run reads: hf2triton's streaming model (torch) through Triton's generate_stream events
     and through Triton's gRPC stream (kind `grpc`, as the gateway reads it): the same greedy answers' lengths. Two
     rounds, the order reversed in the second; the markdown's medians and per-round ratios to the reference."""
-    bench = load_bench_module(monkeypatch)
+    bench = load_gpu_script("generation_bench", monkeypatch)
     settings = tiny_workflow.settings()
     targets = ["--target", f"sse=triton,http://{settings.url()},generate", "--target", f"grpc=grpc,{settings.url('grpc_port')},generate"]
     out, table = tmp_path / "r.json", tmp_path / "r.md"
@@ -795,7 +785,7 @@ def test_generation_bench_measures_the_engine_alone(tiny_models, tmp_path, monke
     }
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
-    bench = load_bench_module(monkeypatch)
+    bench = load_gpu_script("generation_bench", monkeypatch)
     out = tmp_path / "alone.json"
     model = tiny_models["text-generation"]
     arguments = ["--target", f"alone=engine,{model},smollm2,ignore_eos", "--clients", "2", "--seconds", "1", "--warmup-s", "0.2"]
@@ -817,7 +807,7 @@ def test_generation_bench_reads_both_kinds_of_stream(tmp_path, monkeypatch):
 
     from aiohttp import web
 
-    bench = load_bench_module(monkeypatch)
+    bench = load_gpu_script("generation_bench", monkeypatch)
     monkeypatch.setenv("HF2TRITON_KEY_FILE", str(tmp_path / "key"))
     (tmp_path / "key").write_text("secret\n")
     monkeypatch.setattr(bench, "client_key", lambda: "secret")

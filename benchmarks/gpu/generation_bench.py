@@ -343,6 +343,10 @@ async def wait_ready(session, target: Target, headers: dict, timeout_s: float) -
         await asyncio.sleep(2)
 
 
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}" if values else "–"
+
+
 def ratios(results: list[dict], reference: str) -> list[str]:
     """Markdown rows: per (target, clients), the medians over rounds of tokens/s, TTFT and ITL p50, and the medians
     of the per-round ratios to `reference`'s cell of the same round and clients (tokens/s; ITL p50)."""
@@ -354,17 +358,13 @@ def ratios(results: list[dict], reference: str) -> list[str]:
         pairs = [(c, by_key.get((reference, clients, c.get("round", 0)))) for c in cells]
         pairs = [(c, r) for c, r in pairs if r is not None and r["tokens_per_s"] and r["itl_ms_p50"]]
         tokens = [c["tokens_per_s"] for c in cells]
-
-        def median(values: list[float]) -> str:
-            return f"{statistics.median(values):.2f}" if values else "–"
-
         figures = [
             len(cells),
             f"{statistics.median(tokens):,.0f} ({min(tokens):,.0f}–{max(tokens):,.0f})",
-            median([c["ttft_ms_p50"] for c in cells if c["ttft_ms_p50"] is not None]),
-            median([c["itl_ms_p50"] for c in cells if c["itl_ms_p50"] is not None]),
-            median([c["tokens_per_s"] / r["tokens_per_s"] for c, r in pairs]),
-            median([c["itl_ms_p50"] / r["itl_ms_p50"] for c, r in pairs if c["itl_ms_p50"] is not None]),
+            _median([c["ttft_ms_p50"] for c in cells if c["ttft_ms_p50"] is not None]),
+            _median([c["itl_ms_p50"] for c in cells if c["itl_ms_p50"] is not None]),
+            _median([c["tokens_per_s"] / r["tokens_per_s"] for c, r in pairs]),
+            _median([c["itl_ms_p50"] / r["itl_ms_p50"] for c, r in pairs if c["itl_ms_p50"] is not None]),
         ]
         rows.append(f"| {target} | {clients} | " + " | ".join(map(str, figures)) + " |")
     head = [
@@ -438,8 +438,8 @@ def main(argv: list[str] | None = None) -> int:
             for clients in args.clients:
                 cell_s = args.warmup_s + args.seconds + 10  # + the last answers after the window
                 if time.monotonic() - started + cell_s > args.budget_s:
-                    skipped = {"target": target.name, "kind": target.kind, "clients": clients, "skipped": "time budget"}
-                    results.append({**skipped, "round": round_})
+                    cell = {"target": target.name, "kind": target.kind, "clients": clients, "skipped": "time budget"}
+                    results.append({**cell, "round": round_})
                 else:
                     cell = {**await run_cell(session, target, clients, args.seconds, args.warmup_s, args.max_tokens, sent), "round": round_}
                     results.append(cell)
