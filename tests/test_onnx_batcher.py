@@ -15,9 +15,11 @@ from hf2triton.serving.batching.sequences import Guided, Sampling, Sequence
 PROMPTS = ["What is the capital of France?", "Hi", "Tell me a very long story about a dragon and a knight", "x y z"]
 LONG_PROMPT = " ".join(f"chapter {i}: the dragon met the knight again." for i in range(10))  # 110 tokens: chunked below
 LIMITS = {"max_sequences": 3, "max_queue": 16, "context": 256, "max_prefill_tokens": 64}
-# (exporter, preallocated cache): the served choices -- the builder's graph on the CPU and on a GPU, optimum's
-VARIANTS = [("genai-builder", False), ("genai-builder", True), ("optimum", False)]
-VARIANT_IDS = ["builder-dynamic", "builder-slots", "optimum"]
+# (exporter, preallocated cache): the served choices -- the builder's graph on the CPU and on a GPU (eager, or in
+# the padded buckets and fixed buffers its CUDA graphs replay: ONNX Runtime's CPU provider runs them as they are),
+# optimum's
+VARIANTS = [("genai-builder", False), ("genai-builder", True), ("genai-builder", "buckets"), ("optimum", False)]
+VARIANT_IDS = ["builder-dynamic", "builder-slots", "builder-slots-graph-buckets", "optimum"]
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +40,12 @@ def exports(tmp_path_factory, tiny_models) -> dict:
     return {"torch": transformers.AutoModelForCausalLM.from_pretrained(path).eval(), "tokenizer": tokenizer, **decoders}
 
 
-def served(exports, exporter: str, slots: bool) -> OnnxBatcher:
-    """The batcher model.py would build (`slots`: as on a GPU, after its probe against the dynamic cache)."""
+def served(exports, exporter: str, slots: bool | str) -> OnnxBatcher:
+    """The batcher model.py would build (`slots`: as on a GPU, after its probe against the dynamic cache;
+    "buckets": as with CUDA graphs, whose capture needs a GPU)."""
+    if slots == "buckets":
+        batcher = OnnxSlotBatcher(exports[exporter], exports["tokenizer"], "cpu", graphs=True, **LIMITS)
+        return batcher
     batcher = new_batcher(exports[exporter], exports["tokenizer"], "cpu", cuda_graphs=False, slots=slots, **LIMITS)
     assert isinstance(batcher, OnnxSlotBatcher) == slots and batcher.right_padded == (exporter == "genai-builder")
     return batcher
@@ -59,13 +65,16 @@ def run(batcher, tokenizer, requests: list[tuple[str, Sampling]], every: int = 2
 @pytest.mark.parametrize("exporter,slots", VARIANTS, ids=VARIANT_IDS)
 def test_rows_joining_and_leaving_decode_the_torch_batchers_tokens(exports, exporter, slots):
     tokenizer = exports["tokenizer"]
-    requests = [(p, Sampling(max_new_tokens=n)) for p, n in zip([*PROMPTS, LONG_PROMPT], (20, 5, 30, 12, 17))]
+    requests = [(p, Sampling(max_new_tokens=n)) for p, n in zip([*PROMPTS, LONG_PROMPT], (20, 5, 30, 12, 24))]
     want = run(ContinuousBatcher(exports["torch"], tokenizer, "cpu", **LIMITS), tokenizer, requests)
     batcher = served(exports, exporter, slots)
     got = run(batcher, tokenizer, requests)
     assert [s.generated for s in got] == [s.generated for s in want]
     assert [s.text for s in got] == [s.text for s in want]
     assert batcher.cache is None and batcher.running == []  # all rows left: nothing held
+    if slots == "buckets":  # padded rows and columns, a binding per bucket (the long prompt grows past 128 columns)
+        shapes = {shape[:2] for shape in batcher.graph_steps}
+        assert shapes >= {(2, 128), (3, 128)} and 256 in {columns for _, columns in shapes}
 
 
 @pytest.mark.parametrize("exporter,slots", VARIANTS, ids=VARIANT_IDS)

@@ -6,6 +6,10 @@ variant produced the same greedy tokens as the dynamic cache.
 
     python benchmarks/gpu/decode_probe.py MODEL_DIR OUT.json [--rows 1 32 64 128] [--tokens 128] [--dtype float16]
     python benchmarks/gpu/decode_probe.py MODEL_DIR OUT.json --guided [--rows 1 32] [--tokens 48]
+    python benchmarks/gpu/decode_probe.py MODEL_DIR OUT.json --onnx ONNX_DIR [--rows 1 32 64]
+
+--onnx (issue 46 #3): the same model's ONNX Runtime GenAI builder export (float16, the served backend onnx's) behind
+the same batcher too: its preallocated slots eagerly and replaying ONNX Runtime's CUDA graphs per bucket.
 
 --guided (issue 44: served on an H100, 32 JSON-constrained rows decoded at 0.53x the free ITL): the slots with CUDA
 graphs, every row free and then every row constrained to benchmarks/structured_output.py's "person" schema, the
@@ -30,6 +34,7 @@ from generation_bench import PROMPTS  # the served load's prompts (this director
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf2triton.serving.batching.continuous import ContinuousBatcher
+from hf2triton.serving.batching.onnx import OnnxSlotBatcher
 from hf2triton.serving.batching.sequences import Guided, Sampling, Sequence
 from hf2triton.serving.batching.slots import SlotBatcher
 
@@ -104,7 +109,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--guided", action="store_true", help="free vs JSON-constrained rows (CUDA graphs), profiled")
+    parser.add_argument("--onnx", metavar="ONNX_DIR", help="the model's builder export: ONNX Runtime's slots too")
     args = parser.parse_args()
+    variants = dict(VARIANTS)
+    if args.onnx:
+        from hf2triton.serving.runtimes.onnxruntime import OrtDecoder
+
+        decoder = OrtDecoder(args.onnx, 0, "cuda:0", cuda_graphs=True)
+        variants["ONNX slots, eager"] = lambda _model, *a, **k: OnnxSlotBatcher(decoder, *a, graphs=False, **k)
+        variants["ONNX slots, CUDA graphs"] = lambda _model, *a, **k: OnnxSlotBatcher(decoder, *a, graphs=decoder.graph_capable, **k)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=getattr(torch, args.dtype)).to("cuda:0").eval()
     templated = [
@@ -115,7 +128,7 @@ def main() -> None:
     for rows in [] if args.guided else args.rows:
         prompts = [ids[i % len(ids)] for i in range(rows)]
         reference = None
-        for name, build in VARIANTS.items():
+        for name, build in variants.items():
             batcher = build(model, tokenizer, "cuda:0", max_sequences=max(args.rows), max_queue=max(args.rows), context=2048)
             run(batcher, prompts[:2], 8)  # warm-up (and the graphs of the small buckets)
             run(batcher, prompts, args.tokens)  # the buckets this load visits get captured

@@ -33,6 +33,8 @@
 #   bash benchmarks/gpu/device.sh decoder [ARGS]              (after serve with benchmarks/h200/onnx/smollm2.yaml) the ONNX
 #                                                             decoder loop in-process: KV bound to the GPU vs a plain Run
 #                                                             -> $OUT/ort-decoder.json
+#   bash benchmarks/gpu/device.sh onnx-steps [ARGS]           (after vllm-compare onnx) decode_probe.py --onnx: torch's slots vs
+#                                                             the ONNX decoder's, eager and CUDA graphs -> $OUT/onnx-steps.json
 #   bash benchmarks/gpu/device.sh repeat REPS MODEL...        (after serve) each model's bench cells REPS times, the models
 #                                                             interleaved in each round -> $OUT/repeat.tar.gz
 #   bash benchmarks/gpu/device.sh stash-vllm .gpu-assets/vllm/callN   keep prepare_vllm.sh's pieces in /tmp/gpu-assets-vllm
@@ -72,7 +74,7 @@ CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for th
 GATEWAY_WORKERS=${GATEWAY_WORKERS:-}  # vllm-compare gateways, rounds: the gateway again with these worker counts (e.g. "1 8")
 GATEWAY_PIDS=()
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
-step=${1:?stash|stash-clients|setup-clients|setup|tasks|media|speech|clip|grammar-mask|multigpu|setup-onnx|big-batch|decoder|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
+step=${1:?stash|stash-clients|setup-clients|setup|tasks|media|speech|clip|grammar-mask|multigpu|setup-onnx|big-batch|decoder|onnx-steps|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
 
 join_pieces() {  # STORE: join the pieces STORE/pieces/MANIFEST.json lists into STORE/<file>, check every sha256
   python3 - "$1" <<'PY'
@@ -431,6 +433,13 @@ decoder)  # (after serve with smollm2.yaml) issue 29 #4: OrtDecoder with the KV 
   "$VENV/bin/python" benchmarks/gpu/ort_decoder_probe.py .hf2triton/models/smollm2-onnx/onnx \
     .hf2triton/models/smollm2-onnx/pretrained results/ort-decoder.json "${@:2}"
   [ -z "${OUT:-}" ] || cp results/ort-decoder.json "$OUT/"
+  ;;
+onnx-steps)  # (after vllm-compare onnx) issue 46 #3 in-process: torch's slots (eager, CUDA graphs) vs the ONNX decoder's
+  # (eager, ONNX Runtime's CUDA graphs per bucket), the same SmolLM2 and prompts, no Triton
+  mkdir -p results
+  "$VENV/bin/python" benchmarks/gpu/decode_probe.py .hf2triton/models/smollm2/pretrained results/onnx-steps.json \
+    --onnx .hf2triton/models/smollm2-onnx/onnx --rows ${ROWS_LIST:-1 32 64} "${@:2}" 2>&1 | grep -v Warning | tail -n 30
+  [ -z "${OUT:-}" ] || cp results/onnx-steps.json "$OUT/"
   ;;
 repeat)  # (after serve) REPS MODEL...: each model's bench cells, REPS rounds, the models interleaved in each round
   export PATH="$VENV/bin:$PATH"

@@ -343,7 +343,7 @@ class ModelParameters:
     model_dir: str = ""
     backend: str = "python"
     dtype: str = "auto"
-    cuda_graphs: bool = True  # on a GPU: encoders' small batches (python, onnx), generation's decoding steps (python) replay graphs
+    cuda_graphs: bool = True  # on a GPU: encoders' small batches (python, onnx), generation's decoding steps (python, onnx) replay graphs
     num_threads: int = 0
     max_input_bytes: int = 65536
     max_texts_per_request: int = 256

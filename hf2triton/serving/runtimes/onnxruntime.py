@@ -6,6 +6,7 @@ instance's GPU (I/O bound to torch tensors there).
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -21,7 +22,7 @@ def load(spec: Any):
     """The export's decoder loop for text generation, an image or speech task's model, else its encoder
     (graph-capable on a GPU with cuda_graphs)."""
     if spec.decoder:
-        return OrtDecoder(spec.onnx_dir, spec.num_threads, spec.device)
+        return OrtDecoder(spec.onnx_dir, spec.num_threads, spec.device, cuda_graphs=spec.cuda_graphs)
     if spec.auto_class in IMAGE_AUTO_CLASSES:
         return OrtImageModel(spec.onnx_dir, spec.num_threads, spec.device)
     if spec.auto_class in SPEECH_AUTO_CLASSES:
@@ -107,6 +108,29 @@ def ort_session(path: str, num_threads: int, spin_within_runs: bool = False, dev
     return session
 
 
+def graph_options(session) -> tuple[bool, Any]:
+    """(whether `session` can capture CUDA graphs, the RunOptions of a run that must not): a graph-capable session
+    captures every run unless its options say `gpu_graph_id` -1."""
+    import onnxruntime as ort
+
+    provider_options = session.get_provider_options().get(CUDA_PROVIDER, {})
+    capable = provider_options.get("enable_cuda_graph") in ("1", "True", "true")
+    eager = ort.RunOptions()
+    if capable:
+        eager.add_run_config_entry("gpu_graph_id", "-1")
+    return capable, eager
+
+
+def replay_options(graph_id: int) -> Any:
+    """The RunOptions of the runs of one CUDA graph: ONNX Runtime warms up, captures on a later run of this id and
+    replays it from then on (ids from 1: 0 is ONNX Runtime's own)."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("gpu_graph_id", str(graph_id))
+    return options
+
+
 ORT_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -119,15 +143,10 @@ class OrtEncoder:
     hidden state (rows x length x width floats) down on every run."""
 
     def __init__(self, onnx_dir: str, num_threads: int, output_name: str, device: str = "cpu", cuda_graphs: bool = False):
-        import onnxruntime as ort
         from transformers import AutoConfig
 
         self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads, device=device, cuda_graphs=cuda_graphs)
-        provider_options = self.session.get_provider_options().get(CUDA_PROVIDER, {})
-        self.graph_capable = provider_options.get("enable_cuda_graph") in ("1", "True", "true")
-        self.eager_options = ort.RunOptions()
-        if self.graph_capable:  # a graph-capable session captures every run unless told not to
-            self.eager_options.add_run_config_entry("gpu_graph_id", "-1")
+        self.graph_capable, self.eager_options = graph_options(self.session)
         self.config = AutoConfig.from_pretrained(onnx_dir)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_name = output_name
@@ -190,14 +209,12 @@ class OrtEncoder:
     def graph_run(self, inputs: dict[str, Any], graph_id: int) -> Callable[[], Any]:
         """A run of one CUDA graph over fixed buffers (`inputs`, and the output it returns): ONNX Runtime captures
         it on an early call and replays it from then on; the buffers' addresses must never change."""
-        import onnxruntime as ort
         import torch
 
         feeds = self._device_feeds(torch, inputs, fixed=True)
         output = self._output(torch, feeds)
         binding = self._bind(feeds, output)
-        options = ort.RunOptions()
-        options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        options = replay_options(graph_id)
         stream = torch.cuda.current_stream(output.device)
 
         def run():
@@ -223,10 +240,16 @@ class OrtDecoder:
     (its rotary positions start at the row's first token) and appends a row's new key/value right after its
     own tokens, so prompts move to the left and each step adds a column of ones to the mask."""
 
-    def __init__(self, onnx_dir: str, num_threads: int, device: str = "cpu"):
+    def __init__(self, onnx_dir: str, num_threads: int, device: str = "cpu", cuda_graphs: bool = False):
         from transformers import AutoConfig, GenerationConfig
 
-        self.session = ort_session(os.path.join(onnx_dir, "model.onnx"), num_threads, spin_within_runs=True, device=device)
+        self.right_padded = os.path.isfile(os.path.join(onnx_dir, interface.GENAI_CONFIG))
+        # CUDA graphs for the builder's graph alone: the batcher replays its steps on the preallocated cache
+        # (batching/onnx.py OnnxSlotBatcher); optimum's graph grows a new cache at every step
+        path, graphs = os.path.join(onnx_dir, "model.onnx"), cuda_graphs and self.right_padded
+        self.session = ort_session(path, num_threads, spin_within_runs=True, device=device, cuda_graphs=graphs)
+        self.graph_capable, self.eager_options = graph_options(self.session)
+        self.graph_ids = itertools.count(1)  # one per captured bucket, unique within the session (every batcher's)
         self.config = AutoConfig.from_pretrained(onnx_dir)
         try:
             eos = GenerationConfig.from_pretrained(onnx_dir).eos_token_id
@@ -251,8 +274,11 @@ class OrtDecoder:
             if i.name.startswith("past_key_values")
         ]
         self.outputs = ["logits", *(name.replace("past_key_values", "present") for name, *_ in self.past)]
-        self.right_padded = os.path.isfile(os.path.join(onnx_dir, interface.GENAI_CONFIG))
         self.device_id = cuda_device_id(device)
+
+    def new_graph_options(self) -> Any:
+        """The RunOptions of a new CUDA graph of this session: an id no batcher of it has used."""
+        return replay_options(next(self.graph_ids))
 
     def _run(self, feeds: dict[str, Any]) -> list:
         """[logits on the host, present key/values where the graph ran]."""
@@ -264,7 +290,7 @@ class OrtDecoder:
         binding.bind_output(self.outputs[0])  # the sampler reads the logits on the host
         for name in self.outputs[1:]:
             binding.bind_output(name, "cuda", self.device_id)
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, self.eager_options)
         return binding.get_outputs()
 
     def _feeds(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list) -> dict[str, Any]:
