@@ -258,3 +258,5 @@ def test_decode_probe_guided_cells_run_free_and_constrained_rows(llama, monkeypa
     (cell,) = probe.guided_cells(model, tokenizer, ids, [2], 24, device="cpu")
     assert cell["rows"] == 2 and cell["ms_per_full_step_free"] > 0 and cell["ms_per_full_step_guided"] > 0, cell
     assert "function calls" in cell["guided_profile"] and cell["free_over_guided"] > 0
+    loops = cell["closed_loop_free"], cell["closed_loop_guided"]
+    assert all(loop["tokens_per_s"] > 0 for loop in loops) and cell["closed_loop_guided_over_free_tokens_per_s"] > 0, cell

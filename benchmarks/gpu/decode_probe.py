@@ -13,8 +13,9 @@ the same batcher too: its preallocated slots eagerly and replaying ONNX Runtime'
 
 --guided (issue 44: served on an H100, 32 JSON-constrained rows decoded at 0.53x the free ITL): the slots with CUDA
 graphs, every row free and then every row constrained to benchmarks/structured_output.py's "person" schema, the
-median milliseconds of the steps where all rows were running, and where a guided run's host time goes (cProfile,
-by own time). A constrained row ends with its JSON; a free one runs all `--tokens`.
+median milliseconds of the steps where all rows were running; then the served load's shape in-process (a closed
+loop: each answer replaced by a new request as it ends, guided vs free answers of the same length, tokens/s), and
+where a guided closed loop's host time goes (cProfile, by own time). A constrained row ends with its JSON; a free one runs all `--tokens`.
 """
 
 from __future__ import annotations
@@ -63,6 +64,35 @@ def run(batcher, prompts: list[list[int]], tokens: int, guided: Guided | None = 
     return time.perf_counter() - started, batcher.steps - steps, [s.generated for s in sequences]
 
 
+def closed_loop(batcher, prompts: list[list[int]], total: int, tokens: int, guided: Guided | None) -> dict:
+    """The served load's shape in-process: len(prompts) sequences in flight, each replaced by the next as it ends (a
+    new one joins nearly every step when answers are short), `total` in all -> tokens/s and ms per step."""
+    batcher.eos_ids = set()
+    made: list[Sequence] = []
+
+    def new(index: int) -> Sequence:
+        sequence = Sequence(prompts[index % len(prompts)], Sampling(max_new_tokens=tokens, guided=guided), lambda text, finish: None)
+        made.append(sequence)
+        return sequence
+
+    sync = torch.cuda.synchronize if batcher.device.startswith("cuda") else lambda: None
+    sync()
+    started, steps = time.perf_counter(), batcher.steps
+    for index in range(len(prompts)):
+        batcher.submit(new(index))
+    while not batcher.idle or len(made) < total:
+        while len(made) < total and len(batcher.running) + len(batcher.waiting) < len(prompts):
+            batcher.submit(new(len(made)))
+        batcher.step()
+    sync()
+    seconds, generated = time.perf_counter() - started, sum(len(s.generated) for s in made)
+    return {
+        "tokens_per_s": round(generated / seconds, 1),
+        "ms_per_step": round(1000 * seconds / max(batcher.steps - steps, 1), 3),
+        "tokens_per_answer": round(generated / len(made), 1),
+    }
+
+
 def guided_cells(model, tokenizer, ids: list[list[int]], rows_list: list[int], tokens: int, device: str = "cuda:0") -> list[dict]:
     """Free vs JSON-constrained rows on the slots with CUDA graphs: the median step with every row running, and the
     top of a constrained run's profile."""
@@ -82,9 +112,13 @@ def guided_cells(model, tokenizer, ids: list[list[int]], rows_list: list[int], t
             full: list[float] = []
             run(batcher, prompts, tokens, guided, full)
             medians[name] = round(statistics.median(full), 3) if full else None
+        # closed loop, 3 answers per row: the guided answers' length is the free ones' (matched, as the served bench)
+        churn = {"guided": closed_loop(batcher, prompts, 3 * rows, tokens, schema)}
+        matched = max(1, round(churn["guided"]["tokens_per_answer"]))
+        churn["free"] = closed_loop(batcher, prompts, 3 * rows, matched, None)
         profile = cProfile.Profile()
         profile.enable()
-        run(batcher, prompts, tokens, schema)
+        closed_loop(batcher, prompts, 3 * rows, tokens, schema)
         profile.disable()
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(12)
@@ -93,6 +127,9 @@ def guided_cells(model, tokenizer, ids: list[list[int]], rows_list: list[int], t
             "ms_per_full_step_free": medians["free"],
             "ms_per_full_step_guided": medians["guided"],
             "free_over_guided": round(medians["free"] / medians["guided"], 3) if medians["free"] and medians["guided"] else None,
+            "closed_loop_free": churn["free"],
+            "closed_loop_guided": churn["guided"],
+            "closed_loop_guided_over_free_tokens_per_s": round(churn["guided"]["tokens_per_s"] / churn["free"]["tokens_per_s"], 3),
         }
         print(json.dumps(cell), flush=True)
         print(text.getvalue(), flush=True)
