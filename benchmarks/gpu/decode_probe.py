@@ -64,14 +64,15 @@ def run(batcher, prompts: list[list[int]], tokens: int, guided: Guided | None = 
     return time.perf_counter() - started, batcher.steps - steps, [s.generated for s in sequences]
 
 
-def closed_loop(batcher, prompts: list[list[int]], total: int, tokens: int, guided: Guided | None) -> dict:
+def closed_loop(batcher, prompts: list[list[int]], total: int, tokens: int | list[int], guided: Guided | None) -> dict:
     """The served load's shape in-process: len(prompts) sequences in flight, each replaced by the next as it ends (a
     new one joins nearly every step when answers are short), `total` in all -> tokens/s and ms per step."""
     batcher.eos_ids = set()
     made: list[Sequence] = []
 
     def new(index: int) -> Sequence:
-        sequence = Sequence(prompts[index % len(prompts)], Sampling(max_new_tokens=tokens, guided=guided), lambda text, finish: None)
+        limit = tokens[index % len(tokens)] if isinstance(tokens, list) else tokens  # a list: each answer's own length
+        sequence = Sequence(prompts[index % len(prompts)], Sampling(max_new_tokens=limit, guided=guided), lambda text, finish: None)
         made.append(sequence)
         return sequence
 
@@ -86,6 +87,7 @@ def closed_loop(batcher, prompts: list[list[int]], total: int, tokens: int, guid
         batcher.step()
     sync()
     seconds, generated = time.perf_counter() - started, sum(len(s.generated) for s in made)
+    batcher.last_lengths = [len(s.generated) for s in made]
     return {
         "tokens_per_s": round(generated / seconds, 1),
         "ms_per_step": round(1000 * seconds / max(batcher.steps - steps, 1), 3),
@@ -114,8 +116,8 @@ def guided_cells(model, tokenizer, ids: list[list[int]], rows_list: list[int], t
             medians[name] = round(statistics.median(full), 3) if full else None
         # closed loop, 3 answers per row: the guided answers' length is the free ones' (matched, as the served bench)
         churn = {"guided": closed_loop(batcher, prompts, 3 * rows, tokens, schema)}
-        matched = max(1, round(churn["guided"]["tokens_per_answer"]))
-        churn["free"] = closed_loop(batcher, prompts, 3 * rows, matched, None)
+        lengths = [max(1, n) for n in batcher.last_lengths]  # answer by answer, so rows leave when the guided ones did
+        churn["free"] = closed_loop(batcher, prompts, 3 * rows, lengths, None)
         profile = cProfile.Profile()
         profile.enable()
         closed_loop(batcher, prompts, 3 * rows, tokens, schema)

@@ -4,8 +4,9 @@ rows over SmolLM2's 49,152-token vocabulary (a JSON schema, each matcher inside 
     .venv/bin/python benchmarks/probes/grammar_mask.py            # this machine's CPU
     python benchmarks/probes/grammar_mask.py cuda                 # the GPU path (device.sh grammar-mask)
 
-Prints milliseconds per step (median of 5 runs of 20): filling the bitmasks one matcher at a time and together on
-xgrammar's threads, and applying them to a copy of the logits with grammar.py's numpy unpacking + one masked_fill,
+Prints milliseconds per step (median of 5 runs of 20): filling the bitmasks one matcher at a time (into one reused
+bitmask, as grammar.py does since 2026-12-06, and into a new one per step, as before) and together on xgrammar's
+threads, and applying them to a copy of the logits with grammar.py's numpy unpacking + one masked_fill,
 grammar.py's mask before 2026-12-05, xgrammar's own CPU kernel, and xgrammar's torch_native kernel (what the GPU path
 falls back to without triton); then Grammars.mask as the batcher calls it (the copy included).
 
@@ -81,7 +82,7 @@ def gpu_figures(torch, xgr, grammars, sequences, bitmask, rows: list[int], vocab
         "GPU: xgrammar's triton kernel, indices a GPU tensor": per_step_ms(kernel("triton", index), sync=sync),
         "GPU: xgrammar's triton kernel, no indices": per_step_ms(kernel("triton", None), sync=sync),
         "GPU: xgrammar's torch_native kernel, indices a list": per_step_ms(kernel("torch_native", rows), sync=sync),
-        "GPU: Grammars.mask in place (fill + copy to GPU + kernel)": per_step_ms(
+        "GPU: Grammars.mask in place (fill + pinned copy up + kernel)": per_step_ms(
             lambda: grammars.mask(torch, sequences, logits, copy=False), sync=sync
         ),
         "GPU: Grammars.mask + argmax().tolist() (the sampling's sync)": per_step_ms(
@@ -115,8 +116,14 @@ def main() -> int:
         for row, matcher in enumerate(matchers):
             matcher.fill_next_token_bitmask(bitmask, row)
 
+    def into_a_new_bitmask() -> None:  # what grammar.py did until 2026-12-06: a 196 KB tensor per step
+        fresh = xgr.allocate_token_bitmask(ROWS, vocabulary)
+        for row, matcher in enumerate(matchers):
+            matcher.fill_next_token_bitmask(fresh, row)
+
     figures = {
         "fill one matcher at a time": per_step_ms(one_by_one),
+        "fill one at a time into a new bitmask (allocated per step)": per_step_ms(into_a_new_bitmask),
         "fill together (BatchGrammarMatcher)": per_step_ms(lambda: batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)),
         "copy of the logits": per_step_ms(logits.clone),
         "apply: numpy unpack + masked_fill (ours)": per_step_ms(lambda: _mask_on_cpu(torch, logits.clone(), bitmask, rows, vocabulary)),
@@ -127,7 +134,7 @@ def main() -> int:
         "apply: xgrammar's torch_native kernel": per_step_ms(
             lambda: xgr.apply_token_bitmask_inplace(logits.clone(), bitmask, vocab_size=vocabulary, indices=rows, backend="torch_native")
         ),
-        "Grammars.mask (fill together + copy + apply)": per_step_ms(lambda: grammars.mask(torch, sequences, logits)),
+        "Grammars.mask (fill + copy + apply)": per_step_ms(lambda: grammars.mask(torch, sequences, logits)),
     }
     if len(sys.argv) > 1 and sys.argv[1] == "cuda":
         figures.update(gpu_figures(torch, xgr, grammars, sequences, bitmask, rows, vocabulary))
