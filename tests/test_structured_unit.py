@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -247,6 +248,37 @@ def test_the_cpu_mask_equals_xgrammars_kernel(rows):
     assert torch.equal(ours, theirs)
     untouched = [row for row in range(4) if row not in rows]
     assert torch.equal(ours[untouched], logits[untouched]) and ours.isinf().any()
+
+
+def test_the_mask_reuses_one_bitmask_and_stale_rows_change_nothing(llama):
+    """Grammars.mask writes into one host bitmask at every step (a new 196 KB tensor per step was an mmap and a munmap
+    each): a step after another with more or other guided rows masks exactly what a fresh Grammars does, the free rows'
+    logits untouched; the buffer grows only for more rows."""
+    import torch
+
+    from hf2triton.serving.batching.grammar import Grammars
+
+    model, tokenizer = llama
+    vocabulary = model.config.vocab_size
+
+    def sequences(kinds: list[str | None]) -> list[SimpleNamespace]:
+        grammars = Grammars(tokenizer, vocabulary, {tokenizer.eos_token_id})
+        return [SimpleNamespace(matcher=grammars.matcher(Guided(kind)) if kind else None) for kind in kinds]
+
+    reused = Grammars(tokenizer, vocabulary, {tokenizer.eos_token_id})
+    logits = torch.randn(4, vocabulary, generator=torch.Generator().manual_seed(0))
+    reused.mask(torch, sequences(["json_object"] * 4), logits)  # every row written once
+    buffer = reused.bitmask.data_ptr()
+    for kinds in ([None, "json_object", None, None], ["json_object", None], [None, None, None, "json_object"]):
+        rows = sequences(kinds)
+        got = reused.mask(torch, rows, logits[: len(kinds)])
+        want = Grammars(tokenizer, vocabulary, {tokenizer.eos_token_id}).mask(torch, rows, logits[: len(kinds)])
+        assert torch.equal(got, want), kinds
+        free = [index for index, kind in enumerate(kinds) if kind is None]
+        assert torch.equal(got[free], logits[free]) and got.isinf().any()
+    assert reused.bitmask.data_ptr() == buffer, "the same buffer at every step"
+    reused.mask(torch, sequences(["json_object"] * 6), torch.randn(6, vocabulary))
+    assert reused.bitmask.shape[0] >= 6, "grown for more rows"
 
 
 def test_decode_probe_guided_cells_run_free_and_constrained_rows(llama, monkeypatch):
