@@ -429,13 +429,16 @@ if TEST_BACKEND not in TEST_BACKENDS:
 TEST_VLLM_ENV = os.environ.get("HF2TRITON_TEST_VLLM_ENV", "")
 # more of backend vllm's keys for every test model, as JSON (an A/B on the GPU host: '{"enable_prefix_caching": false}')
 TEST_VLLM_EXTRA = json.loads(os.environ.get("HF2TRITON_TEST_VLLM_EXTRA") or "{}")
+# the GPU engines' dtype (the references are float32; float16 is an A/B: vLLM runs float32 on FLEX_ATTENTION, float16
+# on FlashAttention)
+TEST_GPU_DTYPE = os.environ.get("HF2TRITON_TEST_DTYPE", "float32")
 
 
 def on_test_backend(entries: list[dict], backend: str | None = None, **vllm: object) -> list[dict]:
     """The text-generation `entries` on `backend` (default HF2TRITON_TEST_BACKEND): as they are, on backend onnx (the
     GenAI builder's export on the CPU), on backend vllm, or on the torch engine on the GPU -- the last two in float32
-    (the tests' references are the float32 model in-process); backend vllm with as many running sequences as their
-    `generation` allows (`vllm`: more of its keys). Skips where that cannot run."""
+    (the tests' references are the float32 model in-process; HF2TRITON_TEST_DTYPE for an A/B); backend vllm with as
+    many running sequences as their `generation` allows (`vllm`: more of its keys). Skips where that cannot run."""
     backend = backend or TEST_BACKEND
     if backend == "python":
         return entries
@@ -448,7 +451,7 @@ def on_test_backend(entries: list[dict], backend: str | None = None, **vllm: obj
 
         pytest.skip(f"HF2TRITON_TEST_BACKEND={backend} needs a CUDA GPU (and for vllm HF2TRITON_TEST_VLLM_ENV): run on the H200")
     for entry in entries:
-        entry.update(device="gpu", dtype="float32")
+        entry.update(device="gpu", dtype=TEST_GPU_DTYPE)
         if backend == "vllm":
             sequences = entry.get("generation", {}).get("max_sequences", 8)
             entry.update(backend="vllm")
