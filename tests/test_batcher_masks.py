@@ -2,7 +2,8 @@
 over its mask functions, ~1.9 ms per pass on 2 CPU cores, as much as a small model's pass. The batcher builds the
 same mask itself where every layer attends causally to all earlier tokens, and its probe agrees; sliding-window
 layers, ALiBi's eager attention and the like keep transformers' own. Either way every architecture decodes the
-tokens it decodes with transformers' masks, for rows that join a running batch (left padding, a growing cache)."""
+tokens it decodes with transformers' masks, for rows that join a running batch (left padding, a growing cache). A
+windowed model also keeps the dynamic cache where a GPU would take the preallocated slots, whose mask is full."""
 
 from __future__ import annotations
 
@@ -62,3 +63,21 @@ def test_own_masks_where_attention_is_full_and_causal_and_the_same_tokens_everyw
     chosen, ours = decode(model, tokenizer, own_masks=True)
     assert chosen == builds, f"{architecture}: own masks {chosen}"
     assert ours == decode(model, tokenizer, own_masks=False)[1]
+
+
+def test_a_windowed_model_keeps_the_dynamic_cache_where_a_gpu_would_take_the_slots(tokenizer):
+    """The preallocated slots' decoding mask sees every earlier token, and the load-time probe's short prompts fit any
+    window: a model with sliding-window layers keeps the dynamic KV cache (its own masks), and the log says why."""
+    import torch
+    import transformers
+
+    from hf2triton.serving.batching.slots import SlotBatcher, new_batcher
+
+    config_class, model_class, settings, _ = ARCHITECTURES["mistral-sliding-window"]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(vocab_size=len(tokenizer), **settings)).eval()
+    lines: list[str] = []
+    limits = {"max_sequences": 4, "max_queue": 4, "context": 128}
+    batcher = new_batcher(model, tokenizer, "cpu", cuda_graphs=True, log=lines.append, slots=True, **limits)
+    assert type(batcher) is ContinuousBatcher and not isinstance(batcher, SlotBatcher)
+    assert "sliding-window or chunked attention layers" in lines[-1], lines

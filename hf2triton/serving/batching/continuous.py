@@ -40,17 +40,21 @@ def _malloc_trim() -> Callable[[], Any] | None:
         return None
 
 
+def windowed_attention(config: Any) -> bool:
+    """Whether some layer attends to a window of recent tokens only (sliding-window or chunked layers: Mistral's,
+    Gemma's, Llama 4's), whose masks differ from the full causal one."""
+    if getattr(config, "use_sliding_window", True) and getattr(config, "sliding_window", None):
+        return True
+    if getattr(config, "attention_chunk_size", None):
+        return True
+    return any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ())
+
+
 def full_causal_attention(config: Any) -> bool:
     """Whether every layer of the model attends, through SDPA, to all the real tokens up to its own: the mask
-    ContinuousBatcher builds itself. Not sliding-window or chunked layers (Mistral's, Gemma's, Llama 4's masks differ
-    per layer), not another attention implementation (eager adds a float mask, flash attention takes the 2-D one)."""
-    if getattr(config, "_attn_implementation", None) != "sdpa":
-        return False
-    if getattr(config, "use_sliding_window", True) and getattr(config, "sliding_window", None):
-        return False
-    if getattr(config, "attention_chunk_size", None):
-        return False
-    return all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ())
+    ContinuousBatcher builds itself. Not windowed layers, not another attention implementation (eager adds a float
+    mask, flash attention takes the 2-D one)."""
+    return getattr(config, "_attn_implementation", None) == "sdpa" and not windowed_attention(config)
 
 
 def causal_mask(torch: Any, mask: Any, length: int) -> Any:

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .continuous import ContinuousBatcher
+from .continuous import ContinuousBatcher, windowed_attention
 from .sequences import Sampling, Sequence
 
 
@@ -238,6 +238,12 @@ def new_batcher(
     and the log says why. On the CPU the dynamic cache: it holds only the tokens written, not the whole context
     (`slots` forces the choice)."""
     if not (device.startswith("cuda") if slots is None else slots):
+        return ContinuousBatcher(model, tokenizer, device, **limits)
+    if windowed_attention(getattr(model, "config", None)):  # a short probe cannot tell: its prompts fit any window
+        log(
+            "hf2triton: generation keeps the dynamic KV cache (the model has sliding-window or chunked attention layers; "
+            "the slots' mask sees every earlier token)"
+        )
         return ContinuousBatcher(model, tokenizer, device, **limits)
     dynamic = functools.partial(ContinuousBatcher, model, tokenizer, device)
     slotted = functools.partial(SlotBatcher, model, tokenizer, device, cuda_graphs=cuda_graphs)
