@@ -46,12 +46,17 @@ VARIANTS = {
 }
 
 
+def _sync(batcher) -> None:
+    """Wait for the GPU's queued work (nothing on the CPU: the tests)."""
+    if batcher.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def run(batcher, prompts: list[list[int]], tokens: int, guided: Guided | None = None, full_steps: list | None = None):
     """(seconds, steps, each row's tokens); `full_steps` collects the milliseconds of the steps that ran every row."""
     batcher.eos_ids = set()  # every free row decodes `tokens` steps (a guided one ends with its grammar)
     sequences = [Sequence(ids, Sampling(max_new_tokens=tokens, guided=guided), lambda text, finish: None) for ids in prompts]
-    sync = torch.cuda.synchronize if batcher.device.startswith("cuda") else lambda: None  # the CPU: tests only
-    sync()
+    _sync(batcher)
     started, steps = time.perf_counter(), batcher.steps
     for sequence in sequences:
         batcher.submit(sequence)
@@ -60,13 +65,14 @@ def run(batcher, prompts: list[list[int]], tokens: int, guided: Guided | None = 
         batcher.step()
         if full_steps is not None and rows == len(prompts):
             full_steps.append(1000 * (time.perf_counter() - before))
-    sync()
+    _sync(batcher)
     return time.perf_counter() - started, batcher.steps - steps, [s.generated for s in sequences]
 
 
-def closed_loop(batcher, prompts: list[list[int]], total: int, tokens: int | list[int], guided: Guided | None) -> dict:
+def closed_loop(batcher, prompts: list[list[int]], total: int, tokens: int | list[int], guided: Guided | None) -> tuple[dict, list[int]]:
     """The served load's shape in-process: len(prompts) sequences in flight, each replaced by the next as it ends (a
-    new one joins nearly every step when answers are short), `total` in all -> tokens/s and ms per step."""
+    new one joins nearly every step when answers are short), `total` in all -> (tokens/s and ms per step, each
+    answer's length)."""
     batcher.eos_ids = set()
     made: list[Sequence] = []
 
@@ -76,8 +82,7 @@ def closed_loop(batcher, prompts: list[list[int]], total: int, tokens: int | lis
         made.append(sequence)
         return sequence
 
-    sync = torch.cuda.synchronize if batcher.device.startswith("cuda") else lambda: None
-    sync()
+    _sync(batcher)
     started, steps = time.perf_counter(), batcher.steps
     for index in range(len(prompts)):
         batcher.submit(new(index))
@@ -85,14 +90,14 @@ def closed_loop(batcher, prompts: list[list[int]], total: int, tokens: int | lis
         while len(made) < total and len(batcher.running) + len(batcher.waiting) < len(prompts):
             batcher.submit(new(len(made)))
         batcher.step()
-    sync()
-    seconds, generated = time.perf_counter() - started, sum(len(s.generated) for s in made)
-    batcher.last_lengths = [len(s.generated) for s in made]
-    return {
-        "tokens_per_s": round(generated / seconds, 1),
+    _sync(batcher)
+    seconds, lengths = time.perf_counter() - started, [len(s.generated) for s in made]
+    figures = {
+        "tokens_per_s": round(sum(lengths) / seconds, 1),
         "ms_per_step": round(1000 * seconds / max(batcher.steps - steps, 1), 3),
-        "tokens_per_answer": round(generated / len(made), 1),
+        "tokens_per_answer": round(sum(lengths) / len(made), 1),
     }
+    return figures, lengths
 
 
 def guided_cells(model, tokenizer, ids: list[list[int]], rows_list: list[int], tokens: int, device: str = "cuda:0") -> list[dict]:
@@ -115,9 +120,10 @@ def guided_cells(model, tokenizer, ids: list[list[int]], rows_list: list[int], t
             run(batcher, prompts, tokens, guided, full)
             medians[name] = round(statistics.median(full), 3) if full else None
         # closed loop, 3 answers per row: the guided answers' length is the free ones' (matched, as the served bench)
-        churn = {"guided": closed_loop(batcher, prompts, 3 * rows, tokens, schema)}
-        lengths = [max(1, n) for n in batcher.last_lengths]  # answer by answer, so rows leave when the guided ones did
-        churn["free"] = closed_loop(batcher, prompts, 3 * rows, lengths, None)
+        churn: dict[str, dict] = {}
+        churn["guided"], lengths = closed_loop(batcher, prompts, 3 * rows, tokens, schema)
+        # answer by answer, so rows leave when the guided ones did
+        churn["free"], _ = closed_loop(batcher, prompts, 3 * rows, [max(1, n) for n in lengths], None)
         profile = cProfile.Profile()
         profile.enable()
         closed_loop(batcher, prompts, 3 * rows, tokens, schema)

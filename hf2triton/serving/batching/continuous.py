@@ -142,7 +142,8 @@ class ContinuousBatcher:
         self.settings = None  # a checkpoint's per-step generation settings (settings.StepSettings), where a subclass reads them
         # a padded batch's 4-D mask built here (causal_mask) instead of by transformers' builder, a vmap over its mask
         # functions: ~1.9 ms per pass on 2 CPU cores (SmolLM2, 8 rows: 1.06x the tokens/s, benchmarks/probes/own_masks.py)
-        self.own_masks = self._own_masks_agree()
+        # probed only where this class's _forward, the one that reads it, runs the passes (not seq2seq's, not ONNX's)
+        self.own_masks = type(self)._forward is ContinuousBatcher._forward and self._own_masks_agree()
 
     # ------------------------------------------------------------------ requests in
 
@@ -281,7 +282,7 @@ class ContinuousBatcher:
         """Whether the model answers a left-padded probe batch the same with causal_mask's 4-D mask as with its own
         (a model of full causal SDPA attention only; any error or difference: its own)."""
         torch, model = self.torch, self.model
-        if not full_causal_attention(getattr(model, "config", None)) or getattr(model, "forward", None) is None:
+        if not full_causal_attention(getattr(model, "config", None)):
             return False
         try:
             ids = self.tokenizer("The capital of France is a city", add_special_tokens=False)["input_ids"][:6]

@@ -150,12 +150,18 @@ class OnnxSlotBatcher(SlotBatcher, OnnxBatcher):
             torch, binding = self.torch, self.session.io_binding()
             self._bind_cache(binding, rows)
             mask = torch.zeros((rows, columns), dtype=torch.int64, device=self.device)
-            logits = torch.empty((rows, 1, self.vocabulary), dtype=self.logits_dtype, device=self.device)
-            self._bind(binding, "input_ids", self.tokens[:rows, None])
-            self._bind(binding, "attention_mask", mask)
-            self._bind(binding, "logits", logits, output=True)
+            logits = self._bind_step(binding, rows, mask)
             step = self.graph_steps[key] = (binding, mask, logits, self.new_graph_options())
         return step
+
+    def _bind_step(self, binding, rows: int, mask):
+        """Bind a decoding step's ids (the first `rows` of SlotBatcher.tokens), `mask` and a new logits buffer
+        ([rows, 1, vocabulary], returned)."""
+        logits = self.torch.empty((rows, 1, self.vocabulary), dtype=self.logits_dtype, device=self.device)
+        self._bind(binding, "input_ids", self.tokens[:rows, None])
+        self._bind(binding, "attention_mask", mask)
+        self._bind(binding, "logits", logits, output=True)
+        return logits
 
     def _pass(self, rows: int, columns: int):
         torch = self.torch
@@ -166,11 +172,8 @@ class OnnxSlotBatcher(SlotBatcher, OnnxBatcher):
             self._run(binding, options)
             return logits[:, -1].float()
         binding = self._cache_bound(rows)
-        mask = visible.to(torch.int64)
-        self._bind(binding, "input_ids", self.tokens[:rows, None])
-        self._bind(binding, "attention_mask", mask)
-        logits = torch.empty((rows, 1, self.vocabulary), dtype=self.logits_dtype, device=self.device)
-        self._bind(binding, "logits", logits, output=True)
+        mask = visible.to(torch.int64)  # held until the Run is done
+        logits = self._bind_step(binding, rows, mask)
         self._run(binding)
         return logits[:, -1].float()
 
