@@ -123,9 +123,44 @@ load() {  # LABEL TARGET...: generation_bench.py, cells $CLIENTS, within what is
   [ $((570 - SECONDS)) -gt 60 ] || { echo "load ($label): no time left in this call ($SECONDS s)"; return 1; }
   local reference=()  # REFERENCE: a target's name, the medians and per-round ratios of the markdown are to it
   [ -z "${REFERENCE:-}" ] || reference=(--reference "$REFERENCE")
+  spy_start
   timeout $((570 - SECONDS)) "${LOAD_PYTHON:-$VENV/bin/python}" benchmarks/gpu/generation_bench.py "${targets[@]}" --label "$label" \
     --clients $CLIENTS --seconds "$CELL_S" --warmup-s 3 --budget-s $((550 - SECONDS)) --rounds "${ROUNDS:-1}" "${reference[@]}" \
     --out "$COMPARE/generation.json" --markdown "$COMPARE/generation.md" 2>&1 | tee -a "$COMPARE/load.log"
+  local rc=${PIPESTATUS[0]}
+  spy_stop
+  return "$rc"
+}
+
+spy_start() {  # PROFILE_STUBS="MODEL...": py-spy samples those models' stubs during the load, only while a thread holds
+  # the GIL (--gil) and per thread: the per-token Python work that serializes the batcher's loop with the response
+  # threads (issue 46; the wheel carried in .gpu-assets/py-spy: `pip download --no-deps py-spy==0.4.3` for manylinux)
+  SPIES=()
+  [ -n "${PROFILE_STUBS:-}" ] || return 0
+  [ -x "$VENV/bin/py-spy" ] || "$VENV/bin/python" -m pip install -q --no-index --no-deps .gpu-assets/py-spy/*.whl || return 0
+  SPY_STARTED=$SECONDS
+  local model pid
+  for model in $PROFILE_STUBS; do
+    for pid in $("$VENV/bin/python" -c "import sys; sys.path.insert(0, 'benchmarks/probes'); from profile_served import stub_pids; print(*stub_pids('$model'))"); do
+      "$VENV/bin/py-spy" record --pid "$pid" --gil --threads --rate 100 --nonblocking --format raw \
+        --output "$COMPARE/spy-$model-$pid.txt" > "$COMPARE/spy-$model-$pid.log" 2>&1 &
+      SPIES+=($!)
+    done
+  done
+}
+
+spy_stop() {  # the samples folded per stub -> $COMPARE/spy.json (samples: GIL-held at 100 Hz over the seconds given)
+  [ ${#SPIES[@]} -gt 0 ] || return 0
+  kill -INT "${SPIES[@]}" 2>/dev/null || true
+  wait "${SPIES[@]}" 2>/dev/null || true
+  "$VENV/bin/python" - $((SECONDS - SPY_STARTED)) "$COMPARE"/spy-*.txt <<'PY' | tee "$COMPARE/spy.json"
+import json, sys
+from pathlib import Path
+sys.path.insert(0, "benchmarks/probes")
+from profile_served import fold
+seconds, files = int(sys.argv[1]), [Path(name) for name in sys.argv[2:] if Path(name).stat().st_size]
+print(json.dumps({"seconds": seconds, "rate_hz": 100, **{path.stem: fold(path, 30) for path in files}}, indent=1))
+PY
 }
 
 start_anchor() {  # PART DIR DTYPE [ARGS...]: `vllm serve` (vLLM's own OpenAI server) on 8100, random weights, the

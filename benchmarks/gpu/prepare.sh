@@ -3,7 +3,7 @@
 # package registry there; at most 64 MiB travels with one `device` call). Run here, from the repository root,
 # after `make .venv/.installed`:
 #
-#     bash benchmarks/gpu/prepare.sh            # -> .gpu-assets/call1 ... callN (git-ignored), each <= 54 MiB
+#     bash benchmarks/gpu/prepare.sh            # -> .gpu-assets/call1 ... callN (git-ignored), each <= 50 MiB
 #
 # What it gathers (versions = envs/requirements.txt and envs/models.txt):
 #   wheels/      cp312 wheels of what the machine lacks or has in another version: numpy 1.26.4 (the wheel's
@@ -24,7 +24,7 @@
 set -euo pipefail
 ASSETS=${1:-.gpu-assets}
 PY=${PY:-.venv/bin/python}
-LIMIT_MIB=${LIMIT_MIB:-54}  # + the repository copy (~6 MiB) stays under the 64 MiB a call carries
+LIMIT_MIB=${LIMIT_MIB:-50}  # + the repository copy (~7.4 MiB) stays under the 64 MiB a call carries
 PIECE_MIB=${PIECE_MIB:-20}
 WORK="$ASSETS/.build"
 rm -rf "$ASSETS"/call* "$WORK"

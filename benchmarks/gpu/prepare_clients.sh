@@ -11,7 +11,7 @@
 set -euo pipefail
 ASSETS=${1:-.gpu-assets/clients}
 PY=${PY:-.venv/bin/python}
-LIMIT_MIB=${LIMIT_MIB:-54}
+LIMIT_MIB=${LIMIT_MIB:-50}  # + the repository copy (~7.4 MiB) under the 64 MiB a call carries
 # shellcheck source=benchmarks/gpu/wheels.sh
 source benchmarks/gpu/wheels.sh
 rm -rf "$ASSETS"

@@ -20,7 +20,7 @@
 #     H200 2026-12-02, shared/reference/performance-facts.md): flashinfer (then VLLM_USE_FLASHINFER_SAMPLER=0),
 #     tilelang, quack, cutlass-dsl, humming, tokenspeed, fastsafetensors, cudnn-frontend (benchmarks only); numba
 #     and opencv are the image's own.
-# Every wheel's bytes are cut into pieces packed into call folders of at most LIMIT_MIB (56) each, in order, the last
+# Every wheel's bytes are cut into pieces packed into call folders of at most LIMIT_MIB (50) each, in order, the last
 # call the only one not full; vllm/call1/MANIFEST.json lists, per file ("vllm-wheels/NAME.whl"), its pieces in order,
 # its bytes and its sha256, in the format `benchmarks/gpu/device.sh setup` joins and checks. Piece names start with
 # "vllm-wheels__", so they never collide with prepare.sh's; the MANIFEST.json name does: stash these calls into a
@@ -33,7 +33,7 @@ ASSETS=${1:-.gpu-assets}
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 VLLM=${VLLM:-vllm==0.22.1}
-LIMIT_MIB=${LIMIT_MIB:-56}  # + the repository copy (~7 MiB) stays under the 64 MiB a call carries
+LIMIT_MIB=${LIMIT_MIB:-50}  # + the repository copy (~7.4 MiB) stays under the 64 MiB a call carries
 OUTDIR="$ASSETS/vllm"
 WORK="$OUTDIR/.build"
 rm -rf "$OUTDIR"/call* "$WORK"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,9 @@ from tests.helpers import ROOT, long_context_copy, make_workflow, tiny_model_ent
 CLIENTS = 32
 SECONDS = 10
 TOKENS = 64
+# PROFILED=stub: py-spy samples the model's stub during a second Triton SSE cell instead, only while a thread holds the
+# GIL (--gil), per thread: the per-token Python work that serializes the batcher's loop with the response threads
+PROFILED = os.environ.get("PROFILED", "gateway")
 
 
 @pytest.fixture(scope="module")
@@ -98,35 +102,20 @@ def test_profile(served, tmp_path):
     grpc = f"grpc=grpc,{settings.url('grpc_port')},generate"  # Triton's gRPC stream, read as the gateway reads it
     results = {"sse": load(triton, tmp_path / "sse.json"), "grpc": load(grpc, tmp_path / "grpc.json")}
     results["gateway"] = load(gateway, tmp_path / "gateway.json")
-    worker = max(processes()["gateway"], key=lambda pid: cpu([pid]))
+    stub = PROFILED == "stub"
+    pid = max(processes()["stub" if stub else "gateway"], key=lambda pid: cpu([pid]))
     with tempfile.NamedTemporaryFile(suffix=".txt") as folded:
-        spy = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "py-spy"),
-                "record",
-                "--pid",
-                str(worker),
-                "--duration",
-                str(SECONDS),
-                "--rate",
-                "200",
-                "--format",
-                "raw",
-                "--output",
-                folded.name,
-                "--nonblocking",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        options = ["--gil", "--threads"] if stub else []
+        command = [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid), "--duration", str(SECONDS)]
+        command += ["--rate", "200", "--format", "raw", "--output", folded.name, "--nonblocking", *options]
+        spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1)
-        results["gateway (profiled)"] = load(gateway, tmp_path / "gateway2.json")
+        results[f"{'sse' if stub else 'gateway'} (profiled)"] = load(triton if stub else gateway, tmp_path / "profiled.json")
         spy.wait(60)
         own, inclusive = top(Path(folded.name).read_text())
     print(json.dumps(results, indent=1))
-    print("\ngateway worker, self % of samples:")
-    for share, name in own:
-        print(f"  {share:5.1f}  {name}")
-    print("\ngateway worker, inclusive % of samples:")
-    for share, name in inclusive:
-        print(f"  {share:5.1f}  {name}")
+    profiled = "model stub (GIL held)" if stub else "gateway worker"
+    for title, shares in ((f"{profiled}, self % of samples:", own), (f"{profiled}, inclusive % of samples:", inclusive)):
+        print(f"\n{title}")
+        for share, function in shares:
+            print(f"  {share:5.1f}  {function}")
