@@ -415,15 +415,25 @@ class ContinuousBatcher:
                 if rows[index].sampling.max_new_tokens:
                     rows[index].logprobs.append(item)
         done: dict[int, str] = {}
+        pieces: list[tuple[Sequence, str]] = []  # the step's new text, posted at once (Responder.post_many)
+
+        def collect(sequence: Sequence, text: str) -> None:
+            pieces.append((sequence, text))
+
         for index, (sequence, token) in enumerate(zip(rows, tokens)):
             if not sequence.sampling.max_new_tokens:  # the prompt's log-probabilities only (an echo): nothing generated
                 done[offset + index] = "length"
                 continue
             reason = self.grammars.advance(sequence, token)  # a guided row's grammar takes the token first
             if reason != "error":
-                reason = append_token(sequence, token, self.eos_ids, self.context, self.decode, self._emit) or reason
+                reason = append_token(sequence, token, self.eos_ids, self.context, self.decode, collect) or reason
             if reason:
                 done[offset + index] = reason
+        if self.responder is not None:
+            self.responder.post_many(pieces)
+        else:
+            for sequence, text in pieces:
+                sequence.emit(text, None)
         if done:
             self._retire(done)
 
