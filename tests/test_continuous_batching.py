@@ -388,7 +388,10 @@ def test_several_response_threads_keep_each_stream_in_order():
     sequences = [Sequence([1], Sampling(max_new_tokens=50), emitter(index)) for index in range(16)]
     for sequence in sequences:
         responder.watch(sequence)
-    for step in range(50):
+    for step in range(50):  # a step's pieces one by one, or all at once as the batcher posts them (post_many)
+        if step % 2:
+            responder.post_many([(sequence, f"{step},") for sequence in sequences])
+            continue
         for sequence in sequences:
             responder.post(sequence, f"{step},")
     for sequence in sequences:
