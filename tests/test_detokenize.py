@@ -1,6 +1,6 @@
 """The batchers' incremental detokenisation: `fast_decode` (a fast tokenizer's Rust backend without transformers'
-wrapper) gives `tokenizer.decode`'s text for every window, option and tokenizer family, and a stream of pieces
-built with it equals the whole answer's decode."""
+wrapper) gives `tokenizer.decode`'s text for every window, option and tokenizer family, and a stream of pieces adds
+up to the whole answer's decode, clean-up of spaces before punctuation and contractions included."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from hf2triton.serving.batching.sequences import Sampling, Sequence
-from hf2triton.serving.batching.text import fast_decode, new_text
+from hf2triton.serving.batching.text import Detokenizer, append_token, cleaned_text, detokenizer, fast_decode
 from tests.helpers import minilm_dir, smollm2_gguf, t5_tokenizer
 
 PROSE = "Hello , world ! Isn't it a test ? Ünïcödé, emoji 🙂🚀 and code: def f(x):\n    return x ** 2  # done. 3.50 € / 4,20 $ ."
-# with the clean-up's contractions after a space (" 's", " ' "): where a piece was sent before the token that makes
-# the clean-up remove its space, the stream keeps it (text.new_text); both decodes must still give the same pieces
-TEXT = PROSE + " It 's a test ; I 'm sure they 're right , we 've seen ' quoted ' text ."
+# the clean-up's contractions after a space (" 's", " ' "): the token that makes it remove a space comes after it
+TEXT = PROSE + " It 's a test ; I 'm sure they 're right , we 've seen ' quoted ' text . Isn 't it ? Don 't !"
 
 
 @pytest.fixture(scope="module", params=["smollm2", "minilm", "t5"])
@@ -40,20 +39,42 @@ def test_the_direct_decode_equals_the_tokenizers_for_every_window_and_option(tok
             assert decode(window, **options) == tokenizer.decode(window, **options), (window, options)
 
 
+def stream(detokenizer: Detokenizer, ids: list[int], guided: bool = False) -> list[str]:
+    pieces: list[str] = []
+    sequence = Sequence([0], Sampling(max_new_tokens=len(ids) + 1, guided=object() if guided else None), lambda text, finish: None)
+    for token in ids:
+        append_token(sequence, token, set(), 10**6, detokenizer, lambda _, piece: pieces.append(piece))
+    return [*pieces, sequence.text[sequence.sent :]]  # the rest, as the finish sends it
+
+
 @pytest.mark.parametrize("text", [PROSE, TEXT], ids=["prose", "contractions"])
-def test_a_stream_of_pieces_is_the_same_with_either_decode(tokenizer, text):
+def test_a_stream_of_pieces_adds_up_to_the_decode_of_the_whole_answer(tokenizer, text):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    streamed = {}
-    for name, decode in (("wrapper", tokenizer.decode), ("direct", fast_decode(tokenizer))):
-        sequence = Sequence([0], Sampling(max_new_tokens=len(ids)), lambda text, finish: None)
-        pieces = []
-        for token in ids:
-            sequence.generated.append(token)
-            pieces.append(new_text(decode, sequence))
-        streamed[name] = pieces
-    assert streamed["direct"] == streamed["wrapper"]
-    if text is PROSE:
-        assert "".join(streamed["direct"]).strip() == tokenizer.decode(ids, skip_special_tokens=True).strip()
+    pieces = stream(detokenizer(tokenizer), ids)
+    assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True), pieces
+    assert all(pieces[:-1]), "no empty piece is sent"
+    guided = "".join(stream(detokenizer(tokenizer), ids, guided=True))  # exactly its tokens: no clean-up
+    assert guided == tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def test_the_clean_up_of_a_stream_never_takes_back_what_it_sent():
+    """cleaned_text against transformers' clean-up of the whole text, on random texts of the characters its patterns
+    are made of, growing a few characters at a time: every prefix it lets out stays, and the end is the whole clean-up."""
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    clean_up = PreTrainedTokenizerBase.clean_up_tokenization
+    picks = random.Random(7)
+    for _ in range(20000):
+        raw = "".join(picks.choice(" ' .,?!ntsmvrea  '") for _ in range(picks.randint(1, 30)))
+        sequence = Sequence([0], Sampling(max_new_tokens=1), lambda text, finish: None)
+        at = 0
+        while at < len(raw):
+            at = min(len(raw), at + picks.randint(1, 3))
+            sequence.raw = raw[:at]
+            text, unsettled = cleaned_text(sequence, clean_up)
+            assert text == clean_up(raw[:at]), raw[:at]
+            settled = text[: len(text) - unsettled]
+            assert clean_up(raw).startswith(settled), (raw, raw[:at], settled)
 
 
 def test_a_tokenizer_that_decodes_its_own_way_keeps_its_decode(tokenizer):

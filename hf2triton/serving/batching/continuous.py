@@ -29,7 +29,7 @@ from typing import Any
 from .grammar import Grammars
 from .responder import Responder
 from .sequences import Busy, Finish, Sequence, TokenLogprob
-from .text import append_token, eos_token_ids, fast_decode, sample_tokens, token_logprobs
+from .text import append_token, detokenizer, eos_token_ids, sample_tokens, token_logprobs
 
 
 def _malloc_trim() -> Callable[[], Any] | None:
@@ -126,7 +126,7 @@ class ContinuousBatcher:
         self.last_logits = {"logits_to_keep": 1} if keeps else {}
         self.trim = _malloc_trim() if device == "cpu" else None
         self.eos_ids = eos_token_ids(model, tokenizer)
-        self.decode = fast_decode(tokenizer)  # tokenizer.decode's results, without transformers' wrapper where exact
+        self.detokenizer = detokenizer(tokenizer)  # tokens to text, a stream's pieces adding up to the whole answer's
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (min(self.eos_ids) if self.eos_ids else 0)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
@@ -426,7 +426,7 @@ class ContinuousBatcher:
                 continue
             reason = self.grammars.advance(sequence, token)  # a guided row's grammar takes the token first
             if reason != "error":
-                reason = append_token(sequence, token, self.eos_ids, self.context, self.decode, collect) or reason
+                reason = append_token(sequence, token, self.eos_ids, self.context, self.detokenizer, collect) or reason
             if reason:
                 done[offset + index] = reason
         if self.responder is not None:

@@ -78,7 +78,10 @@ class Sequence:
     emit: Callable[[str, Finish | None], None]
     cancelled: Callable[[], bool] = lambda: False
     generated: list[int] = field(default_factory=list)
-    text: str = ""  # decoded so far (complete characters only)
+    text: str = ""  # decoded so far (complete characters only; cleaned up, where the tokenizer cleans up: text.Detokenizer)
+    raw: str = ""  # where text.Detokenizer cleans up: the text before its clean-up
+    clean_split: int = 0  # of `raw`: the characters before it are cleaned up for good (in `clean_head`)
+    clean_head: str = ""
     sent: int = 0  # characters of `text` already emitted
     started: float = field(default_factory=time.monotonic)
     generator: Any = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .sequences import PARTIAL_CHARACTER, Sequence, TokenLogprob
 
@@ -14,6 +15,54 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     eos = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
     eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
     return {int(e) for e in [*eos, tokenizer.eos_token_id] if e is not None}
+
+
+@dataclass(frozen=True)
+class Detokenizer:
+    """How a batcher's rows' tokens become text. `decode`: the tokenizer's decode (fast_decode). `clean_up`: where the
+    tokenizer cleans up spaces before punctuation and contractions the standard way, that clean-up, applied here to
+    the raw text so that a stream's pieces add up to the whole answer's decode (cleaned_text); None where it does
+    none, or its own way (then its decode cleans each window, text.new_text)."""
+
+    decode: Callable[..., str]
+    clean_up: Callable[[str], str] | None = None
+
+
+def detokenizer(tokenizer) -> Detokenizer:
+    decode = fast_decode(tokenizer)
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return Detokenizer(decode)
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    except ImportError:
+        return Detokenizer(decode)
+    standard = decode is not tokenizer.decode and type(tokenizer).clean_up_tokenization is PreTrainedTokenizerBase.clean_up_tokenization
+    return Detokenizer(decode, tokenizer.clean_up_tokenization if standard else None)
+
+
+def cleaned_text(sequence: Sequence, clean_up: Callable[[str], str]) -> tuple[str, int]:
+    """The clean-up of `sequence.raw` (transformers' PreTrainedTokenizerBase.clean_up_tokenization: " .", " ?", " !",
+    " ,", " ' ", " n't", " 'm", " 's", " 've", " 're" lose their first space, " ' " its last too, in that order), and how
+    many of its last characters may still change: those after the last point that three non-spaces precede where
+    they hold an apostrophe, else its trailing spaces and a " n" before them. The text before such a point cleans up alone
+    (every pattern starts with a space, is at most 4 characters long and keeps its last characters), so it is cleaned
+    once and kept, and each token cleans only the tail after it (tests/test_detokenize.py checks every prefix let
+    out against the whole text's clean-up on random texts)."""
+    raw, split = sequence.raw, sequence.clean_split
+    end = len(raw)
+    while end > split and " " in raw[max(0, end - 3) : end]:
+        end -= 1
+    if end > split:
+        sequence.clean_head += clean_up(raw[split:end])
+        sequence.clean_split = split = end
+    tail = clean_up(raw[split:])
+    text = sequence.clean_head + tail
+    if "'" in tail:  # " ' " drops its last space, which a later " ." (cleaned first) may take instead: all of it waits
+        return text, len(tail)
+    bare = text.rstrip(" ")  # a later " ' " and then " 's" take up to two spaces before the quote
+    if bare.endswith(" n"):  # " n't" may be arriving (" n ' t" too: " ' " first)
+        bare = bare[:-1].rstrip(" ")
+    return text, len(text) - len(bare)
 
 
 def fast_decode(tokenizer) -> Callable[..., str]:
@@ -62,22 +111,30 @@ def sample_tokens(torch, rows: list[Sequence], logits) -> list[int]:
     return tokens
 
 
-def append_token(sequence: Sequence, token: int, eos_ids: set[int], context: int, decode, emit) -> str | None:
+def append_token(sequence: Sequence, token: int, eos_ids: set[int], context: int, detokenizer: Detokenizer, emit) -> str | None:
     """Record a token; `emit(sequence, text)` the complete new text, holding back what may be the start of a stop
-    string (the text ends before one, which is not part of it); the finish reason when the sequence is done
-    (`context`: the tokens the model attends to)."""
+    string (the text ends before one, which is not part of it) or still change in the clean-up; the finish reason
+    when the sequence is done (`context`: the tokens the model attends to)."""
     options = sequence.sampling
     if token in eos_ids:
         return "stop"
     sequence.generated.append(token)
-    complete = sequence.text + new_text(decode, sequence)
+    # a guided answer is exactly the tokens its grammar accepted: no clean-up (" ," stays)
+    clean_up = detokenizer.clean_up if not options.guided else None
+    piece = new_text(detokenizer.decode, sequence, raw=clean_up is not None)
+    unsettled = 0
+    if clean_up is None:
+        complete = sequence.text + piece
+    else:
+        sequence.raw += piece
+        complete, unsettled = cleaned_text(sequence, clean_up)
     for stop in options.stop:
         at = complete.find(stop, max(0, sequence.sent - len(stop)))
         if at >= 0:
             sequence.text = complete[:at]
             return "stop"
     sequence.text = complete
-    held = max((len(s) - 1 for s in options.stop), default=0)  # a stop string may be arriving
+    held = max([unsettled, *(len(s) - 1 for s in options.stop)])  # a stop string may be arriving
     visible = len(sequence.text) - held
     if visible > sequence.sent:
         emit(sequence, sequence.text[sequence.sent : visible])
@@ -91,19 +148,19 @@ def append_token(sequence: Sequence, token: int, eos_ids: set[int], context: int
     return None
 
 
-def new_text(decode, sequence: Sequence) -> str:
+def new_text(decode, sequence: Sequence, raw: bool = False) -> str:
     """The complete characters the newest tokens add, decoding only the last few tokens (text-generation-
     inference's and vLLM's incremental detokenisation) rather than the whole answer at every token. A split
-    multi-byte character waits for its next token."""
+    multi-byte character waits for its next token. `raw`: without the tokenizer's clean-up (a guided answer's, or
+    one cleaned_text cleans up)."""
     generated = sequence.generated
-    # a guided answer is exactly the tokens its grammar accepted: no clean-up of spaces before punctuation (" ," -> ",")
-    options = {"skip_special_tokens": True, **({"clean_up_tokenization_spaces": False} if sequence.sampling.guided else {})}
+    options = {"skip_special_tokens": True, **({"clean_up_tokenization_spaces": False} if raw or sequence.sampling.guided else {})}
     known = decode(generated[sequence.prefix_offset : sequence.read_offset], **options)
     text = decode(generated[sequence.prefix_offset :], **options)
     if text.endswith(PARTIAL_CHARACTER):
         return ""
-    # the clean-up can remove a space `known` ends with (sent already) once punctuation follows: the new text starts
-    # where the two part, or that punctuation would be lost
+    # a tokenizer's own clean-up (not cleaned_text's) can remove a space `known` ends with (sent already) once
+    # punctuation follows: the new text starts where the two part, or that punctuation would be lost
     start = len(known) if text.startswith(known) else len(os.path.commonprefix([known, text]))
     if len(text) <= start:
         return ""
