@@ -4,7 +4,8 @@
 
 text.new_text decodes two windows of the answer's last tokens per token (text-generation-inference's and vLLM's
 method). Three ways, the same answer streamed token by token, alternating rounds: through transformers' `decode`
-(its wrapper), through `fast_decode` (the Rust backend directly, what the batchers use: the same text), and
+(its wrapper), through `fast_decode` (the Rust backend directly: the same text), the batchers' whole per-token path
+(`text.append_token`: fast_decode's raw windows and the clean-up in `text.cleaned_text`, stop-string checks), and
 tokenizers' `DecodeStream` (one call per token; no clean-up of spaces, so not the same text for tokenizers that
 clean up, as SmolLM2's loaded from its GGUF file does)."""
 
@@ -20,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hf2triton.serving.batching.sequences import Sampling, Sequence  # noqa: E402
-from hf2triton.serving.batching.text import fast_decode, new_text  # noqa: E402
+from hf2triton.serving.batching.text import Detokenizer, append_token, detokenizer, fast_decode, new_text  # noqa: E402
 from tests.helpers import smollm2_gguf  # noqa: E402
 
 ANSWER = (
@@ -37,6 +38,16 @@ def streamed(decode, ids: list[int]) -> str:
         sequence.generated.append(token)
         text += new_text(decode, sequence)
     return text
+
+
+def batcher_stream(detokenize: Detokenizer, ids: list[int]) -> str:
+    """What the batchers do per token (text.append_token): fast_decode's raw windows, the clean-up in text.cleaned_text
+    (before 2026-12-06: Detokenizer(tokenizer.decode), transformers' decode cleaning up each window)."""
+    pieces: list[str] = []
+    sequence = Sequence([0], Sampling(max_new_tokens=len(ids) + 1), lambda text, finish: None)
+    for token in ids:
+        append_token(sequence, token, set(), 10**6, detokenize, lambda _, piece: pieces.append(piece))
+    return "".join(pieces) + sequence.text[sequence.sent :]
 
 
 def decode_stream(tokenizer, ids: list[int]) -> str:
@@ -61,6 +72,8 @@ def main() -> None:
     ways = {
         "transformers_decode": lambda: streamed(tokenizer.decode, ids),
         "fast_decode": lambda: streamed(fast_decode(tokenizer), ids),
+        "batcher_append_token_before": lambda: batcher_stream(Detokenizer(tokenizer.decode), ids),
+        "batcher_append_token": lambda: batcher_stream(detokenizer(tokenizer), ids),
         "decode_stream": lambda: decode_stream(tokenizer, ids),
     }
     texts = {name: way() for name, way in ways.items()}
@@ -78,6 +91,7 @@ def main() -> None:
         "us_per_token_rounds": {name: [round(v, 2) for v in values] for name, values in per_token.items()},
         "speedup_vs_transformers_decode": {name: round(medians["transformers_decode"] / v, 2) for name, v in medians.items()},
         "same_text_as_transformers_decode": {name: text == texts["transformers_decode"] for name, text in texts.items()},
+        "same_text_as_the_whole_decode": {name: text == tokenizer.decode(ids, skip_special_tokens=True) for name, text in texts.items()},
         "clean_up_tokenization_spaces": bool(tokenizer.clean_up_tokenization_spaces),
         "command": "python " + " ".join(sys.argv),
         "measured_at": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
