@@ -12,10 +12,12 @@ about 16 s; here they take about 2.5 s, and every answer is right (twice the inp
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402
-from hf2triton.triton import client  # noqa: E402
 from hf2triton.triton.install import locate_tritonserver, prepare_backend_dir, server_environment  # noqa: E402
 
 CONFIG = """name: "toy"
@@ -59,21 +60,21 @@ class TritonPythonModel:
 """
 
 
-def _ready(client) -> bool:
+def _ready(client, name: str) -> bool:
     try:
-        return bool(client.is_model_ready("toy"))
+        return bool(client.is_model_ready(name))
     except Exception:  # noqa: BLE001 - not listening yet
         return False
 
 
-def main() -> int:
-    import tritonclient.grpc as grpcclient
-    import tritonclient.http as httpclient
-
-    work = Path(tempfile.mkdtemp(prefix="nondecoupled-"))
-    (work / "repo" / "toy" / "1").mkdir(parents=True)
-    (work / "repo" / "toy" / "config.pbtxt").write_text(CONFIG)
-    (work / "repo" / "toy" / "1" / "model.py").write_text(MODEL)
+@contextlib.contextmanager
+def toy_server(name: str, config: str, model: str) -> Iterator[tuple[int, int]]:
+    """The wheel's tritonserver on 127.0.0.1 serving one toy Python model (its config.pbtxt and model.py), ready:
+    its (HTTP, gRPC) ports; stopped after."""
+    work = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    (work / "repo" / name / "1").mkdir(parents=True)
+    (work / "repo" / name / "config.pbtxt").write_text(config)
+    (work / "repo" / name / "1" / "model.py").write_text(model)
     install = locate_tritonserver()
     http, grpc, metrics = host.free_ports(3)
     command = [install.binary, f"--model-repository={work / 'repo'}", f"--backend-directory={prepare_backend_dir(install, work)}",
@@ -82,15 +83,28 @@ def main() -> int:
     with open(work / "server.log", "wb") as log:
         server = subprocess.Popen(command, env=server_environment(install), stdout=log, stderr=subprocess.STDOUT)
     try:
-        ready = client.http_client(f"127.0.0.1:{http}")
+        import tritonclient.http as httpclient
+
+        ready = httpclient.InferenceServerClient(f"127.0.0.1:{http}")  # a toy server: no client key (the project's clients add one)
         for _ in range(120):
-            if _ready(ready):
+            if _ready(ready, name):
                 break
             time.sleep(0.5)
+        yield http, grpc
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def main() -> int:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    with toy_server("toy", CONFIG, MODEL) as (http, grpc):
 
         def ask(module, url: str, value: int, delay: float = 0.0) -> float:
             time.sleep(delay)
-            triton = (client.http_client if module is httpclient else client.grpc_client)(url)  # the project's clients
+            triton = module.InferenceServerClient(url)
             tensor = module.InferInput("X", [1, 1], "FP32")
             tensor.set_data_from_numpy(np.array([[value]], dtype=np.float32))
             return float(triton.infer("toy", [tensor]).as_numpy("Y")[0, 0])
@@ -105,9 +119,6 @@ def main() -> int:
             figures[label] = round(time.perf_counter() - started, 2)
             assert answers == [2.0 * i for i in range(16)], answers
             print(f"{label}: 16 requests of 1 s each answered in {figures[label]} s, every answer right", flush=True)
-    finally:
-        server.terminate()
-        server.wait(30)
     return 0
 
 
