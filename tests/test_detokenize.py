@@ -4,6 +4,7 @@ up to the whole answer's decode, clean-up of spaces before punctuation and contr
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -47,14 +48,23 @@ def stream(detokenizer: Detokenizer, ids: list[int], guided: bool = False) -> li
     return [*pieces, sequence.text[sequence.sent :]]  # the rest, as the finish sends it
 
 
+@pytest.mark.parametrize("way", ["decode_stream", "windows"])
 @pytest.mark.parametrize("text", [PROSE, TEXT], ids=["prose", "contractions"])
-def test_a_stream_of_pieces_adds_up_to_the_decode_of_the_whole_answer(tokenizer, text):
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    pieces = stream(detokenizer(tokenizer), ids)
+def test_a_stream_of_pieces_adds_up_to_the_decode_of_the_whole_answer(tokenizer, text, way):
+    """tokenizers' DecodeStream where the backend decodes plainly, else new_text's two windows per token."""
+    ids = tokenizer(text, add_special_tokens=True)["input_ids"]  # special tokens too: skipped
+    detokenize = detokenizer(tokenizer)
+    assert detokenize.stream is not None and detokenize.clean_up is (
+        tokenizer.clean_up_tokenization if tokenizer.clean_up_tokenization_spaces else None
+    )
+    detokenize = detokenize if way == "decode_stream" else dataclasses.replace(detokenize, backend=None, stream=None)
+    pieces = stream(detokenize, ids)
     assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True), pieces
     assert all(pieces[:-1]), "no empty piece is sent"
-    guided = "".join(stream(detokenizer(tokenizer), ids, guided=True))  # exactly its tokens: no clean-up
+    guided = "".join(stream(detokenize, ids, guided=True))  # exactly its tokens: no clean-up
     assert guided == tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    if tokenizer.clean_up_tokenization_spaces and text is TEXT:
+        assert guided != "".join(pieces), "the clean-up had something to do"
 
 
 def test_the_clean_up_of_a_stream_never_takes_back_what_it_sent():
@@ -85,5 +95,6 @@ def test_a_tokenizer_that_decodes_its_own_way_keeps_its_decode(tokenizer):
     tokenizer.__class__, kind = OwnDecode, type(tokenizer)
     try:
         assert fast_decode(tokenizer) == tokenizer.decode
+        assert detokenizer(tokenizer) == Detokenizer(tokenizer.decode), "its decode, window by window, cleaning its own way"
     finally:
         tokenizer.__class__ = kind.__mro__[1]

@@ -82,6 +82,7 @@ class Sequence:
     raw: str = ""  # where text.Detokenizer cleans up: the text before its clean-up
     clean_split: int = 0  # of `raw`: the characters before it are cleaned up for good (in `clean_head`)
     clean_head: str = ""
+    decode_stream: Any = None  # its incremental decoder, where text.Detokenizer has one
     sent: int = 0  # characters of `text` already emitted
     started: float = field(default_factory=time.monotonic)
     generator: Any = None

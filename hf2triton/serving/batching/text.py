@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .sequences import PARTIAL_CHARACTER, Sequence, TokenLogprob
 
@@ -22,22 +23,35 @@ class Detokenizer:
     """How a batcher's rows' tokens become text. `decode`: the tokenizer's decode (fast_decode). `clean_up`: where the
     tokenizer cleans up spaces before punctuation and contractions the standard way, that clean-up, applied here to
     the raw text so that a stream's pieces add up to the whole answer's decode (cleaned_text); None where it does
-    none, or its own way (then its decode cleans each window, text.new_text)."""
+    none, or its own way (then its decode cleans each window, text.new_text). `backend` and `stream`: where the raw
+    text is the Rust backend's plain decode, that backend and a new answer's incremental decoder (tokenizers'
+    DecodeStream: one call per token, 1.7 vs 5-8 µs for new_text's two windows on 2 cores)."""
 
     decode: Callable[..., str]
     clean_up: Callable[[str], str] | None = None
+    backend: Any = None
+    stream: Callable[[], Any] | None = None
 
 
 def detokenizer(tokenizer) -> Detokenizer:
     decode = fast_decode(tokenizer)
-    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+    if (
+        decode == tokenizer.decode
+    ):  # (bound methods: equal, never the same object) a tokenizer that decodes its own way: its decode, window by window
         return Detokenizer(decode)
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase  # fast_decode imported it
+
     try:
-        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-    except ImportError:
-        return Detokenizer(decode)
-    standard = decode is not tokenizer.decode and type(tokenizer).clean_up_tokenization is PreTrainedTokenizerBase.clean_up_tokenization
-    return Detokenizer(decode, tokenizer.clean_up_tokenization if standard else None)
+        from tokenizers.decoders import DecodeStream
+    except ImportError:  # tokenizers < 0.21
+        streams = {}
+    else:
+        streams = {"backend": tokenizer._tokenizer, "stream": lambda: DecodeStream(skip_special_tokens=True)}
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return Detokenizer(decode, **streams)
+    if type(tokenizer).clean_up_tokenization is PreTrainedTokenizerBase.clean_up_tokenization:
+        return Detokenizer(decode, tokenizer.clean_up_tokenization, **streams)
+    return Detokenizer(decode)  # its own clean-up: its decode cleans each window
 
 
 def cleaned_text(sequence: Sequence, clean_up: Callable[[str], str]) -> tuple[str, int]:
@@ -121,7 +135,12 @@ def append_token(sequence: Sequence, token: int, eos_ids: set[int], context: int
     sequence.generated.append(token)
     # a guided answer is exactly the tokens its grammar accepted: no clean-up (" ," stays)
     clean_up = detokenizer.clean_up if not options.guided else None
-    piece = new_text(detokenizer.decode, sequence, raw=clean_up is not None)
+    if detokenizer.stream is not None:
+        if sequence.decode_stream is None:
+            sequence.decode_stream = detokenizer.stream()
+        piece = sequence.decode_stream.step(detokenizer.backend, token) or ""  # None: a split character, a special token
+    else:
+        piece = new_text(detokenizer.decode, sequence, raw=clean_up is not None)
     unsettled = 0
     if clean_up is None:
         complete = sequence.text + piece
