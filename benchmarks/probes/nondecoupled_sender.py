@@ -13,6 +13,7 @@ about 16 s; here they take about 2.5 s, and every answer is right (twice the inp
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hf2triton import host  # noqa: E402
+from hf2triton.triton import client  # noqa: E402
 from hf2triton.triton.install import locate_tritonserver, prepare_backend_dir, server_environment  # noqa: E402
 
 CONFIG = """name: "toy"
@@ -82,10 +84,11 @@ def toy_server(name: str, config: str, model: str) -> Iterator[tuple[int, int]]:
                f"--metrics-port={metrics}", "--allow-metrics=false", "--exit-timeout-secs=2"]  # fmt: skip
     with open(work / "server.log", "wb") as log:
         server = subprocess.Popen(command, env=server_environment(install), stdout=log, stderr=subprocess.STDOUT)
+    # the project's clients send the key (a toy server checks none): one of the toy's own, so no `make serve` is needed
+    os.environ[client.KEY_FILE_ENV] = str(work / "triton.key")
+    client.create_key()
     try:
-        import tritonclient.http as httpclient
-
-        ready = httpclient.InferenceServerClient(f"127.0.0.1:{http}")  # a toy server: no client key (the project's clients add one)
+        ready = client.http_client(f"127.0.0.1:{http}")
         for _ in range(120):
             if _ready(ready, name):
                 break
@@ -104,7 +107,7 @@ def main() -> int:
 
         def ask(module, url: str, value: int, delay: float = 0.0) -> float:
             time.sleep(delay)
-            triton = module.InferenceServerClient(url)
+            triton = (client.http_client if module is httpclient else client.grpc_client)(url)  # the project's clients
             tensor = module.InferInput("X", [1, 1], "FP32")
             tensor.set_data_from_numpy(np.array([[value]], dtype=np.float32))
             return float(triton.infer("toy", [tensor]).as_numpy("Y")[0, 0])

@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from nondecoupled_sender import toy_server  # noqa: E402
 
+from hf2triton.triton import client  # noqa: E402
+
 CONFIG = """name: "objects"
 backend: "python"
 max_batch_size: 0
@@ -98,7 +100,7 @@ def main() -> int:
     with toy_server("objects", CONFIG, MODEL) as (http, _):
         count = httpclient.InferInput("COUNT", [1], "INT32")
         count.set_data_from_numpy(np.array([args.count], dtype=np.int32))
-        answer = httpclient.InferenceServerClient(f"127.0.0.1:{http}", network_timeout=600).infer("objects", [count])
+        answer = client.http_client(f"127.0.0.1:{http}", network_timeout=600).infer("objects", [count])
         result = json.loads(answer.as_numpy("TIMINGS")[0])
     result.update(command="python " + " ".join(sys.argv), measured_at=time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()))
     print(json.dumps(result, indent=1))
