@@ -63,9 +63,10 @@ def cleaned_text(sequence: Sequence, clean_up: Callable[[str], str]) -> tuple[st
     once and kept, and each token cleans only the tail after it (tests/test_detokenize.py checks every prefix let
     out against the whole text's clean-up on random texts)."""
     raw, split = sequence.raw, sequence.clean_split
-    end = len(raw)
-    while end > split and " " in raw[max(0, end - 3) : end]:
+    end, floor = len(raw), max(split, len(raw) - 64)  # a text of short words only: a longer tail, never a longer scan
+    while end > floor and " " in raw[max(0, end - 3) : end]:
         end -= 1
+    end = end if end > floor or " " not in raw[max(0, end - 3) : end] else split
     if end > split:
         sequence.clean_head += clean_up(raw[split:end])
         sequence.clean_split = split = end
