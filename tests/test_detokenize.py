@@ -57,7 +57,7 @@ def test_a_stream_of_pieces_adds_up_to_the_decode_of_the_whole_answer(tokenizer,
     assert detokenize.stream is not None and detokenize.clean_up is (
         tokenizer.clean_up_tokenization if tokenizer.clean_up_tokenization_spaces else None
     )
-    detokenize = detokenize if way == "decode_stream" else dataclasses.replace(detokenize, backend=None, stream=None)
+    detokenize = detokenize if way == "decode_stream" else dataclasses.replace(detokenize, stream=None)
     pieces = stream(detokenize, ids)
     assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True), pieces
     assert all(pieces[:-1]), "no empty piece is sent"

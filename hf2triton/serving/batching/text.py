@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from .sequences import PARTIAL_CHARACTER, Sequence, TokenLogprob
 
@@ -23,34 +23,33 @@ class Detokenizer:
     """How a batcher's rows' tokens become text. `decode`: the tokenizer's decode (fast_decode). `clean_up`: where the
     tokenizer cleans up spaces before punctuation and contractions the standard way, that clean-up, applied here to
     the raw text so that a stream's pieces add up to the whole answer's decode (cleaned_text); None where it does
-    none, or its own way (then its decode cleans each window, text.new_text). `backend` and `stream`: where the raw
-    text is the Rust backend's plain decode, that backend and a new answer's incremental decoder (tokenizers'
-    DecodeStream: one call per token, 1.7 vs 5-8 µs for new_text's two windows on 2 cores)."""
+    none, or its own way (then its decode cleans each window, text.new_text). `stream`: where the raw text is the Rust
+    backend's plain decode, a new answer's incremental decoder, token -> new text or None (tokenizers' DecodeStream:
+    one call per token, 1.7 vs 5-8 µs for new_text's two windows on 2 cores)."""
 
     decode: Callable[..., str]
     clean_up: Callable[[str], str] | None = None
-    backend: Any = None
-    stream: Callable[[], Any] | None = None
+    stream: Callable[[], Callable[[int], str | None]] | None = None
 
 
 def detokenizer(tokenizer) -> Detokenizer:
     decode = fast_decode(tokenizer)
-    if (
-        decode == tokenizer.decode
-    ):  # (bound methods: equal, never the same object) a tokenizer that decodes its own way: its decode, window by window
+    # bound methods compare equal, never identical: a tokenizer that decodes its own way, window by window
+    if decode == tokenizer.decode:
         return Detokenizer(decode)
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase  # fast_decode imported it
 
     try:
         from tokenizers.decoders import DecodeStream
     except ImportError:  # tokenizers < 0.21
-        streams = {}
+        stream = None
     else:
-        streams = {"backend": tokenizer._tokenizer, "stream": lambda: DecodeStream(skip_special_tokens=True)}
+        backend = tokenizer._tokenizer
+        stream = lambda: functools.partial(DecodeStream(skip_special_tokens=True).step, backend)  # noqa: E731
     if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        return Detokenizer(decode, **streams)
+        return Detokenizer(decode, stream=stream)
     if type(tokenizer).clean_up_tokenization is PreTrainedTokenizerBase.clean_up_tokenization:
-        return Detokenizer(decode, tokenizer.clean_up_tokenization, **streams)
+        return Detokenizer(decode, tokenizer.clean_up_tokenization, stream)
     return Detokenizer(decode)  # its own clean-up: its decode cleans each window
 
 
@@ -66,7 +65,8 @@ def cleaned_text(sequence: Sequence, clean_up: Callable[[str], str]) -> tuple[st
     end, floor = len(raw), max(split, len(raw) - 64)  # a text of short words only: a longer tail, never a longer scan
     while end > floor and " " in raw[max(0, end - 3) : end]:
         end -= 1
-    end = end if end > floor or " " not in raw[max(0, end - 3) : end] else split
+    if " " in raw[max(0, end - 3) : end]:  # none within the scan
+        end = split
     if end > split:
         sequence.clean_head += clean_up(raw[split:end])
         sequence.clean_split = split = end
@@ -139,7 +139,7 @@ def append_token(sequence: Sequence, token: int, eos_ids: set[int], context: int
     if detokenizer.stream is not None:
         if sequence.decode_stream is None:
             sequence.decode_stream = detokenizer.stream()
-        piece = sequence.decode_stream.step(detokenizer.backend, token) or ""  # None: a split character, a special token
+        piece = sequence.decode_stream(token) or ""  # None: a split character, a special token
     else:
         piece = new_text(detokenizer.decode, sequence, raw=clean_up is not None)
     unsettled = 0
