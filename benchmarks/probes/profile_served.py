@@ -40,19 +40,33 @@ def stub_pids(model: str) -> list[int]:
     return found
 
 
+ROLES = {"run_forever": "batcher", "Responder._run": "responses", "_send_responses": "responses"}
+
+
+def _role(frames: list[str]) -> str:
+    """A sampled thread's role: the batcher's loop, a response thread, or (any other) Triton's calls into the stub."""
+    return next((role for frame in frames for key, role in ROLES.items() if key in frame), "other")
+
+
 def fold(raw: Path, top: int) -> dict:
-    """py-spy's raw (collapsed) stacks -> share of samples per function, self and inclusive."""
+    """py-spy's raw (collapsed) stacks -> share of samples per function, self and inclusive; with `--threads`, also per
+    role (batcher, responses, other): its share of the samples and its own top functions (self, shares of its samples), which for samples
+    taken with `--idle` say where that thread's wall time goes, waiting included."""
     own, inclusive, total = collections.Counter(), collections.Counter(), 0
+    roles: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")" for f in stack.split(";")]
         n = int(count)
         total += n
         own[frames[-1]] += n
+        roles[_role(frames)][frames[-1]] += n
         for frame in set(frames):
             inclusive[frame] += n
-    share = lambda c: [{"function": f, "share": round(n / max(total, 1), 4)} for f, n in c.most_common(top)]  # noqa: E731
-    return {"samples": total, "self": share(own), "inclusive": share(inclusive)}
+    share = lambda c, of=total: [{"function": f, "share": round(n / max(of, 1), 4)} for f, n in c.most_common(top)]  # noqa: E731
+    sizes = {role: sum(c.values()) for role, c in roles.items()}
+    threads = {role: {"share": round(sizes[role] / max(total, 1), 4), "self": share(c, sizes[role])[:12]} for role, c in roles.items()}
+    return {"samples": total, "self": share(own), "inclusive": share(inclusive), "roles": threads}
 
 
 def main() -> int:
