@@ -142,15 +142,18 @@ spy_start() {  # PROFILE_STUBS="MODEL...": py-spy samples those models' stubs du
   local model pid
   for model in $PROFILE_STUBS; do
     for pid in $("$VENV/bin/python" -c "import sys; sys.path.insert(0, 'benchmarks/probes'); from profile_served import stub_pids; print(*stub_pids('$model'))"); do
-      # SPY_WALL=1: every sample, waiting included (--idle), instead: where the batcher's thread spends its wall time
-      "$VENV/bin/py-spy" record --pid "$pid" $([ -n "${SPY_WALL:-}" ] && echo --idle || echo --gil) --threads --rate 100 --nonblocking --format raw \
+      # SPY_FLAGS="--idle --native": every sample, waiting included, with C frames (a Python call waiting for the GIL or
+      # the GPU), instead of the GIL's holders only: where the batcher's thread spends its wall time. Native stacks
+      # pause the stub at each sample (py-spy cannot read them nonblocking): its figures are a diagnosis, not a result
+      # shellcheck disable=SC2086  # SPY_FLAGS: words
+      "$VENV/bin/py-spy" record --pid "$pid" ${SPY_FLAGS:---gil --nonblocking} --threads --rate 100 --format raw \
         --output "$COMPARE/spy-$model-$pid.txt" > "$COMPARE/spy-$model-$pid.log" 2>&1 &
       SPIES+=($!)
     done
   done
 }
 
-spy_stop() {  # the samples folded per stub -> $COMPARE/spy.json (samples: GIL-held, or all with SPY_WALL, at 100 Hz)
+spy_stop() {  # the samples folded per stub -> $COMPARE/spy.json (samples: GIL-held, or as SPY_FLAGS say, at 100 Hz)
   [ ${#SPIES[@]} -gt 0 ] || return 0
   kill -INT "${SPIES[@]}" 2>/dev/null || true
   wait "${SPIES[@]}" 2>/dev/null || true

@@ -48,19 +48,27 @@ def _role(frames: list[str]) -> str:
     return next((role for frame in frames for key, role in ROLES.items() if key in frame), "other")
 
 
+def _where(frames: list[str]) -> str:
+    """A sample's place: its innermost Python frame, and (samples taken with `--native`) the innermost named C frame
+    under it -- e.g. `OnnxBatcher._run (onnx.py) > pthread_cond_timedwait (libc.so.6)`: a Python call waiting."""
+    python = max((index for index, frame in enumerate(frames) if frame.endswith(".py)")), default=len(frames) - 1)
+    native = [frame for frame in frames[python + 1 :] if not frame.startswith("0x")]
+    return f"{frames[python]} > {native[-1]}" if native else frames[python]
+
+
 def fold(raw: Path, top: int) -> dict:
     """py-spy's raw (collapsed) stacks -> share of samples per function, self and inclusive; with `--threads`, also per
-    role (batcher, responses, other): its share of the samples and its own top functions (self, shares of its samples), which for samples
-    taken with `--idle` say where that thread's wall time goes, waiting included."""
+    role (batcher, responses, other): its share of the samples and its own top places (`_where`, shares of its
+    samples), which for samples taken with `--idle` say where that thread's wall time goes, waiting included."""
     own, inclusive, total = collections.Counter(), collections.Counter(), 0
     roles: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        frames = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")" for f in stack.split(";")]
+        frames = [f.split(" (")[0] + " (" + f.split(" (")[-1].rstrip(")").split(":")[0].rsplit("/", 1)[-1] + ")" for f in stack.split(";")]
         n = int(count)
         total += n
         own[frames[-1]] += n
-        roles[_role(frames)][frames[-1]] += n
+        roles[_role(frames)][_where(frames)] += n
         for frame in set(frames):
             inclusive[frame] += n
     share = lambda c, of=total: [{"function": f, "share": round(n / max(of, 1), 4)} for f, n in c.most_common(top)]  # noqa: E731
