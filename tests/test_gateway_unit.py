@@ -32,6 +32,7 @@ from hf2triton.gateway.protocol import (
     score_answer,
     score_pairs,
 )
+from hf2triton.serving import interface
 
 
 def test_sampling_parameters_map_to_model_inputs():
@@ -514,3 +515,41 @@ def test_transcription_subtitles_are_srt_and_webvtt():
     assert subtitles(cues, "srt") == "1\n00:00:00,000 --> 00:00:01,500\nHello\n\n2\n00:00:01,500 --> 01:02:03,250\nworld\n"
     assert subtitles(cues, "vtt") == "WEBVTT\n\n00:00:00.000 --> 00:00:01.500\nHello\n\n00:00:01.500 --> 01:02:03.250\nworld\n"
     assert subtitles([], "vtt") == "WEBVTT\n"
+
+
+def _stream_response(outputs: list[tuple[str, str, bytes]], raw: bool = True):
+    """A gRPC ModelInferResponse as Triton streams a piece: (name, datatype, one element's wire bytes) per output."""
+    from tritonclient.grpc import service_pb2
+    from tritonclient.grpc._infer_result import InferResult
+
+    message = service_pb2.ModelInferResponse()
+    for name, datatype, content in outputs:
+        output = message.outputs.add(name=name, datatype=datatype, shape=[1])
+        if raw:
+            message.raw_output_contents.append(content)
+        elif datatype == "BYTES":
+            output.contents.bytes_contents.append(content[4:])
+    return InferResult(message)
+
+
+def test_a_streamed_pieces_values_are_read_from_its_raw_contents_as_tritonclient_reads_them():
+    """client.first_values (the gateway's per-piece reader) against InferResult.as_numpy on the same responses."""
+    from hf2triton.triton.client import first_values
+
+    text = "Paris, déjà vu".encode()
+    final = [
+        (interface.TEXT_OUTPUT, "BYTES", len(text).to_bytes(4, "little") + text),
+        (interface.FINISH_REASON, "BYTES", (4).to_bytes(4, "little") + b"stop"),
+        (interface.PROMPT_TOKENS, "INT32", np.array([37], dtype=np.int32).tobytes()),
+        (interface.COMPLETION_TOKENS, "INT32", np.array([7], dtype=np.int32).tobytes()),
+        ("offset", "INT64", np.array([-3], dtype=np.int64).tobytes()),
+        ("empty", "BYTES", (0).to_bytes(4, "little")),
+    ]
+    result = _stream_response(final)
+    values = first_values(result)
+    assert values == {name: result.as_numpy(name).reshape(-1)[0] for name, _, _ in final}
+    assert values[interface.TEXT_OUTPUT].decode() == "Paris, déjà vu" and values[interface.PROMPT_TOKENS] == 37
+    assert values["offset"] == -3 and values["empty"] == b""
+    # contents sent typed (not raw): tritonclient's own reading
+    typed = _stream_response(final[:2], raw=False)
+    assert first_values(typed) == {interface.TEXT_OUTPUT: text, interface.FINISH_REASON: b"stop"}

@@ -131,6 +131,7 @@ def _triton_headers(url: str, headers: dict[str, str] | None) -> dict[str, str]:
 
 
 NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
+INTEGER_SIZES = {"INT32": 4, "INT64": 8, "UINT32": 4, "UINT64": 8}  # bytes per element, little-endian on the wire
 # fill-mask's top_k is the same tensor (INT32) as streaming generation's
 _OPTIONS = (*interface.GENERATION_OPTIONS, *interface.STREAMING_OPTIONS)
 _OPTIONS += (*interface.TOKEN_CLASSIFICATION_OPTIONS, *interface.FILL_MASK_OPTIONS, *interface.TEXT_RANKING_OPTIONS)
@@ -283,6 +284,29 @@ def is_loopback(host: str) -> bool:
 
 
 # --- streaming generation (decoupled models) ------------------------------------------------------------
+
+
+def first_values(result: Any) -> dict[str, bytes | int]:
+    """A gRPC InferResult's outputs by name, each output's first element: a BYTES tensor's as bytes, an integer
+    tensor's as int. Read from the response's raw contents in one pass: 2.9 us per streamed piece in the gateway's
+    worker instead of 7.2 through InferResult.as_numpy per name (a walk over the outputs, a numpy array and a reshape
+    each; 2 cores, benchmarks/probes/stream_outputs.py)."""
+    message = result.get_response()
+    raw = message.raw_output_contents
+    values: dict[str, bytes | int] = {}
+    if len(raw) != len(message.outputs):  # contents sent typed instead of raw: tritonclient's own reading
+        for output in message.outputs:
+            array = result.as_numpy(output.name).reshape(-1)
+            if array.size and (output.datatype == "BYTES" or output.datatype in INTEGER_SIZES):
+                values[output.name] = array[0] if output.datatype == "BYTES" else int(array[0])
+        return values
+    for output, content in zip(message.outputs, raw):
+        if output.datatype == "BYTES":  # each element: a 4-byte little-endian length, then its bytes
+            if len(content) >= 4:
+                values[output.name] = content[4 : 4 + int.from_bytes(content[:4], "little")]
+        elif output.datatype in INTEGER_SIZES and len(content) >= INTEGER_SIZES[output.datatype]:
+            values[output.name] = int.from_bytes(content[: INTEGER_SIZES[output.datatype]], "little", signed=output.datatype[0] == "I")
+    return values
 
 
 def stream_generate(

@@ -65,19 +65,18 @@ async def generate(
         result, error = response
         if error is not None:
             raise triton_error(error, served.name)
-        piece = result.as_numpy(interface.TEXT_OUTPUT)
-        text = piece.reshape(-1)[0].decode("utf-8") if piece is not None else ""
-        found = result.as_numpy(interface.TOKEN_LOGPROBS)
-        logprobs = json.loads(found.reshape(-1)[0]) if found is not None else None
-        reason = result.as_numpy(interface.FINISH_REASON)
+        values = client.first_values(result)
+        text = values.get(interface.TEXT_OUTPUT, b"").decode("utf-8")
+        logprobs = json.loads(values[interface.TOKEN_LOGPROBS]) if interface.TOKEN_LOGPROBS in values else None
+        reason = values.get(interface.FINISH_REASON)
         if reason is None:
             return Piece(text, None, logprobs)
         return Piece(
             text,
             {
-                "finish_reason": FINISH_REASONS.get(reason.reshape(-1)[0].decode(), "stop"),
-                "prompt_tokens": int(result.as_numpy(interface.PROMPT_TOKENS).reshape(-1)[0]),
-                "completion_tokens": int(result.as_numpy(interface.COMPLETION_TOKENS).reshape(-1)[0]),
+                "finish_reason": FINISH_REASONS.get(reason.decode(), "stop"),
+                "prompt_tokens": values[interface.PROMPT_TOKENS],
+                "completion_tokens": values[interface.COMPLETION_TOKENS],
             },
             logprobs,
         )
