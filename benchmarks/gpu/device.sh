@@ -621,6 +621,8 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
         { [ -f /tmp/vllm-anchor.pid ] || start_anchor "$part" "$saved" float16; } &&
         wait_anchor "$part" && {
         extra=()  # GATEWAY_WORKERS: more gateways (other worker counts) in front of the same Triton, loaded in turn too
+        # GRPC_CELL=1: Triton's gRPC stream read straight (as the gateway reads it): Triton's gRPC front end alone
+        [ -z "${GRPC_CELL:-}" ] || extra+=("135m-triton-vllm-grpc=grpc,127.0.0.1:8001,smollm2")
         for workers in $GATEWAY_WORKERS; do
           start_gateway "$workers"
           extra+=("135m-triton-vllm-gateway-w$workers=openai,http://127.0.0.1:$((9100 + workers)),smollm2")
