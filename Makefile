@@ -115,7 +115,7 @@ browser-tools:
 	else echo "hf2triton: no root/apt for chromium and chromium-driver: the playground's browser tests skip with the reason"; fi
 
 test: $(VENV)/.installed-test $(HUB_VENV)/.installed slurm-tools browser-tools docs ## set up (if needed), build the docs, run the whole test suite
-	$(BIN)/python -m pytest -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/): mkdocs and its theme need no more of .venv than a Python; the build
 # reads nothing from the network. --strict: a broken link, anchor or page fails it (and with it `make test`); not
