@@ -162,17 +162,14 @@ class SlotBatcher(ContinuousBatcher):
         if self.right_padded or len(set(lengths)) == 1:
             # every row starts at column 0 (or all are as long): one copy per layer for all the rows; a shorter row's
             # padding columns land past its position, which its mask hides and its own decoding steps overwrite
-            length, rows = max(lengths), slice(first, first + len(lengths))
-            start = 0 if self.right_padded else width - length
+            length = max(lengths)
+            copies = [(slice(first, first + len(lengths)), slice(None), 0 if self.right_padded else width - length, length)]
+        else:  # (slot, prefilled row, its first column, its length)
+            copies = [(first + index, index, width - length, length) for index, length in enumerate(lengths)]
+        for slot, row, start, length in copies:
             for (keys, values), (new_keys, new_values) in zip(self.slots, cache):
-                keys[rows, :, :length] = new_keys[:, :, start : start + length]
-                values[rows, :, :length] = new_values[:, :, start : start + length]
-        else:
-            for index, length in enumerate(lengths):
-                slot, start = first + index, width - length
-                for (keys, values), (new_keys, new_values) in zip(self.slots, cache):
-                    keys[slot, :, :length] = new_keys[index, :, start : start + length]
-                    values[slot, :, :length] = new_values[index, :, start : start + length]
+                keys[slot, :, :length] = new_keys[row, :, start : start + length]
+                values[slot, :, :length] = new_values[row, :, start : start + length]
         cache.clear()
         self.positions[first : first + len(lengths)] = positions.to(self.positions.dtype)
         self.lengths += lengths
