@@ -230,6 +230,36 @@ def test_served_batcher_is_the_preallocated_one_where_it_reproduces_the_dynamic_
     assert type(batcher) is SlotBatcher and not batcher.use_graphs and "preallocated KV cache (4 slots x 256 tokens)" in lines[-1]
 
 
+class EagerCaptures(SlotBatcher):
+    """capture_buckets on the CPU: each "capture" runs the bucket's pass eagerly and is recorded."""
+
+    def _captures(self) -> bool:
+        return True
+
+    def _capture(self, rows: int, columns: int) -> bool:
+        self.captured.append((rows, columns))
+        self._pass(rows, columns)
+        return True
+
+
+def test_buckets_captured_at_load_leave_the_slots_serving_the_solo_greedy_text(llm):
+    """Issue 46: every row bucket up to max_sequences (the largest first) x the first column buckets within the
+    context is captured before anything is served, and the passes leave nothing behind: the texts decoded after
+    them equal their solo greedy text."""
+    batcher = EagerCaptures(*llm, "cpu", max_sequences=5, max_queue=8, context=200)
+    batcher.captured = []
+    lines: list[str] = []
+    batcher.capture_buckets(lines.append)
+    assert batcher.captured == [(5, 200), (5, 128), (4, 200), (4, 128), (2, 200), (2, 128), (1, 200), (1, 128)]
+    assert "captured 8 decoding steps (rows 1-5 x columns 128-200)" in lines[-1], lines
+    assert batcher.idle and batcher.lengths == [] and not batcher.positions.any()
+    lengths = [9, 4, 12]
+    collectors = [submit(batcher, llm, p, max_new_tokens=n) for p, n in zip(PROMPTS, lengths)]
+    drain(batcher)
+    for prompt, n, collector in zip(PROMPTS, lengths, collectors):
+        assert collector.text == solo(llm, prompt, n), prompt
+
+
 def test_slots_refill_from_the_last_row_and_padded_rows_stay_in_free_slots(llm, new_batcher):
     """Six sequences of different lengths through three slots: rows leave from the middle (the last row moves into
     the hole), the bucket pads 3 rows to 4, and every text equals its solo greedy text."""

@@ -59,3 +59,8 @@ def test_the_served_batcher_on_a_gpu_is_the_graph_one(llm):
     batcher = new_batcher(*llm, "cuda:0", cuda_graphs=True, log=lines.append, max_sequences=8, max_queue=8, context=512)
     assert isinstance(batcher, SlotBatcher) and batcher.use_graphs, lines
     assert "CUDA graphs on" in lines[-1]
+    # issue 46: every row bucket captured at load for the first two column buckets, and the texts after it unchanged
+    assert set(batcher.graphs) == {(rows, columns) for rows in (1, 2, 4, 8) for columns in (128, 256)}, lines
+    assert any("captured 8 decoding steps (rows 1-8 x columns 128-256)" in line for line in lines), lines
+    limits = {"max_sequences": 8, "max_queue": 16, "context": 512}
+    assert staggered(batcher, llm[1]) == staggered(ContinuousBatcher(*llm, "cuda:0", **limits), llm[1])

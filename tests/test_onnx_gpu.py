@@ -265,6 +265,8 @@ def test_the_onnx_decoders_cuda_graphs_decode_its_eager_steps_tokens(smollm2_flo
     graphed = new_batcher(decoder, tokenizer, "cuda:0", cuda_graphs=True, log=lines.append, **limits)
     assert isinstance(graphed, OnnxSlotBatcher) and graphed.graphed, lines
     assert "replay CUDA graphs" in lines[-1], lines
+    loaded = {shape[:2] for shape in graphed.graph_steps}  # issue 46: every row bucket captured at load
+    assert loaded == {(rows, columns) for rows in (1, 2, 4) for columns in (128, 256)}, (loaded, lines)
     eager = OnnxSlotBatcher(decoder, tokenizer, "cuda:0", graphs=False, **limits)
     prompts = [*PARITY_GENERATION_PROMPTS, "Count from one to fifty in words:"]
 

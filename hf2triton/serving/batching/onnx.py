@@ -163,6 +163,14 @@ class OnnxSlotBatcher(SlotBatcher, OnnxBatcher):
         self._bind(binding, "logits", logits, output=True)
         return logits
 
+    def _captures(self) -> bool:
+        return self.graphed
+
+    def _capture(self, rows: int, columns: int) -> bool:
+        for _ in range(2):  # ONNX Runtime runs a new graph id once, then captures it (and replays) on the next run
+            self._pass(rows, columns)
+        return True
+
     def _pass(self, rows: int, columns: int):
         torch = self.torch
         visible = self.columns[None, :columns] <= self.positions[:rows, None]  # a row's sum: its position + 1
@@ -194,6 +202,7 @@ def new_batcher(
             slotted = functools.partial(OnnxSlotBatcher, decoder, tokenizer, place, graphs=graphed)
             if slots_agree(dynamic, slotted, tokenizer, limits["context"], log):
                 batcher = slotted(**limits)
+                batcher.capture_buckets(log)
                 break
     batcher = batcher or dynamic(**limits)
     layout = "GenAI builder graph, right-padded" if batcher.right_padded else "optimum graph, left-padded"

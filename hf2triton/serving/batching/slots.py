@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +60,7 @@ class SlotBatcher(ContinuousBatcher):
 
     ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     MIN_COLUMNS = 128
+    CAPTURED_COLUMNS = 256  # the column buckets captured at load (capture_buckets): prompts and answers this long
 
     def __init__(self, *args, cuda_graphs: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
@@ -128,6 +130,47 @@ class SlotBatcher(ContinuousBatcher):
             return None
         self.graphs[shape] = (graph, logits)
         return self.graphs[shape]
+
+    def _captures(self) -> bool:
+        """Whether decoding steps replay captured graphs."""
+        return self.use_graphs and not self.graph_failure
+
+    def _capture(self, rows: int, columns: int) -> bool:
+        """Capture the (rows, columns) bucket's step; False: capture failed (eager from now on)."""
+        return self._graph((rows, columns)) is not None
+
+    def capture_buckets(self, log: Callable[[str], None] = print) -> None:
+        """Capture every row bucket's decoding step, for columns up to CAPTURED_COLUMNS, before anything is served: a
+        bucket captured on first use holds every running stream up for its capture, and ONNX Runtime also compiles
+        kernels then (8 % of a fresh server's first loaded half-minute on the H100, benchmarks/h200/README.md). The
+        largest first, as vLLM does: the smaller ones reuse its memory pool."""
+        if not self._captures():
+            return
+        started = time.perf_counter()
+        responder, self.responder = self.responder, None  # the probe's one token goes nowhere
+        try:
+            _greedy_ids(self, [[self.pad_id]], 1)  # its prefill allocates the slots
+        finally:
+            self.responder = responder
+        rows = sorted({min(r, self.max_sequences) for r in self.ROWS}, reverse=True)
+        widths, width = [], self.MIN_COLUMNS
+        while width <= self.CAPTURED_COLUMNS:
+            widths.append(min(width, self.context))
+            width *= 2
+        shapes = [(r, c) for r in rows for c in sorted(set(widths), reverse=True)]
+        with self.torch.inference_mode():  # as step() runs them: the slots are inference tensors
+            try:
+                captured = all(self._capture(*shape) for shape in shapes)  # a torch capture's failure is logged: eager
+            except Exception as err:  # noqa: BLE001 - the buckets are captured on first use instead
+                log(f"hf2triton: decoding steps captured on first use (capturing them at load failed: {type(err).__name__}: {err})")
+                captured = False
+            self._reset()  # the passes wrote column 0 of free slots only
+        if not captured:
+            return
+        log(
+            f"hf2triton: captured {len(shapes)} decoding steps (rows {rows[-1]}-{rows[0]} x columns {min(widths)}-{max(widths)}) "
+            f"in {time.perf_counter() - started:.1f} s"
+        )
 
     def _decode(self) -> None:
         count = len(self.running)
@@ -256,6 +299,7 @@ def new_batcher(
     if not slots_agree(dynamic, slotted, tokenizer, limits["context"], log):
         return dynamic(**limits)
     batcher = slotted(**limits)
+    batcher.capture_buckets(log)
     graphs = "on" if batcher.use_graphs else "off"
     size = f"{limits['max_sequences']} slots x {limits['context']} tokens"
     log(f"hf2triton: generation on a preallocated KV cache ({size}), CUDA graphs {graphs}")
