@@ -78,6 +78,23 @@ def test_http_generate_stream_sends_server_sent_events(streaming):
     )
 
 
+def test_a_client_leaving_the_http_event_stream_frees_its_place(streaming):
+    """Triton cancels a generate_stream request when its HTTP client leaves (its docs promise that of the gRPC client
+    only): two long streams fill the running batch, their clients leave after one event, and a new stream is
+    answered at once -- kept open, it waited 19 s for theirs to end (2026-12-06, the torch engine)."""
+    http, grpc = urls(streaming)
+    url = f"http://{http}/v2/models/generate/generate_stream"
+    streams = [client.http_post_events(url, body={"text": PROMPTS[2], **LONG, "max_new_tokens": 3000}) for _ in range(2)]
+    for events in streams:
+        assert "text_output" in next(events)
+    for events in streams:
+        events.close()  # the connection closes
+    time.sleep(0.5)  # the cancellations reach the batcher
+    started = time.monotonic()
+    answer = client.stream_generate(grpc, "generate", PROMPTS[1], {"max_new_tokens": 4}, timeout_s=60)
+    assert answer["completion_tokens"] >= 1 and time.monotonic() - started < 10, "the places were freed"
+
+
 def test_staggered_streams_each_equal_their_solo_result(streaming):
     _, grpc = urls(streaming)
     lengths = [12, 20, 7, 16]
