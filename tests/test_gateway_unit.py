@@ -553,3 +553,14 @@ def test_a_streamed_pieces_values_are_read_from_its_raw_contents_as_tritonclient
     # contents sent typed (not raw): tritonclient's own reading
     typed = _stream_response(final[:2], raw=False)
     assert first_values(typed) == {interface.TEXT_OUTPUT: text, interface.FINISH_REASON: b"stop"}
+
+
+def test_the_generate_body_holds_the_grpc_tensors_as_json_values():
+    """client.generate_body (Triton's HTTP generate / generate_stream): the tensors input_arrays builds for one
+    streamed prompt, one element as its scalar, several as an array, BYTES as text, JSON inputs as their JSON text."""
+    from hf2triton.triton.client import generate_body
+
+    messages = [{"role": "user", "content": "é"}]
+    body = generate_body([], {"messages": messages, "stop": ["a", "b"], "max_new_tokens": 5, "temperature": 0.5, "seed": None})
+    assert body == {"messages": json.dumps(messages, ensure_ascii=False), "stop": ["a", "b"], "max_new_tokens": 5, "temperature": 0.5}
+    assert generate_body(["hi"], {"prompt_ids": [3, 4], "stop": ["x"]}) == {"text": "hi", "prompt_ids": [3, 4], "stop": "x"}

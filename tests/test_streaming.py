@@ -95,22 +95,28 @@ def test_a_client_leaving_the_http_event_stream_frees_its_place(streaming):
     assert answer["completion_tokens"] >= 1 and time.monotonic() - started < 10, "the places were freed"
 
 
-def test_http_generate_stream_takes_list_options_as_json_arrays(streaming):
-    """Triton's generate extension maps a JSON array to a [n] input: a prompt as token ids and a list of stop strings
-    streamed over HTTP (what a client of Triton's HTTP stream sends, the gateway's next upstream)."""
-    http, _ = urls(streaming)
+def test_http_generate_stream_takes_every_option_as_the_grpc_stream_does(streaming):
+    """client.generate_body: Triton's generate extension maps a JSON array to an [n] input, so a prompt as token ids,
+    a list of stop strings, chat messages and sampling options streamed over HTTP answer as over gRPC (what a client of
+    Triton's HTTP stream sends, the gateway's next upstream)."""
+    http, grpc = urls(streaming)
     url = f"http://{http}/v2/models/generate/generate_stream"
-    ids = [1, 2, 3, 4, 5, 6, 7]
 
-    def text_and_final(body: dict) -> tuple[str, dict]:
-        events = list(client.http_post_events(url, body=body))
+    def text_and_final(texts: list[str], options: dict) -> tuple[str, dict]:
+        events = list(client.http_post_events(url, body=client.generate_body(texts, options)))
         return "".join(e["text_output"] for e in events), events[-1]
 
-    whole, final = text_and_final({"prompt_ids": ids, "max_new_tokens": 12})
+    ids = [1, 2, 3, 4, 5, 6, 7]
+    whole, final = text_and_final([], {"prompt_ids": ids, "max_new_tokens": 12})
     assert final["prompt_tokens"] == len(ids) and final["finish_reason"] == "length", final
     stop = whole[len(whole) // 2 :][:3]  # three characters from the answer's middle: it ends before them
-    cut, final = text_and_final({"prompt_ids": ids, "max_new_tokens": 12, "stop": ["never-generated", stop]})
+    cut, final = text_and_final([], {"prompt_ids": ids, "max_new_tokens": 12, "stop": ["never-generated", stop]})
     assert whole.startswith(cut) and stop not in cut and final["finish_reason"] == "stop", (whole, cut, stop)
+    sampled = {"max_new_tokens": 10, "temperature": 0.8, "top_p": 0.9, "seed": 7, "stop": ["never-generated"]}
+    messages = [{"role": "user", "content": PROMPTS[3]}]
+    for texts, prompt in (([PROMPTS[0]], PROMPTS[0]), ([], messages)):
+        options = sampled if texts else {**sampled, "messages": messages}
+        assert text_and_final(texts, options)[0] == client.stream_generate(grpc, "generate", prompt, sampled)["text"], prompt
 
 
 def test_staggered_streams_each_equal_their_solo_result(streaming):

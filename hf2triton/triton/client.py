@@ -279,6 +279,17 @@ def build_inputs(
     return inputs
 
 
+def generate_body(texts: list[bytes] | list[str], options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON body of Triton's generate / generate_stream for one prompt: the tensors input_arrays builds for a
+    streaming model, each as a JSON value -- one element as its scalar, several as an array (Triton's generate extension
+    makes an array an [n] input: the stop strings, a prompt's token ids), BYTES as text."""
+    body: dict[str, Any] = {}
+    for name, _, array in input_arrays(texts, options, one_prompt=True):
+        values = [v.decode("utf-8") if isinstance(v, bytes) else v for v in array.reshape(-1).tolist()]
+        body[name] = values[0] if len(values) == 1 else values
+    return body
+
+
 def is_loopback(host: str) -> bool:
     return host in LOOPBACK
 
