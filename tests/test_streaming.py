@@ -79,9 +79,11 @@ def test_http_generate_stream_sends_server_sent_events(streaming):
 
 
 def test_a_client_leaving_the_http_event_stream_frees_its_place(streaming):
-    """Triton cancels a generate_stream request when its HTTP client leaves (its docs promise that of the gRPC client
-    only): two long streams fill the running batch, their clients leave after one event, and a new stream is
-    answered at once -- kept open, it waited 19 s for theirs to end (2026-12-06, the torch engine)."""
+    """Triton cancels a running generate_stream request when its HTTP client leaves (its docs promise that of the gRPC
+    client only): two long streams fill the running batch, their clients leave after one event, and a new stream is
+    answered at once -- kept open, it waited 19 s for theirs to end (2026-12-06, the torch engine). Triton notices the
+    disconnect when it writes the next piece: a request still waiting in the model's queue keeps its place until it
+    starts (a gateway reading this stream failed tests/test_gateway_boundary.py's queued-clients test for that)."""
     http, grpc = urls(streaming)
     url = f"http://{http}/v2/models/generate/generate_stream"
     streams = [client.http_post_events(url, body={"text": PROMPTS[2], **LONG, "max_new_tokens": 3000}) for _ in range(2)]
