@@ -153,11 +153,12 @@ class SlotBatcher(ContinuousBatcher):
         finally:
             self.responder = responder
         rows = sorted({min(r, self.max_sequences) for r in self.ROWS}, reverse=True)
-        widths, width = [], self.MIN_COLUMNS
-        while width <= self.CAPTURED_COLUMNS:
-            widths.append(min(width, self.context))
+        widths, width = set(), self.MIN_COLUMNS
+        while width <= self.CAPTURED_COLUMNS:  # bucket()'s column buckets, within the context
+            widths.add(min(width, self.context))
             width *= 2
-        shapes = [(r, c) for r in rows for c in sorted(set(widths), reverse=True)]
+        columns = sorted(widths, reverse=True)
+        shapes = [(r, c) for r in rows for c in columns]
         with self.torch.inference_mode():  # as step() runs them: the slots are inference tensors
             try:
                 captured = all(self._capture(*shape) for shape in shapes)  # a torch capture's failure is logged: eager
@@ -168,7 +169,7 @@ class SlotBatcher(ContinuousBatcher):
         if not captured:
             return
         log(
-            f"hf2triton: captured {len(shapes)} decoding steps (rows {rows[-1]}-{rows[0]} x columns {min(widths)}-{max(widths)}) "
+            f"hf2triton: captured {len(shapes)} decoding steps (rows {rows[-1]}-{rows[0]} x columns {columns[-1]}-{columns[0]}) "
             f"in {time.perf_counter() - started:.1f} s"
         )
 
