@@ -79,6 +79,22 @@ def test_bench_writes_json_plots_report_and_ratios(measured):
     assert sorted(dry) == ["bench", "bench_model", "bench_model", "bench_model"], "bench settings reach the rule as params"
 
 
+def check_gateway_cost(data: dict, users_gateway: str) -> None:
+    """The gateway-cost stage: a private gateway (not the users'), rounds alternating which side goes first, both
+    sides measured with the gateway's own CPU time, and the unloaded per-request latencies side by side."""
+    ratio = "tokens_per_s_ratio" if data["task"] == "text-generation" else "texts_per_s_ratio"
+    (row,) = data["openai"]["cells"]
+    assert data["openai"]["gateway"] != users_gateway and row["concurrency"] == 1 and row["errors"] == 0, row
+    assert [r["order"][0] for r in row["rounds"]] == ["direct", "gateway"], "rounds alternate which side goes first"
+    for measured in row["rounds"]:
+        assert measured["gateway"]["protocol"] == "openai" and measured["gateway"]["items_per_s"] > 0
+        assert measured["direct"]["protocol"] == "grpc" and measured["direct"]["items_per_s"] > 0
+        assert measured["gateway"]["gateway_cpu_ms_per_request"] is not None, "the gateway's own CPU time is read from /proc"
+    assert data["ratios"]["openai"]["c1"][ratio] > 0
+    alone = data["openai"]["alone"]
+    assert alone["pairs"] == 20 and alone["direct_p50_ms"] > 0 and alone["gateway_p50_ms"] > 0, alone
+
+
 def check_guidellm(data: dict) -> None:
     """Issue 44: guidellm's sweep ran through the bench's own gateway (its key from the environment) to the end:
     one request at a time, the top concurrency, two constant rates, each with TTFT and ITL."""
@@ -151,19 +167,25 @@ def test_bench_measures_a_gateway_of_its_own_and_leaves_the_users_alone(measured
         measured.run("serve")
         users = json.loads(state_file(settings).read_text())["pid"]
         base = f"http://127.0.0.1:{measured.config['openai']['port']}/v1"
-        measured.config["bench"] = {**TINY_BENCH, "concurrency": [1], "protocols": ["grpc"], "openai_concurrency": [1], "openai_rounds": 1}
+        measured.config["bench"] = {**TINY_BENCH, "concurrency": [1], "protocols": ["grpc"], "openai_concurrency": [1], "openai_rounds": 2}
         measured.env["HF2TRITON_API_KEY"] = "another-key-in-the-bench-shell"
         try:
-            measured.run("bench")
+            result = measured.run("bench")
         finally:
             measured.env.pop("HF2TRITON_API_KEY")
         assert json.loads(state_file(settings).read_text())["pid"] == users and host.process_cmdline(users) is not None
         assert client.http_get(f"{base}/models")[0] == 200, "the users' gateway still answers without a key"
+        out = measured.directory / "results" / "bench"
         for name in ("generate", "embed"):
-            cost = json.loads((measured.directory / "results" / "bench" / f"{name}.json").read_text())["openai"]
-            assert cost["gateway"] != base and cost["cells"][0]["errors"] == 0, cost
-        check_guidellm(json.loads((measured.directory / "results" / "bench" / "generate.json").read_text()))
-        assert "guidellm 0.3.1 through the gateway" in (measured.directory / "results" / "bench" / "report.md").read_text()
+            check_gateway_cost(json.loads((out / f"{name}.json").read_text()), base)
+        generated = json.loads((out / "generate.json").read_text())
+        assert generated["openai"]["cells"][0]["rounds"][0]["gateway"]["ttft_ms"]["p50"] > 0
+        assert generated["openai"]["cells"][0]["rounds"][0]["gateway"]["gateway_cpu_us_per_token"] is not None
+        assert "openai" not in json.loads((out / "classify.json").read_text()), "the gateway serves no classifiers"
+        check_guidellm(generated)
+        report = (out / "report.md").read_text()
+        assert "guidellm 0.3.1 through the gateway" in report and "Through the OpenAI gateway" in report
+        assert "OpenAI gateway / direct gRPC at c1: tokens/s" in result.stdout
         marker = ["-m", "hf2triton.gateway", "--grpc", settings.url("grpc_port")]
         assert [p for p in host.pids() if (host.process_cmdline(p) or [])[1:5] == marker] == [users], "the bench's own gateways are gone"
     finally:

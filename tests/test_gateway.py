@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 import json
 import os
 import signal
@@ -290,49 +289,6 @@ def test_client_command_for_each_task(gateway):
     assert "use one of: classify, embed, generate" in unknown.stderr
     too_long = hf2triton_cli(gateway, "infer", "generate", "x", "--max-tokens", "5000")
     assert too_long.returncode == 1 and "max_new_tokens=5000" in too_long.stderr and "Traceback" not in too_long.stderr
-
-
-GATEWAY_BENCH = {
-    "concurrency": [1],
-    "protocols": ["grpc"],
-    "seconds": 0.5,
-    "warmup_s": 0.1,
-    "max_requests": 50,
-    "generation_max_new_tokens": [4, 8],
-    "generation_requests": 2,
-    "static_baseline": False,
-    "inprocess_backends": False,
-    "openai_concurrency": [1],
-    "openai_rounds": 2,
-}
-
-
-def test_bench_measures_the_gateway_next_to_direct_grpc(gateway):
-    saved = copy.deepcopy(gateway.config)
-    gateway.config["bench"] = GATEWAY_BENCH
-    try:
-        result = gateway.run("bench")
-    finally:
-        gateway.config = saved
-        gateway.write_config()
-    out = gateway.directory / "results" / "bench"
-    for name, ratio in (("generate", "tokens_per_s_ratio"), ("embed", "texts_per_s_ratio")):
-        data = json.loads((out / f"{name}.json").read_text())
-        (row,) = data["openai"]["cells"]
-        assert row["concurrency"] == 1 and row["errors"] == 0, row
-        assert [r["order"][0] for r in row["rounds"]] == ["direct", "gateway"], "rounds alternate which side goes first"
-        for measured in row["rounds"]:
-            assert measured["gateway"]["protocol"] == "openai" and measured["gateway"]["items_per_s"] > 0
-            assert measured["direct"]["protocol"] == "grpc" and measured["direct"]["items_per_s"] > 0
-            assert measured["gateway"]["gateway_cpu_ms_per_request"] is not None, "the gateway's own CPU time is read from /proc"
-        assert data["ratios"]["openai"]["c1"][ratio] > 0
-        alone = data["openai"]["alone"]
-        assert alone["pairs"] == 20 and alone["direct_p50_ms"] > 0 and alone["gateway_p50_ms"] > 0, alone
-    generated = json.loads((out / "generate.json").read_text())["openai"]["cells"][0]["rounds"][0]["gateway"]
-    assert generated["ttft_ms"]["p50"] > 0 and generated["gateway_cpu_us_per_token"] is not None
-    assert "openai" not in json.loads((out / "classify.json").read_text()), "the gateway serves no classifiers"
-    assert "Through the OpenAI gateway" in (out / "report.md").read_text()
-    assert "OpenAI gateway / direct gRPC at c1: tokens/s" in result.stdout
 
 
 def test_key_status_restore_and_stop(gateway):

@@ -387,6 +387,7 @@ def test_max_tokens_is_checked_against_the_models_own_limit_and_stream_must_be_a
         (RuntimeError("[StatusCode.UNAVAILABLE] Stream removed (Socket closed)"), 503, "Stream removed (Socket closed)"),
         (RuntimeError("[StatusCode.UNAVAILABLE] recvmsg:Connection lost"), 503, "Connection lost"),
         (RuntimeError("[StatusCode.INTERNAL] Received RST_STREAM with error code 2"), 503, "RST_STREAM"),
+        (RuntimeError("[StatusCode.INTERNAL] Internal error from Core"), 503, "Internal error from Core"),
         (UserError("the client key file /k is missing", "`make serve` creates it"), 503, "the client key file /k is missing"),
     ],
 )

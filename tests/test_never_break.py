@@ -30,7 +30,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_models):
-    entries = tiny_model_entries(tiny_models)
+    # the encoder and the generator (no classifier: nothing here needs a third model's stub in every restart)
+    entries = [entry for entry in tiny_model_entries(tiny_models) if entry["name"] in ("embed", "generate")]
     # an unbatched copy of the encoder: the texts cap must bound it too
     entries.append({**entries[0], "name": "unbatched", "max_batch_size": 0, "max_texts_per_request": 4, "max_request_bytes": 4096})
     workflow = make_workflow(tmp_path_factory.mktemp("never-break"), entries)
@@ -43,12 +44,20 @@ def served(tmp_path_factory, tiny_models):
 
 
 @pytest.fixture
-def workflow(served):
-    """Served and current with the original config before every test, whatever the previous one did."""
+def workflow(served, request):
+    """Served and current with the original config before every test, whatever the previous one did. A test marked
+    serves_its_own_config gets the original config unserved: its own first serve converges the server in one step
+    (a restoring serve first would reload or restart it for nothing)."""
     served.config = copy.deepcopy(served.original_config)
-    served.run("serve")
+    if request.node.get_closest_marker("serves_its_own_config") is None:
+        served.run("serve")
     yield served
     served.config = copy.deepcopy(served.original_config)
+
+
+def generate_entry(workflow) -> dict:
+    """The generation model's entry in the config the next run writes."""
+    return next(entry for entry in workflow.config["models"] if entry["name"] == "generate")
 
 
 def embed_ok(workflow, model: str = "embed", settings=None) -> bool:
@@ -137,6 +146,7 @@ def test_unusable_host_or_taken_port_leaves_the_old_server_serving(workflow):
     assert workflow.state()["pid"] == pid and embed_ok(workflow, settings=serving)
 
 
+@pytest.mark.serves_its_own_config
 def test_ipv6_loopback_serves(workflow):
     workflow.config["server"]["host"] = "::1"
     workflow.run("serve")
@@ -183,9 +193,10 @@ def burst(url: str, requests: int = 12) -> list[str]:
     return outcomes
 
 
+@pytest.mark.serves_its_own_config
 def test_queue_bound_and_timeout_refuse_instead_of_queueing(workflow, tiny_models):
     # the static generation model's queue (a streaming one has generation.max_queue: tests/test_streaming.py)
-    generate = workflow.config["models"][2]
+    generate = generate_entry(workflow)
     generate.update(max_batch_size=1, queue={"max_size": 1, "timeout_s": 30}, generation={"streaming": False})
     workflow.run("serve")
     assert "max_queue_size: 1" in (workflow.directory / "model_repository" / "generate" / "config.pbtxt").read_text()
@@ -246,8 +257,9 @@ def test_server_is_recognised_without_its_state_file(workflow):
     assert host.process_cmdline(new["pid"]) is None
 
 
+@pytest.mark.serves_its_own_config
 def test_sampling_config_validates_and_an_impossible_default_is_refused_first(workflow):
-    generate = workflow.config["models"][2]
+    generate = generate_entry(workflow)
     generate["generation"] = {"max_new_tokens": 8, "temperature": 0.7, "streaming": False}  # the static model (as reported)
     workflow.run("serve")
     checks = {c["name"]: c for c in workflow.report()["models"]["generate"]["checks"]}
@@ -265,11 +277,12 @@ def test_sampling_config_validates_and_an_impossible_default_is_refused_first(wo
     assert answer["completion_tokens"] >= 1, "the previous version still answers"
 
 
+@pytest.mark.serves_its_own_config
 def test_request_whose_client_gave_up_is_not_computed(workflow):
     """A queued request whose client is gone (here: its gRPC deadline passed) gets no compute: Triton or
     model.py (request.is_cancelled) drops it, so only the one that waited is computed.
     (The static generation model; a streaming one's cancellation: tests/test_streaming.py.)"""
-    workflow.config["models"][2].update(max_batch_size=1, generation={"streaming": False})
+    generate_entry(workflow).update(max_batch_size=1, generation={"streaming": False})
     workflow.run("serve")
     url = workflow.settings().url("grpc_port")
     grpc = client.grpc_client(url)

@@ -9,8 +9,18 @@ from typing import Any
 from hf2triton.errors import UserError
 
 # gRPC's words for "no connection" (down, restarting, or this channel in its reconnect back-off), as opposed to
-# Triton's own UNAVAILABLE answers about a request (a full queue is 429, not retried)
-UNREACHABLE = ("failed to connect", "connection refused", "connection reset", "socket closed", "broken pipe", "goaway", "rst_stream")
+# Triton's own UNAVAILABLE answers about a request (a full queue is 429, not retried). "Internal error from Core" is
+# gRPC's INTERNAL for a connection cut mid-call (tritonserver killed as a request reached it), never Triton's words.
+UNREACHABLE = (
+    "failed to connect",
+    "connection refused",
+    "connection reset",
+    "socket closed",
+    "broken pipe",
+    "goaway",
+    "rst_stream",
+    "internal error from core",
+)
 # Triton's words for a model of ours that is not (yet) loaded: a restart, a reload. A 400 would tell SDKs not to retry.
 LOADING = ("unknown model", "no available versions", "is not ready")
 RETRY_AFTER_S = 2  # sent with every 503 and 429: how long a client waits before trying again
