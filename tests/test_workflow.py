@@ -30,11 +30,14 @@ def served(tmp_path_factory, tiny_models):
 
 
 @pytest.fixture
-def tiny_workflow(served):
+def tiny_workflow(served, request):
     """Every test starts from the original config, served and current, whatever ran before it (any order,
-    any subset); config changes a test makes are undone afterwards."""
+    any subset); config changes a test makes are undone afterwards. A test marked serves_its_own_config gets the
+    original config unserved: its own first serve converges the server in one step. (The order below spares
+    restores: the tests that change models come last.)"""
     served.config = copy.deepcopy(served.original_config)
-    served.run("serve")
+    if request.node.get_closest_marker("serves_its_own_config") is None:
+        served.run("serve")
     yield served
     served.config = copy.deepcopy(served.original_config)
 
@@ -81,30 +84,6 @@ def test_noop_rerun_runs_nothing_and_keeps_server(tiny_workflow):
     assert tiny_workflow.state()["pid"] == pid
     assert "server: keep" in result.stderr
     print(f"no-op rerun took {elapsed:.1f} s")
-
-
-def test_changing_max_batch_size_rebuilds_only_that_model(tiny_workflow):
-    pid = tiny_workflow.state()["pid"]
-    for model in tiny_workflow.config["models"]:
-        if model["name"] == "embed":
-            model["max_batch_size"] = 8
-    # (snakemake 9.27's --list-changes params lists every output, changed or not; the dry run's reasons are exact)
-    dry = tiny_workflow.run("-n", "serve")
-    # preflight too: the GPU memory budget depends on max_batch_size (it is cheap and rebuilds nothing)
-    assert sorted(tiny_workflow.jobs_run(dry)) == ["lint", "preflight", "repository", "serve", "validate"]
-    assert "model_repository/embed" in dry.stderr + dry.stdout
-    reason = next(line for line in dry.stdout.splitlines() if "Params have changed since last execution" in line)
-    before, now = reason.split(" before: ")[1].split(" now: ")
-    assert "'max_batch_size': 4" in before and "'max_batch_size': 8" in now and "'name': 'embed'" in now
-    result = tiny_workflow.run("serve")
-    jobs = tiny_workflow.jobs_run(result)
-    assert sorted(jobs) == ["lint", "preflight", "repository", "serve", "validate"]
-    assert "fetch" not in jobs and "pretrained" not in jobs
-    assert "max_batch_size: 8" in (tiny_workflow.directory / "model_repository" / "embed" / "config.pbtxt").read_text()
-    assert tiny_workflow.state()["pid"] == pid, "only the changed model is reloaded; the server keeps running"
-    assert "server: reload (changed: embed)" in result.stderr
-    assert tiny_workflow.report()["ok"]
-    assert tiny_workflow.report()["models"]["embed"]["checks"][1]["name"] == "served config equals rendered"
 
 
 def test_server_killed_is_restored_without_rebuilding(tiny_workflow):
@@ -156,6 +135,44 @@ def test_other_boot_id_restarts_server(tiny_workflow):
     assert tiny_workflow.state()["boot_id"] == host.boot_id()
 
 
+def test_status_and_stop_targets(tiny_workflow):
+    status = tiny_workflow.run("status")
+    payload = json.loads(status.stdout[status.stdout.index("{") : status.stdout.rindex("}") + 1])
+    assert payload["running"] and payload["ready"] and payload["current"]
+    assert all(payload["models"].values())
+    assert set(payload["torch"]) >= {"version", "cuda_build", "driver", "cuda_works"}, "torch's build, the driver, CUDA"
+    pid = tiny_workflow.state()["pid"]
+    tiny_workflow.run("stop")
+    assert host.process_cmdline(pid) is None
+    assert not (tiny_workflow.directory / ".hf2triton" / "server" / "state.json").exists()
+    # and `serve` brings it back, rebuilding nothing
+    assert tiny_workflow.jobs_run(tiny_workflow.run("serve")) == ["serve"]
+
+
+def test_changing_max_batch_size_rebuilds_only_that_model(tiny_workflow):
+    pid = tiny_workflow.state()["pid"]
+    for model in tiny_workflow.config["models"]:
+        if model["name"] == "embed":
+            model["max_batch_size"] = 8
+    # (snakemake 9.27's --list-changes params lists every output, changed or not; the dry run's reasons are exact)
+    dry = tiny_workflow.run("-n", "serve")
+    # preflight too: the GPU memory budget depends on max_batch_size (it is cheap and rebuilds nothing)
+    assert sorted(tiny_workflow.jobs_run(dry)) == ["lint", "preflight", "repository", "serve", "validate"]
+    assert "model_repository/embed" in dry.stderr + dry.stdout
+    reason = next(line for line in dry.stdout.splitlines() if "Params have changed since last execution" in line)
+    before, now = reason.split(" before: ")[1].split(" now: ")
+    assert "'max_batch_size': 4" in before and "'max_batch_size': 8" in now and "'name': 'embed'" in now
+    result = tiny_workflow.run("serve")
+    jobs = tiny_workflow.jobs_run(result)
+    assert sorted(jobs) == ["lint", "preflight", "repository", "serve", "validate"]
+    assert "fetch" not in jobs and "pretrained" not in jobs
+    assert "max_batch_size: 8" in (tiny_workflow.directory / "model_repository" / "embed" / "config.pbtxt").read_text()
+    assert tiny_workflow.state()["pid"] == pid, "only the changed model is reloaded; the server keeps running"
+    assert "server: reload (changed: embed)" in result.stderr
+    assert tiny_workflow.report()["ok"]
+    assert tiny_workflow.report()["models"]["embed"]["checks"][1]["name"] == "served config equals rendered"
+
+
 def test_adding_a_model_then_changing_its_source_rebuilds_only_that_model(tiny_workflow, tiny_models):
     extra = {"name": "embed2", "source": str(tiny_models["feature-extraction"]), "task": "feature-extraction", "max_batch_size": 2}
     tiny_workflow.config["models"].append(extra)
@@ -171,6 +188,7 @@ def test_adding_a_model_then_changing_its_source_rebuilds_only_that_model(tiny_w
     assert tiny_workflow.report()["models"]["embed2"]["task"] == "text-classification"
 
 
+@pytest.mark.serves_its_own_config
 def test_removing_a_model_removes_only_its_rendered_directory(tiny_workflow):
     """Regression: a model taken out of config.yaml left its rendered directory behind (lint saw it as a model)."""
     repository = tiny_workflow.directory / "model_repository"
@@ -182,17 +200,3 @@ def test_removing_a_model_removes_only_its_rendered_directory(tiny_workflow):
     assert sorted(p.name for p in repository.iterdir() if p.is_dir()) == ["embed", "generate", "handmade"]
     assert sorted(tiny_workflow.report()["models"]) == ["embed", "generate"]
     shutil.rmtree(handmade)
-
-
-def test_status_and_stop_targets(tiny_workflow):
-    status = tiny_workflow.run("status")
-    payload = json.loads(status.stdout[status.stdout.index("{") : status.stdout.rindex("}") + 1])
-    assert payload["running"] and payload["ready"] and payload["current"]
-    assert all(payload["models"].values())
-    assert set(payload["torch"]) >= {"version", "cuda_build", "driver", "cuda_works"}, "torch's build, the driver, CUDA"
-    pid = tiny_workflow.state()["pid"]
-    tiny_workflow.run("stop")
-    assert host.process_cmdline(pid) is None
-    assert not (tiny_workflow.directory / ".hf2triton" / "server" / "state.json").exists()
-    # and `serve` brings it back, rebuilding nothing
-    assert tiny_workflow.jobs_run(tiny_workflow.run("serve")) == ["serve"]
