@@ -38,3 +38,13 @@ def test_makefile_targets_parse():
         assert result.returncode == 0, (target, result.stderr)
     status = subprocess.run(["make", "-n", "-C", str(root), "status"], capture_output=True, text=True, check=False).stdout
     assert "status --quiet all" in status, "targets must come before --quiet (it takes several values)"
+
+
+def test_models_load_in_the_tests_as_in_serving_without_scikit_learn():
+    """Once scikit-learn is importable, transformers imports sklearn.metrics (scipy.stats, pandas) in every process
+    that loads a model: 2.6 s of CPU per Triton stub and validation run, a quarter of the suite's time on 2 cores.
+    requirements.txt has none; the Makefile removes the copy lm-eval pulls into the test environment."""
+    import importlib.util
+
+    assert not any(line.lower().startswith("scikit-learn") for line in pins(ENVS / "requirements.txt"))
+    assert importlib.util.find_spec("sklearn") is None, "scikit-learn is installed: `make .venv/.installed-test` uninstalls it"
