@@ -219,7 +219,16 @@ start_gateway() {  # WORKERS: `python -m hf2triton.gateway --workers WORKERS` on
   answers "http://127.0.0.1:$((9100 + $1))/v1/models" 60 || true  # not up: the load's readiness check says so
 }
 
-stop_gateways() {  # the gateways start_gateway started
+start_http_gateway() {  # DIR: the gateway of the hf2triton package copied to DIR/hf2triton (a branch's, e.g. the
+  # HTTP-upstream gateway of branch gateway-http-upstream) on 9200, reading Triton's HTTP event stream (--http), as many
+  # workers as auto gives the configured one
+  PYTHONPATH="$1" setsid "$VENV/bin/python" -m hf2triton.gateway --grpc 127.0.0.1:8001 --http 127.0.0.1:8000 --port 9200 \
+    --models smollm2 --workers "$(( $(nproc) / 2 > 8 ? 8 : $(nproc) / 2 ))" > "$COMPARE/gateway-http.log" 2>&1 &
+  GATEWAY_PIDS+=($!)
+  answers "http://127.0.0.1:9200/v1/models" 60 || true
+}
+
+stop_gateways() {  # the gateways start_gateway and start_http_gateway started
   local pid
   for pid in "${GATEWAY_PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
   sleep 2
@@ -627,6 +636,11 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
           start_gateway "$workers"
           extra+=("135m-triton-vllm-gateway-w$workers=openai,http://127.0.0.1:$((9100 + workers)),smollm2")
         done
+        # HTTP_GATEWAY=DIR: a branch's gateway (DIR/hf2triton) reading Triton's HTTP stream, loaded in turn too
+        if [ -n "${HTTP_GATEWAY:-}" ]; then
+          start_http_gateway "$HTTP_GATEWAY"
+          extra+=("135m-triton-vllm-gateway-http=openai,http://127.0.0.1:9200,smollm2")
+        fi
         REFERENCE=${REFERENCE:-135m-vllm-serve} ROUNDS=${ROUNDS:-3} load "SmolLM2-135M fp16, random weights, interleaved rounds" \
           "135m-triton-vllm-sse=triton,$triton,smollm2" "135m-triton-vllm-gateway=openai,$gateway,smollm2" "${extra[@]}" \
           "135m-vllm-serve=openai,http://127.0.0.1:8100,smollm2,ignore_eos"
