@@ -125,7 +125,7 @@ load() {  # LABEL TARGET...: generation_bench.py, cells $CLIENTS, within what is
   [ -z "${REFERENCE:-}" ] || reference=(--reference "$REFERENCE")
   spy_start
   timeout $((570 - SECONDS)) "${LOAD_PYTHON:-$VENV/bin/python}" benchmarks/gpu/generation_bench.py "${targets[@]}" --label "$label" \
-    --clients $CLIENTS --seconds "$CELL_S" --warmup-s 3 --budget-s $((550 - SECONDS)) --rounds "${ROUNDS:-1}" "${reference[@]}" \
+    --clients $CLIENTS --seconds "$CELL_S" --warmup-s 3 --budget-s $((550 - SECONDS)) --rounds "${ROUNDS:-1}" --ready-timeout-s 120 "${reference[@]}" \
     --out "$COMPARE/generation.json" --markdown "$COMPARE/generation.md" 2>&1 | tee -a "$COMPARE/load.log"
   local rc=${PIPESTATUS[0]}
   spy_stop
@@ -221,11 +221,13 @@ start_gateway() {  # WORKERS: `python -m hf2triton.gateway --workers WORKERS` on
 
 start_http_gateway() {  # DIR: the gateway of the hf2triton package copied to DIR/hf2triton (a branch's, e.g. the
   # HTTP-upstream gateway of branch gateway-http-upstream) on 9200, reading Triton's HTTP event stream (--http), as many
-  # workers as auto gives the configured one
-  PYTHONPATH="$1" setsid "$VENV/bin/python" -m hf2triton.gateway --grpc 127.0.0.1:8001 --http 127.0.0.1:8000 --port 9200 \
-    --models smollm2 --workers "$(( $(nproc) / 2 > 8 ? 8 : $(nproc) / 2 ))" > "$COMPARE/gateway-http.log" 2>&1 &
+  # workers as auto gives the configured one; 1 (and not loaded) when it does not answer. Started from DIR: `python -m`
+  # puts the working directory ahead of PYTHONPATH, so from the repository root the repository's own package would run
+  # (2026-12-07: "unrecognized arguments: --http", and the load waited 300 s for it)
+  (cd "$1" && exec setsid "$VENV/bin/python" -m hf2triton.gateway --grpc 127.0.0.1:8001 --http 127.0.0.1:8000 --port 9200 \
+    --models smollm2 --workers "$(( $(nproc) / 2 > 8 ? 8 : $(nproc) / 2 ))") > "$PWD/$COMPARE/gateway-http.log" 2>&1 &
   GATEWAY_PIDS+=($!)
-  answers "http://127.0.0.1:9200/v1/models" 60 || true
+  answers "http://127.0.0.1:9200/v1/models" 60 || { echo "the HTTP gateway does not answer: $COMPARE/gateway-http.log"; return 1; }
 }
 
 stop_gateways() {  # the gateways start_gateway and start_http_gateway started
@@ -638,8 +640,7 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
         done
         # HTTP_GATEWAY=DIR: a branch's gateway (DIR/hf2triton) reading Triton's HTTP stream, loaded in turn too
         if [ -n "${HTTP_GATEWAY:-}" ]; then
-          start_http_gateway "$HTTP_GATEWAY"
-          extra+=("135m-triton-vllm-gateway-http=openai,http://127.0.0.1:9200,smollm2")
+          ! start_http_gateway "$HTTP_GATEWAY" || extra+=("135m-triton-vllm-gateway-http=openai,http://127.0.0.1:9200,smollm2")
         fi
         REFERENCE=${REFERENCE:-135m-vllm-serve} ROUNDS=${ROUNDS:-3} load "SmolLM2-135M fp16, random weights, interleaved rounds" \
           "135m-triton-vllm-sse=triton,$triton,smollm2" "135m-triton-vllm-gateway=openai,$gateway,smollm2" "${extra[@]}" \
