@@ -59,8 +59,8 @@ $(VENV)/.installed: $(VENV)/bin/python envs/requirements.txt envs/models.txt env
 	touch $@
 
 # lm-eval (envs/test.txt) pulls in scikit-learn, and once sklearn is installed transformers imports sklearn.metrics (with
-# scipy.stats and pandas) in every process that loads a model: 2.6 s more CPU for each Triton stub, validation and
-# export the tests start (~25 % of the suite's CPU on 2 cores). Serving's environment (requirements.txt) has none, and
+# scipy.stats and pandas) in every process that loads a model: 3.5 s more CPU for each Triton stub, validation and
+# export the tests start (benchmarks/probes/sklearn_import_cost.py; 14 % of the serving tests' CPU). Serving's environment (requirements.txt) has none, and
 # lm-eval needs it only for f1/mcc metrics the tests do not use: the tests' model processes start as users' do.
 $(VENV)/.installed-test: $(VENV)/.installed envs/test.txt
 	$(PIP) install $(PIP_FLAGS) -r envs/test.txt

@@ -42,7 +42,7 @@ def test_makefile_targets_parse():
 
 def test_models_load_in_the_tests_as_in_serving_without_scikit_learn():
     """Once scikit-learn is importable, transformers imports sklearn.metrics (scipy.stats, pandas) in every process
-    that loads a model: 2.6 s of CPU per Triton stub and validation run, a quarter of the suite's time on 2 cores.
+    that loads a model: 3.5 s of CPU per Triton stub and validation run (benchmarks/probes/sklearn_import_cost.py).
     requirements.txt has none; the Makefile removes the copy lm-eval pulls into the test environment."""
     import importlib.util
 
