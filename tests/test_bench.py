@@ -39,46 +39,6 @@ def measured(tiny_workflow):
     tiny_workflow.write_config()
 
 
-def test_bench_writes_json_plots_report_and_ratios(measured):
-    pid = measured.state()["pid"]
-    result = measured.run("bench")
-    assert set(measured.jobs_run(result)) == {"bench_model", "bench"}, "nothing of the serve chain reruns"
-    assert measured.state()["pid"] == pid, "bench uses the running server"
-    out = measured.directory / "results" / "bench"
-    for name, task in (("embed", "feature-extraction"), ("classify", "text-classification")):
-        data = json.loads((out / f"{name}.json").read_text())
-        assert data["task"] == task and data["max_batch_size"] == 4
-        assert "tritonclient" in data["tool"] or "perf_analyzer" in data["tool"]
-        assert data["raw"]["python"]["1"]["items_per_s"] > 0 and data["raw"]["python"]["4"]["calls"] >= 3
-        cells = {(c["protocol"], c["request_texts"], c["concurrency"]) for c in data["served"]}
-        assert cells == {(p, s, c) for p in ("http", "grpc") for s in (1, 4) for c in (1, 2)}
-        for cell in data["served"]:
-            assert cell["errors"] == 0 and cell["requests"] > 0 and cell["items_per_s"] > 0, cell
-            assert cell["requests"] <= TINY_BENCH["max_requests"]
-            assert cell["latency_ms"]["p50"] <= cell["latency_ms"]["p99"] <= cell["latency_ms"]["max"]
-            assert cell["server"]["compute_infer_us"] > 0 and cell["server"]["avg_batch_texts"] >= 1
-        assert data["metrics"]["counters_delta"]["nv_inference_request_success"] > 0
-        ratios = data["ratios"]
-        for protocol in ("http", "grpc"):
-            assert ratios[protocol]["served_batch4_c1_vs_raw"] > 0 and ratios[protocol]["single_text_c2_vs_raw_batch4"] > 0
-        for kind in ("throughput", "latency"):
-            assert (out / "plots" / f"{name}-{kind}.png").read_bytes().startswith(PNG)
-    check_streaming_generation(json.loads((out / "generate.json").read_text()))
-    for kind in ("throughput", "latency"):
-        assert (out / "plots" / f"generate-{kind}.png").read_bytes().startswith(PNG)
-    report = (out / "report.md").read_text()
-    assert report.count("![throughput](plots/") == 3 and "| grpc | 4 | 2 |" in report
-    assert "| stream | 2 | 4 |" in report and "| static | 2 | 4 |" in report and "TTFT p50" in report
-    summary = json.loads((out / "summary" / "ratios.json").read_text())
-    assert set(summary["models"]) == {"embed", "classify", "generate"} and len(summary["lines"]) >= 6
-    assert "single-text x2 / in-process batch 4" in result.stdout + result.stderr, "ratios printed at the end"
-    again = measured.run("bench")
-    assert measured.jobs_run(again) == [], "measurements are files: a second bench reruns nothing"
-    measured.config["bench"] = {**TINY_BENCH, "seconds": 0.6}
-    dry = measured.jobs_run(measured.run("-n", "bench"))
-    assert sorted(dry) == ["bench", "bench_model", "bench_model", "bench_model"], "bench settings reach the rule as params"
-
-
 def check_gateway_cost(data: dict, users_gateway: str) -> None:
     """The gateway-cost stage: a private gateway (not the users'), rounds alternating which side goes first, both
     sides measured with the gateway's own CPU time, and the unloaded per-request latencies side by side."""
@@ -153,11 +113,12 @@ def test_tune_writes_an_overlay_the_config_accepts(measured):
     assert measured.state()["models"] == ["embed", "classify", "generate"], "the served server was not touched"
 
 
-def test_bench_measures_a_gateway_of_its_own_and_leaves_the_users_alone(measured):
-    """Issue 24 #15: bench used to go through ensure_gateway, so anything that differed between the bench and the
-    running gateway (here: another $HF2TRITON_API_KEY in the bench's shell) restarted the gateway users talk to
-    -- with the bench's key, so their requests got 401 -- and the gateway-cost stage measured whatever that
-    gateway pointed at. Now bench measures a private gateway in front of the same Triton, after the static
+def test_bench_writes_json_plots_report_and_ratios_through_a_gateway_of_its_own(measured):
+    """One bench run of the three models (the suite's longest step, so the two stories share it): its files, plots,
+    report and ratios; and issue 24 #15: bench used to go through ensure_gateway, so anything that differed between
+    the bench and the running gateway (here: another $HF2TRITON_API_KEY in the bench's shell) restarted the gateway
+    users talk to -- with the bench's key, so their requests got 401 -- and the gateway-cost stage measured whatever
+    that gateway pointed at. Now bench measures a private gateway in front of the same Triton, after the static
     baseline as in the report, and the users' gateway keeps its pid, its key and its answers."""
     from hf2triton.gateway.process import state_file, stop_gateway
 
@@ -165,28 +126,67 @@ def test_bench_measures_a_gateway_of_its_own_and_leaves_the_users_alone(measured
     settings = measured.settings()
     try:
         measured.run("serve")
-        users = json.loads(state_file(settings).read_text())["pid"]
+        pid, users = measured.state()["pid"], json.loads(state_file(settings).read_text())["pid"]
         base = f"http://127.0.0.1:{measured.config['openai']['port']}/v1"
-        measured.config["bench"] = {**TINY_BENCH, "concurrency": [1], "protocols": ["grpc"], "openai_concurrency": [1], "openai_rounds": 2}
+        measured.config["bench"] = {**TINY_BENCH, "openai_concurrency": [1], "openai_rounds": 2}
         measured.env["HF2TRITON_API_KEY"] = "another-key-in-the-bench-shell"
         try:
             result = measured.run("bench")
         finally:
             measured.env.pop("HF2TRITON_API_KEY")
+        assert set(measured.jobs_run(result)) == {"bench_model", "bench"}, "nothing of the serve chain reruns"
+        assert measured.state()["pid"] == pid, "bench uses the running server"
         assert json.loads(state_file(settings).read_text())["pid"] == users and host.process_cmdline(users) is not None
         assert client.http_get(f"{base}/models")[0] == 200, "the users' gateway still answers without a key"
         out = measured.directory / "results" / "bench"
+        check_served_cells(out)
         for name in ("generate", "embed"):
             check_gateway_cost(json.loads((out / f"{name}.json").read_text()), base)
         generated = json.loads((out / "generate.json").read_text())
+        check_streaming_generation(generated)
         streamed = generated["openai"]["cells"][0]["rounds"][0]["gateway"]
         assert streamed["ttft_ms"]["p50"] > 0 and streamed["gateway_cpu_us_per_token"] is not None
         assert "openai" not in json.loads((out / "classify.json").read_text()), "the gateway serves no classifiers"
         check_guidellm(generated)
+        for kind in ("throughput", "latency"):
+            assert (out / "plots" / f"generate-{kind}.png").read_bytes().startswith(PNG)
         report = (out / "report.md").read_text()
+        assert report.count("![throughput](plots/") == 3 and "| grpc | 4 | 2 |" in report
+        assert "| stream | 2 | 4 |" in report and "| static | 2 | 4 |" in report and "TTFT p50" in report
         assert "guidellm 0.3.1 through the gateway" in report and "Through the OpenAI gateway" in report
+        summary = json.loads((out / "summary" / "ratios.json").read_text())
+        assert set(summary["models"]) == {"embed", "classify", "generate"} and len(summary["lines"]) >= 6
+        assert "single-text x2 / in-process batch 4" in result.stdout + result.stderr, "ratios printed at the end"
         assert "OpenAI gateway / direct gRPC at c1: tokens/s" in result.stdout
         marker = ["-m", "hf2triton.gateway", "--grpc", settings.url("grpc_port")]
         assert [p for p in host.pids() if (host.process_cmdline(p) or [])[1:5] == marker] == [users], "the bench's own gateways are gone"
+        again = measured.run("bench")
+        assert measured.jobs_run(again) == [], "measurements are files: a second bench reruns nothing"
+        measured.config["bench"] = {**measured.config["bench"], "seconds": 0.6}
+        dry = measured.jobs_run(measured.run("-n", "bench"))
+        assert sorted(dry) == ["bench", "bench_model", "bench_model", "bench_model"], "bench settings reach the rule as params"
     finally:
         stop_gateway(settings)
+
+
+def check_served_cells(out) -> None:
+    """The encoder and the classifier: every protocol x texts per request x concurrency cell, the in-process raw
+    figures, Triton's own statistics and metrics, the ratios, and the plots."""
+    for name, task in (("embed", "feature-extraction"), ("classify", "text-classification")):
+        data = json.loads((out / f"{name}.json").read_text())
+        assert data["task"] == task and data["max_batch_size"] == 4
+        assert "tritonclient" in data["tool"] or "perf_analyzer" in data["tool"]
+        assert data["raw"]["python"]["1"]["items_per_s"] > 0 and data["raw"]["python"]["4"]["calls"] >= 3
+        cells = {(c["protocol"], c["request_texts"], c["concurrency"]) for c in data["served"]}
+        assert cells == {(p, s, c) for p in ("http", "grpc") for s in (1, 4) for c in (1, 2)}
+        for cell in data["served"]:
+            assert cell["errors"] == 0 and cell["requests"] > 0 and cell["items_per_s"] > 0, cell
+            assert cell["requests"] <= TINY_BENCH["max_requests"]
+            assert cell["latency_ms"]["p50"] <= cell["latency_ms"]["p99"] <= cell["latency_ms"]["max"]
+            assert cell["server"]["compute_infer_us"] > 0 and cell["server"]["avg_batch_texts"] >= 1
+        assert data["metrics"]["counters_delta"]["nv_inference_request_success"] > 0
+        ratios = data["ratios"]
+        for protocol in ("http", "grpc"):
+            assert ratios[protocol]["served_batch4_c1_vs_raw"] > 0 and ratios[protocol]["single_text_c2_vs_raw_batch4"] > 0
+        for kind in ("throughput", "latency"):
+            assert (out / "plots" / f"{name}-{kind}.png").read_bytes().startswith(PNG)

@@ -47,7 +47,8 @@ def served(tmp_path_factory, tiny_models):
 def workflow(served, request):
     """Served and current with the original config before every test, whatever the previous one did. A test marked
     serves_its_own_config gets the original config unserved: its own first serve converges the server in one step
-    (a restoring serve first would reload or restart it for nothing)."""
+    (a restoring serve first would reload or restart it for nothing). The tests that replace, kill or move the server
+    come last, so no restoring serve restarts it after them (a restart loads every model again)."""
     served.config = copy.deepcopy(served.original_config)
     if request.node.get_closest_marker("serves_its_own_config") is None:
         served.run("serve")
@@ -146,17 +147,6 @@ def test_unusable_host_or_taken_port_leaves_the_old_server_serving(workflow):
     assert workflow.state()["pid"] == pid and embed_ok(workflow, settings=serving)
 
 
-@pytest.mark.serves_its_own_config
-def test_ipv6_loopback_serves(workflow):
-    workflow.config["server"]["host"] = "::1"
-    workflow.run("serve")
-    settings = workflow.settings()
-    assert settings.url() == f"[::1]:{settings.server.http_port}"
-    grpc = client.grpc_client(settings.url("grpc_port"))
-    assert grpc.infer("embed", client.build_inputs(grpcclient, ["over IPv6"])).as_numpy("embedding").shape[0] == 1
-    assert embed_ok(workflow)
-
-
 def test_texts_and_bytes_per_request_are_bounded_also_without_batching(workflow):
     """An unbatched model took one request of 2,000 texts for 133 s (9 GB): the caps refuse it before
     any text is decoded."""
@@ -211,50 +201,6 @@ def test_queue_bound_and_timeout_refuse_instead_of_queueing(workflow, tiny_model
     refused = [o for o in outcomes if o != "ok"]
     assert refused and "ok" in outcomes, outcomes
     assert all("timeout expired" in o.lower() for o in refused), refused
-
-
-def crash_leaving_a_stub(settings, state) -> list[str]:
-    """Kill the server as a crash would, with one stub that outlives it; the stubs' shared-memory regions."""
-    stubs = find_ours(settings).stubs
-    regions = [(host.process_cmdline(pid) or ["", "", ""])[2] for pid in stubs]
-    assert stubs and all(Path("/dev/shm", r).exists() for r in regions)
-    # A busy stub does not notice its server die (seen during a soak: they outlived `make stop`, ignoring
-    # SIGTERM); a stopped one stands in for it here.
-    os.kill(stubs[0], signal.SIGSTOP)
-    os.kill(state["pid"], signal.SIGKILL)  # the server only
-    time.sleep(2)
-    assert stubs[0] in find_ours(settings).orphans, "a stub outlives its server"
-    return regions
-
-
-def test_killed_server_leaves_no_stubs_or_shared_memory(workflow):
-    settings = workflow.settings()
-    regions = crash_leaving_a_stub(settings, workflow.state())
-    workflow.run("serve")  # restores the server and ends what the dead one left
-    assert not find_ours(settings).orphans and not any(Path("/dev/shm", r).exists() for r in regions) and embed_ok(workflow)
-    regions = crash_leaving_a_stub(settings, workflow.state())
-    message = workflow.run("stop").stderr
-    assert "no server of ours is running; cleaned" in message
-    assert not find_ours(settings).stubs and not any(Path("/dev/shm", r).exists() for r in regions)
-
-
-def test_server_is_recognised_without_its_state_file(workflow):
-    settings, state = workflow.settings(), workflow.state()
-    settings.state_file.write_text("{ corrupt")
-    result = workflow.run("serve")
-    assert "in use by another program" not in result.stderr
-    new = workflow.state()
-    assert new["pid"] != state["pid"] and host.process_cmdline(state["pid"]) is None, "replaced, to regain control"
-    workflow.config["paths"] = {"work": ".elsewhere"}  # a changed paths.work: no state file describes our server
-    ran = workflow.jobs_run(workflow.run("results/preflight.json", "--forcerun", "preflight"))  # the target before --forcerun's list
-    assert ran == ["preflight"], ran
-    ports = {c["name"]: c for c in json.loads((workflow.directory / "results" / "preflight.json").read_text())["checks"]}
-    assert ports["port:http_port"]["ok"] and "held by our tritonserver" in ports["port:http_port"]["detail"], ports
-    workflow.config["paths"] = workflow.original_config.get("paths", {"work": ".hf2triton"})
-    settings.state_file.unlink()
-    stopped = workflow.run("stop").stderr
-    assert f"stopped tritonserver (pid {new['pid']})" in stopped, stopped[-3000:]
-    assert host.process_cmdline(new["pid"]) is None
 
 
 @pytest.mark.serves_its_own_config
@@ -327,3 +273,58 @@ def test_request_whose_client_gave_up_is_not_computed(workflow):
     # that response as a success, so the log says which).
     skipped = log.read_text().count("cancelled by its client before compute") - skipped_before
     assert answered - skipped == 1, f"only the waiting client's request computed: {answered} answered, {skipped} skipped ({timeline})"
+
+
+def test_server_is_recognised_without_its_state_file(workflow):
+    settings, state = workflow.settings(), workflow.state()
+    settings.state_file.write_text("{ corrupt")
+    result = workflow.run("serve")
+    assert "in use by another program" not in result.stderr
+    new = workflow.state()
+    assert new["pid"] != state["pid"] and host.process_cmdline(state["pid"]) is None, "replaced, to regain control"
+    workflow.config["paths"] = {"work": ".elsewhere"}  # a changed paths.work: no state file describes our server
+    ran = workflow.jobs_run(workflow.run("results/preflight.json", "--forcerun", "preflight"))  # the target before --forcerun's list
+    assert ran == ["preflight"], ran
+    ports = {c["name"]: c for c in json.loads((workflow.directory / "results" / "preflight.json").read_text())["checks"]}
+    assert ports["port:http_port"]["ok"] and "held by our tritonserver" in ports["port:http_port"]["detail"], ports
+    workflow.config["paths"] = workflow.original_config.get("paths", {"work": ".hf2triton"})
+    settings.state_file.unlink()
+    stopped = workflow.run("stop").stderr
+    assert f"stopped tritonserver (pid {new['pid']})" in stopped, stopped[-3000:]
+    assert host.process_cmdline(new["pid"]) is None
+
+
+def crash_leaving_a_stub(settings, state) -> list[str]:
+    """Kill the server as a crash would, with one stub that outlives it; the stubs' shared-memory regions."""
+    stubs = find_ours(settings).stubs
+    regions = [(host.process_cmdline(pid) or ["", "", ""])[2] for pid in stubs]
+    assert stubs and all(Path("/dev/shm", r).exists() for r in regions)
+    # A busy stub does not notice its server die (seen during a soak: they outlived `make stop`, ignoring
+    # SIGTERM); a stopped one stands in for it here.
+    os.kill(stubs[0], signal.SIGSTOP)
+    os.kill(state["pid"], signal.SIGKILL)  # the server only
+    time.sleep(2)
+    assert stubs[0] in find_ours(settings).orphans, "a stub outlives its server"
+    return regions
+
+
+def test_killed_server_leaves_no_stubs_or_shared_memory(workflow):
+    settings = workflow.settings()
+    regions = crash_leaving_a_stub(settings, workflow.state())
+    workflow.run("serve")  # restores the server and ends what the dead one left
+    assert not find_ours(settings).orphans and not any(Path("/dev/shm", r).exists() for r in regions) and embed_ok(workflow)
+    regions = crash_leaving_a_stub(settings, workflow.state())
+    message = workflow.run("stop").stderr
+    assert "no server of ours is running; cleaned" in message
+    assert not find_ours(settings).stubs and not any(Path("/dev/shm", r).exists() for r in regions)
+
+
+@pytest.mark.serves_its_own_config
+def test_ipv6_loopback_serves(workflow):
+    workflow.config["server"]["host"] = "::1"
+    workflow.run("serve")
+    settings = workflow.settings()
+    assert settings.url() == f"[::1]:{settings.server.http_port}"
+    grpc = client.grpc_client(settings.url("grpc_port"))
+    assert grpc.infer("embed", client.build_inputs(grpcclient, ["over IPv6"])).as_numpy("embedding").shape[0] == 1
+    assert embed_ok(workflow)
