@@ -61,11 +61,14 @@ $(VENV)/.installed: $(VENV)/bin/python envs/requirements.txt envs/models.txt env
 
 # lm-eval (envs/test.txt) pulls in scikit-learn, and once sklearn is installed transformers imports sklearn.metrics (with
 # scipy.stats and pandas) in every process that loads a model: 3.5 s more CPU for each Triton stub, validation and
-# export the tests start (benchmarks/probes/sklearn_import_cost.py; 14 % of the serving tests' CPU). Serving's environment (requirements.txt) has none, and
+# export the tests start (benchmarks/probes/import_cost.py; 14 % of the serving tests' CPU). Serving's environment (requirements.txt) has none, and
 # lm-eval needs it only for f1/mcc metrics the tests do not use: the tests' model processes start as users' do.
-$(VENV)/.installed-test: $(VENV)/.installed envs/test.txt
+# The SLURM executor goes into a folder of its own that only tests/test_slurm_executor.py puts on PYTHONPATH
+# (envs/slurm-plugin.txt says why); an older .venv had it in site-packages.
+$(VENV)/.installed-test: $(VENV)/.installed envs/test.txt envs/slurm-plugin.txt
 	$(PIP) install $(PIP_FLAGS) -r envs/test.txt
-	$(PIP) uninstall --yes scikit-learn
+	$(PIP) uninstall --yes scikit-learn snakemake-executor-plugin-slurm snakemake-executor-plugin-slurm-jobstep
+	rm -rf $(VENV)/slurm-plugins && $(PIP) install $(PIP_FLAGS) --no-deps --target $(VENV)/slurm-plugins -r envs/slurm-plugin.txt
 	touch $@
 
 # ONNX Runtime's CPU packages (requirements.txt) or, where the host runs CUDA 13 and a model of the config (CONFIG,

@@ -20,7 +20,7 @@ def test_conda_env_equals_requirements():
 
 
 def test_every_requirement_is_pinned_exactly():
-    for path in ("requirements.txt", "models.txt", "xgrammar.txt", "test.txt", "hub-mirror.txt", "docs.txt"):
+    for path in ("requirements.txt", "models.txt", "xgrammar.txt", "test.txt", "slurm-plugin.txt", "hub-mirror.txt", "docs.txt"):
         for line in pins(ENVS / path):
             assert "==" in line, f"{path}: {line} is not pinned"
 
@@ -42,7 +42,7 @@ def test_makefile_targets_parse():
 
 def test_models_load_in_the_tests_as_in_serving_without_scikit_learn():
     """Once scikit-learn is importable, transformers imports sklearn.metrics (scipy.stats, pandas) in every process
-    that loads a model: 3.5 s of CPU per Triton stub and validation run (benchmarks/probes/sklearn_import_cost.py).
+    that loads a model: 3.5 s of CPU per Triton stub and validation run (benchmarks/probes/import_cost.py).
     requirements.txt has none; the Makefile removes the copy lm-eval pulls into the test environment."""
     import importlib.util
 

@@ -6,17 +6,17 @@ Skips, saying why, where a cluster cannot start (packages missing, not root) or 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
 
-from tests.helpers import ROOT, make_workflow, tiny_model_entries
+from tests.helpers import BIN, ROOT, make_workflow, tiny_model_entries
 from tests.slurm_cluster import SlurmCluster, SlurmUnavailable, missing
 
 pytestmark = pytest.mark.integration
 
-PLUGIN = "snakemake-executor-plugin-slurm==2.6.1"  # the newest that keeps numpy 1.26 (2.7: numpy >= 2.4.5)
+# make test installs the executor apart (envs/slurm-plugin.txt): on PYTHONPATH for this test's runs only
+PLUGINS = BIN.parent / "slurm-plugins"
 RULES = ("fetch", "pretrained", "export_onnx")
 
 
@@ -51,11 +51,12 @@ def test_cluster_runs_a_batch_job(slurm, tmp_path):
 
 
 def test_two_models_build_as_slurm_jobs(slurm, tiny_models, tmp_path):
-    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
-        pytest.skip(f"the SLURM executor plugin is not installed: .venv/bin/pip install {PLUGIN}")
+    if not (PLUGINS / "snakemake_executor_plugin_slurm").is_dir():
+        pytest.skip(f"the SLURM executor plugin is not installed in {PLUGINS}: make .venv/.installed-test (envs/slurm-plugin.txt)")
     entries = [entry for entry in tiny_model_entries(tiny_models) if entry["name"] in ("embed", "classify")]
     workflow = make_workflow(tmp_path / "work", entries)
-    workflow.env = {"SLURM_CONF": str(slurm.conf)}
+    python_path = os.pathsep.join(p for p in (str(PLUGINS), os.environ.get("PYTHONPATH", "")) if p)
+    workflow.env = {"SLURM_CONF": str(slurm.conf), "PYTHONPATH": python_path}  # the jobs' snakemake inherits it too
     targets = [f".hf2triton/models/{name}/{step}" for name in ("embed", "classify") for step in ("pretrained", "onnx")]
     result = workflow.run(
         "--profile",

@@ -1,7 +1,7 @@
 """Where a command's CPU goes, by kind of process: runs it and samples every process's CPU time in /proc (4 times a
 second) until it ends, then prints the seconds per kind (Triton stubs per model, each Snakemake script, snakemake
 itself, tritonserver, the gateway, pytest) -- what showed that the suite's time is processes importing torch and
-transformers, and scikit-learn's share of it (sklearn_import_cost.py).
+transformers, and scikit-learn's share of it (import_cost.py).
 
     .venv/bin/python benchmarks/probes/suite_cpu_by_process.py --out cpu.txt -- \\
         .venv/bin/python -m pytest -n 2 --dist loadfile -q tests/test_never_break.py tests/test_workflow.py
