@@ -26,7 +26,13 @@ def test_every_requirement_is_pinned_exactly():
 
 
 def test_numpy_below_2_for_the_triton_stub():
-    assert any(p.startswith("numpy==1.") for p in pins(ENVS / "requirements.txt"))
+    """Serving's numpy, and the same pin in the test environment (whose tools would otherwise upgrade it: pandas 3)."""
+    numpy = [p for p in pins(ENVS / "requirements.txt") if p.startswith("numpy==")]
+    assert len(numpy) == 1 and numpy[0].startswith("numpy==1.")
+    assert numpy[0] in pins(ENVS / "test.txt")
+    import numpy as installed
+
+    assert numpy[0] == f"numpy=={installed.__version__}", "the environment the tests run in has serving's numpy"
 
 
 def test_makefile_targets_parse():
