@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import random
+import runpy
 import shutil
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 
 def has_gpu() -> bool:
@@ -64,10 +67,15 @@ def _first_gpu(field: str) -> str:
 def torch_facts() -> dict[str, object]:
     """torch as installed (hf2triton.torch_variant chose its build) and whether CUDA works with it here: version,
     its CUDA build ("cpu" for the CPU build), the driver, cuda_works and, when a GPU is there but CUDA does not
-    work, torch's own reason. Imports torch (seconds): for status, validation and preflight on GPU hosts."""
+    work, torch's own reason. Imports torch (seconds) only where a GPU is: without one CUDA cannot work, and the
+    version and build are read from torch's own version module (status and validation run on every serve)."""
+    driver = driver_version()
+    if driver == "none":
+        version = _torch_version_module()
+        return {"version": version["__version__"], "cuda_build": version["cuda"] or "cpu", "driver": driver, "cuda_works": False}
     import torch
 
-    facts: dict[str, object] = {"version": torch.__version__, "cuda_build": torch.version.cuda or "cpu", "driver": driver_version()}
+    facts: dict[str, object] = {"version": torch.__version__, "cuda_build": torch.version.cuda or "cpu", "driver": driver}
     facts["cuda_works"] = bool(torch.version.cuda) and torch.cuda.is_available()
     if facts["driver"] != "none" and not facts["cuda_works"]:
         if not torch.version.cuda:
@@ -80,6 +88,14 @@ def torch_facts() -> dict[str, object]:
             else:
                 facts["reason"] = "torch.cuda.is_available() is False"
     return facts
+
+
+def _torch_version_module() -> dict[str, Any]:
+    """torch/version.py run alone (torch writes it at build time: `__version__`, `cuda`), not the whole package."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'torch'")
+    return runpy.run_path(str(Path(spec.submodule_search_locations[0]) / "version.py"))
 
 
 def describe_torch(facts: dict[str, object]) -> str:

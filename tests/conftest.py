@@ -13,6 +13,9 @@ import pytest
 # Servers and clients started by the tests (snakemake runs inherit the environment) share one client key of
 # their own, never the user's (hf2triton.triton.client.key_file).
 os.environ.setdefault("HF2TRITON_KEY_FILE", str(Path(tempfile.mkdtemp(prefix="hf2triton-key-")) / "triton.key"))
+# Validation's remembered in-process answers (hf2triton.pipeline.references): shared by this run's workers, fresh
+# per run, never the user's ~/.cache.
+os.environ.setdefault("HF2TRITON_CACHE", tempfile.mkdtemp(prefix="hf2triton-cache-"))
 from hf2triton.triton import client  # noqa: E402 - after the key file is chosen
 from tests.helpers import make_workflow, minilm_dir, tiny_llama, tiny_model_entries
 

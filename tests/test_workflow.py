@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -170,6 +171,10 @@ def test_changing_max_batch_size_rebuilds_only_that_model(tiny_workflow):
     assert tiny_workflow.state()["pid"] == pid, "only the changed model is reloaded; the server keeps running"
     assert "server: reload (changed: embed)" in result.stderr
     assert tiny_workflow.report()["ok"]
+    # validation again, but the unchanged classifier's in-process answer is the one the first run computed
+    assert re.search(r"in-process reference \(outputs\) of \S+/classify/pretrained: remembered", result.stderr)
+    classify = {c["name"]: c["detail"] for c in tiny_workflow.report()["models"]["classify"]["checks"]}
+    assert "in-process answer remembered from an earlier run" in classify["served equals in-process"]
     assert tiny_workflow.report()["models"]["embed"]["checks"][1]["name"] == "served config equals rendered"
 
 

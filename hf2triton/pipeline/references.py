@@ -1,0 +1,128 @@
+"""Validation's in-process reference answers, remembered between serves.
+
+Every `serve` compares what the server answers with the saved model run in-process (transformers' pipeline, the
+engine without Triton). For a model whose files did not change, that reference answer is the same every time, yet
+computing it imports torch and transformers and loads the model again: seconds of CPU per model on every re-serve
+(the supervisor's restarts, a restored session, a config change to another model). The answer is kept here, keyed by
+everything it depends on, and the served answer is still compared with it on every serve.
+
+The key: the model's files (the sha256 digests of the manifest its build wrote, hf2triton.integrity; a model
+without a manifest, or whose files no longer match it, is never taken from here), the reference's own arguments
+(probe texts, device, dtype, ...), hf2triton's source and the versions of the libraries that compute it. Only CPU
+references are kept: a GPU's answer may depend on the card and its kernels. `HF2TRITON_CACHE` names the folder
+(default: `$XDG_CACHE_HOME/hf2triton` or `~/.cache/hf2triton`); `HF2TRITON_CACHE=off` turns it off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import pickle
+import tempfile
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hf2triton import integrity
+from hf2triton.serving.interface import PORTABLE_PATHS, ModelParameters
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+CACHE_ENV = "HF2TRITON_CACHE"
+OFF = "off"
+FOLDER = "references"
+REMEMBERED: list[str] = []  # the kinds answered from the cache in this process, in order (validation's report says so)
+LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "sentencepiece", "pillow", "soundfile")
+
+
+def cache_root() -> Path | None:
+    """The references' folder, or None when HF2TRITON_CACHE=off."""
+    chosen = os.environ.get(CACHE_ENV, "")
+    if chosen.lower() == OFF:
+        return None
+    if chosen:
+        return Path(chosen).expanduser() / FOLDER
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hf2triton" / FOLDER
+
+
+@functools.cache
+def code_version() -> str:
+    """hf2triton's source (every module: a reference runs engines, pipelines and probes from all over the package)
+    and the versions of the libraries that compute the answers."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for name in LIBRARIES:
+        try:
+            digest.update(f"{name}=={metadata.version(name)}\0".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{name} absent\0".encode())
+    return digest.hexdigest()
+
+
+def model_files(model_dir: str) -> dict[str, str] | None:
+    """{relative path: sha256} of a built model's files, from its manifest; None when it has none or its files
+    changed since (then the reference is computed, never remembered)."""
+    manifest = Path(model_dir) / integrity.MANIFEST
+    if not manifest.is_file() or integrity.problems(model_dir):
+        return None
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        return {name: facts["sha256"] for name, facts in sorted(files.items())}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def portable(parameters: ModelParameters) -> dict[str, Any]:
+    """A model's parameters without the paths to its files (those are keyed by their contents: the same model built
+    in another folder is the same reference)."""
+    return {k: v for k, v in dataclasses.asdict(parameters).items() if k not in PORTABLE_PATHS}
+
+
+def _digest(value: object) -> str:
+    """JSON for what json cannot write: an image's or audio's bytes by their digest."""
+    if isinstance(value, bytes | bytearray):
+        return "sha256:" + hashlib.sha256(value).hexdigest()
+    raise TypeError(f"{type(value).__name__} is not a reference argument")
+
+
+def remembered(kind: str, model_dir: str, device: str, arguments: dict[str, Any], compute: Callable[[], T]) -> T:
+    """`compute()`'s answer: from the cache when the same reference (`kind` with these `arguments`, on `device`) was
+    computed before for the same files and code, else computed and kept. Any trouble with the cache (unwritable,
+    a damaged entry) computes the answer as if there were none."""
+    root = cache_root()
+    files = model_files(model_dir) if root and device == "cpu" else None
+    if root is None or files is None:
+        return compute()
+    facts = {"kind": kind, "device": device, "arguments": arguments, "files": files, "code": code_version()}
+    key = json.dumps(facts, sort_keys=True, default=_digest)
+    entry = root / f"{hashlib.sha256(key.encode()).hexdigest()}.pickle"
+    try:
+        with entry.open("rb") as handle:
+            stored_key, answer = pickle.load(handle)  # noqa: S301 - written by this function, in the user's own cache
+        if stored_key == key:
+            log.info("in-process reference (%s) of %s: remembered (%s)", kind, model_dir, entry)
+            REMEMBERED.append(kind)
+            return answer
+    except FileNotFoundError:
+        pass
+    except Exception as err:  # noqa: BLE001 - a damaged entry is recomputed and overwritten
+        log.warning("in-process reference cache entry %s unreadable (%s): computing it again", entry, err)
+    answer = compute()
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{entry.name}.", suffix=".tmp", dir=entry.parent)
+        with os.fdopen(fd, "wb") as handle:
+            pickle.dump((key, answer), handle, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, entry)
+    except OSError as err:
+        log.warning("in-process reference not kept in %s: %s", root, err)
+    return answer

@@ -1,0 +1,108 @@
+"""Validation's remembered in-process answers: computed once per model files, arguments and code, taken again only
+when all of them are the same, and never for a model whose files changed since its build or for a GPU answer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hf2triton import integrity
+from hf2triton.pipeline import references
+from hf2triton.serving.interface import ModelParameters
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(references.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache" / references.FOLDER
+
+
+def built(tmp_path, name="pretrained", weights=b"w" * 100):
+    root = tmp_path / name
+    root.mkdir()
+    (root / "model.safetensors").write_bytes(weights)
+    integrity.write_manifest(root)
+    return str(root)
+
+
+class Counting:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        return {"embedding": np.full((2, 3), float(self.calls))}
+
+
+def test_the_same_reference_is_computed_once_and_answered_equal(tmp_path, cache):
+    model, compute = built(tmp_path), Counting()
+    first = references.remembered("outputs", model, "cpu", {"texts": ["a", "b"]}, compute)
+    hits = len(references.REMEMBERED)
+    again = references.remembered("outputs", model, "cpu", {"texts": ["a", "b"]}, compute)
+    assert compute.calls == 1 and np.array_equal(first["embedding"], again["embedding"])
+    assert references.REMEMBERED[hits:] == ["outputs"] and len(list(cache.iterdir())) == 1
+
+
+def test_the_same_files_in_another_folder_share_it_other_files_or_arguments_do_not(tmp_path, cache):
+    compute = Counting()
+    references.remembered("outputs", built(tmp_path, "a"), "cpu", {"texts": ["a"]}, compute)
+    references.remembered("outputs", built(tmp_path, "b"), "cpu", {"texts": ["a"]}, compute)  # a rebuild elsewhere
+    assert compute.calls == 1
+    references.remembered("outputs", built(tmp_path, "c", b"x" * 100), "cpu", {"texts": ["a"]}, compute)  # other weights
+    references.remembered("outputs", built(tmp_path, "d"), "cpu", {"texts": ["b"]}, compute)  # other probes
+    references.remembered("entities", built(tmp_path, "e"), "cpu", {"texts": ["a"]}, compute)  # another reference
+    references.remembered("outputs", built(tmp_path, "f"), "cpu", {"texts": [b"\x89PNG"]}, compute)  # an image, by digest
+    assert compute.calls == 5
+
+
+def test_changed_files_no_manifest_a_gpu_or_off_always_compute(tmp_path, cache, monkeypatch):
+    model, compute = built(tmp_path), Counting()
+    references.remembered("outputs", model, "cpu", {}, compute)
+    (tmp_path / "pretrained" / "model.safetensors").write_bytes(b"v" * 100)  # edited after its build
+    references.remembered("outputs", model, "cpu", {}, compute)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for _ in range(2):
+        references.remembered("outputs", str(bare), "cpu", {}, compute)
+        references.remembered("outputs", built(tmp_path, f"gpu{compute.calls}"), "cuda:0", {}, compute)
+    monkeypatch.setenv(references.CACHE_ENV, "off")
+    references.remembered("outputs", built(tmp_path, "off"), "cpu", {}, compute)
+    assert compute.calls == 1 + 1 + 4 + 1
+
+
+def test_a_damaged_entry_is_computed_again_and_replaced(tmp_path, cache):
+    model, compute = built(tmp_path), Counting()
+    references.remembered("outputs", model, "cpu", {}, compute)
+    (entry,) = cache.iterdir()
+    entry.write_bytes(b"not a pickle")
+    assert references.remembered("outputs", model, "cpu", {}, compute)["embedding"][0, 0] == 2.0
+    assert references.remembered("outputs", model, "cpu", {}, compute)["embedding"][0, 0] == 2.0 and compute.calls == 2
+
+
+def test_an_unwritable_cache_still_answers(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv(references.CACHE_ENV, str(blocked))  # its references folder cannot be made
+    compute = Counting()
+    assert references.remembered("outputs", built(tmp_path), "cpu", {}, compute)["embedding"][0, 0] == 1.0
+
+
+def test_the_key_leaves_out_where_the_files_are():
+    params = ModelParameters(task="feature-extraction", model_dir="/a/pretrained", onnx_dir="/a/onnx", dtype="float32")
+    portable = references.portable(params)
+    assert "model_dir" not in portable and "onnx_dir" not in portable and portable["dtype"] == "float32"
+
+
+def test_torch_facts_without_a_gpu_do_not_import_torch():
+    """Every serve's status and validation report torch's facts; without a GPU they are read from torch's version
+    module, not from the imported package (seconds of CPU)."""
+    code = "import sys; from hf2triton import host; f = host.torch_facts(); print(f['version'], 'torch' in sys.modules)"
+    env = {**os.environ, "HF2TRITON_ASSUME_NO_GPU": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    import torch
+
+    assert done.stdout.split() == [torch.__version__, "False"]
