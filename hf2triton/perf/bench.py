@@ -101,7 +101,7 @@ def raw_throughput(engine, texts: list[str], batch: int, seconds: float, options
 def measure_raw(
     config, texts: list[str], sizes: list[int], seconds: float, backends: list[str], max_new_tokens: int, task_options: dict | None = None
 ) -> dict:
-    from hf2triton.pipeline.validate import reference_device
+    from hf2triton.pipeline.references import reference_device
     from hf2triton.serving.tasks import engine_from_parameters
 
     params = model_parameters(config)
@@ -289,7 +289,7 @@ def host_facts() -> dict[str, Any]:
 
 def inprocess_generation(config, params: ModelParameters, plan: list[tuple[bytes, int]], counter) -> dict[str, Any]:
     """The yardstick of a lone stream: the same requests, one after another, through the engine's generate()."""
-    from hf2triton.pipeline.validate import reference_device
+    from hf2triton.pipeline.references import reference_device
     from hf2triton.serving.tasks import engine_from_parameters
 
     engine = engine_from_parameters(params, reference_device(config))
@@ -338,7 +338,7 @@ def bench_streaming_model(
     log.info("in-process generate(), %d requests one by one: %.1f tokens/s", len(lone), inprocess["items_per_s"])
     pipeline = None
     if params.task in PIPELINE_TASKS:  # text2text: transformers' pipeline over the same prompts, alone and batched
-        from hf2triton.pipeline.validate import reference_device
+        from hf2triton.pipeline.references import reference_device
 
         device = reference_device(config)
         pipeline = pipeline_generation(params.task, params.model_dir, device, params.dtype, plans[max(plans)], counter, PIPELINE_BATCHES)
@@ -428,7 +428,7 @@ def bench_served_model(
     backends = available_backends(params, bench.inprocess_backends)
     raw = measure_raw(config, texts, sizes, bench.seconds, backends, bench.max_new_tokens, load.options)
     if task in PIPELINE_TASKS:
-        from hf2triton.pipeline.validate import reference_device
+        from hf2triton.pipeline.references import reference_device
 
         batches = sorted({*PIPELINE_BATCHES, big})
         raw["pipeline"] = pipeline_throughput(task, params.model_dir, reference_device(config), params.dtype, load, batches, bench.seconds)

@@ -1,4 +1,4 @@
-"""Validation's in-process reference answers, remembered between serves.
+"""Validation's in-process reference answers (the saved model run without Triton), remembered between serves.
 
 Every `serve` compares what the server answers with the saved model run in-process (transformers' pipeline, the
 engine without Triton). For a model whose files did not change, that reference answer is the same every time, yet
@@ -28,8 +28,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
 from hf2triton import integrity
-from hf2triton.serving.interface import PORTABLE_PATHS, ModelParameters
+from hf2triton.pipeline.audio_probes import pipeline_speech_answers
+from hf2triton.pipeline.pipeline_answers import JSON_ANSWERS, cross_encoder_scores, pipeline_answers, sentence_embeddings
+from hf2triton.pipeline.text_probes import RANKING_QUERY
+from hf2triton.serving import interface
+from hf2triton.serving.interface import GENERATIVE_TASKS, NON_TEXT_TASKS, PORTABLE_PATHS, ModelParameters
+from hf2triton.triton.modelconfig import model_parameters, uses_gpu
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +46,9 @@ CACHE_ENV = "HF2TRITON_CACHE"
 OFF = "off"
 FOLDER = "references"
 REMEMBERED: list[str] = []  # the kinds answered from the cache in this process, in order (validation's report says so)
+VALIDATION_MAX_NEW_TOKENS = 24
+# Greedy, whatever generation.temperature is configured: served, gRPC and in-process answers must be equal.
+VALIDATION_OPTIONS = {interface.MAX_NEW_TOKENS: VALIDATION_MAX_NEW_TOKENS, interface.TEMPERATURE: 0.0}
 LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "sentencepiece", "pillow", "soundfile")
 
 
@@ -126,3 +137,48 @@ def remembered(kind: str, model_dir: str, device: str, arguments: dict[str, Any]
     except OSError as err:
         log.warning("in-process reference not kept in %s: %s", root, err)
     return answer
+
+
+def reference_device(config: mc.ModelConfig) -> str:
+    """The device the served model uses: GPU instances are compared with a GPU reference in the same dtype
+    (a float32 CPU reference may pick another greedy token than float16 on a GPU)."""
+    if uses_gpu(config):
+        import torch
+
+        if torch.cuda.is_available():
+            return "cuda:0"
+    return "cpu"
+
+
+def reference_outputs(
+    config: mc.ModelConfig, texts: list[str], backend: str | None = None, float32_cpu: bool = False
+) -> dict[str, np.ndarray]:
+    """The saved model run in-process with the same engine model.py uses (no Triton involved);
+    `backend="python"` gives the torch reference for the parity gate, `float32_cpu` the full-precision one."""
+    import dataclasses
+
+    params: ModelParameters = model_parameters(config)
+    float32_export = params.backend == "onnx" and params.task in NON_TEXT_TASKS  # an image / speech export: on a GPU too
+    if backend:
+        params = dataclasses.replace(params, backend=backend)
+    if float32_cpu or float32_export:
+        params = dataclasses.replace(params, dtype="float32")
+    device = "cpu" if float32_cpu else reference_device(config)
+    arguments = {"parameters": portable(params), "texts": texts}
+    return remembered("outputs", params.model_dir, device, arguments, lambda: _reference_outputs(params, texts, device))
+
+
+def _reference_outputs(params: ModelParameters, texts: list[str], device: str) -> dict[str, np.ndarray]:
+    if params.task == interface.SPEECH_RECOGNITION:  # transformers' pipeline itself, on the same decoded audio
+        chunked = {"chunk_length_s": params.chunk_length_s} if params.chunk_length_s else {}
+        return pipeline_speech_answers(params.model_dir, texts, device, params.dtype, **chunked)
+    if params.task in JSON_ANSWERS:  # the reference is transformers' pipeline itself
+        return pipeline_answers(params.task, params.model_dir, texts, device, params.dtype, params.stride)
+    if params.task == interface.TEXT_RANKING:  # the model in-process on the tokenizer's pair encoding
+        return cross_encoder_scores(params.model_dir, RANKING_QUERY, texts, device, params.dtype)
+    if params.task == interface.FEATURE_EXTRACTION:  # sentence-transformers' encode(), re-written apart from the engine
+        return sentence_embeddings(params.model_dir, texts, device, params.dtype)
+    from hf2triton.serving.tasks import engine_from_parameters
+
+    engine = engine_from_parameters(params, device)
+    return engine.run(texts, **(VALIDATION_OPTIONS if params.task in GENERATIVE_TASKS else {}))

@@ -23,7 +23,6 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, atomic_write_text
 from hf2triton.gateway.process import require_api_key
 from hf2triton.pipeline import references
-from hf2triton.pipeline.audio_probes import pipeline_speech_answers
 from hf2triton.pipeline.image_checks import embeddings_check
 from hf2triton.pipeline.image_probes import validation_options
 from hf2triton.pipeline.pipeline_answers import (
@@ -31,22 +30,21 @@ from hf2triton.pipeline.pipeline_answers import (
     compare_embeddings,
     compare_entities,
     compare_scores,
-    cross_encoder_scores,
     entity_lists,
     parity_texts,
-    pipeline_answers,
     pipeline_candidates,
     pipeline_entities,
     probe_texts,
     sentence_embeddings,
 )
+from hf2triton.pipeline.references import VALIDATION_MAX_NEW_TOKENS, VALIDATION_OPTIONS, reference_device, reference_outputs
 from hf2triton.pipeline.render import VERSION, prune_repository
 from hf2triton.pipeline.serve import FAILED_REPORT, settings_from_params
 from hf2triton.pipeline.text2text_checks import pipeline_check, stream_check
 from hf2triton.pipeline.text_probes import PARITY_GENERATION_PROMPTS, PARITY_PROBES, PROBES, RANKING_QUERY
 from hf2triton.pipeline.validation_report import render_markdown
 from hf2triton.serving import interface, pooling
-from hf2triton.serving.interface import GENERATION, GENERATIVE_TASKS, NON_TEXT_TASKS, ModelParameters
+from hf2triton.serving.interface import GENERATION, GENERATIVE_TASKS
 from hf2triton.specs import OnnxSpec, onnx_precision
 from hf2triton.triton import client
 from hf2triton.triton.modelconfig import located_config, model_parameters, read_model_config, uses_gpu
@@ -57,9 +55,6 @@ from hf2triton.triton.state import public_state
 
 log = logging.getLogger(__name__)
 
-VALIDATION_MAX_NEW_TOKENS = 24
-# Greedy, whatever generation.temperature is configured: served, gRPC and in-process answers must be equal.
-VALIDATION_OPTIONS = {interface.MAX_NEW_TOKENS: VALIDATION_MAX_NEW_TOKENS, interface.TEMPERATURE: 0.0}
 COSINE_FLOOR = 0.999
 VLLM_AGREEMENT_CHARS = 40  # backend vllm vs the torch reference: greedy answers agree at least this far
 SUCCESS_METRIC = "nv_inference_request_success"
@@ -184,51 +179,6 @@ def outputs_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[b
             diffs.append(float(np.abs(a[name] - b[name]).max()))
     worst = max(diffs, default=0.0)
     return worst <= 1e-5, f"max abs difference {worst:.2e}"
-
-
-def reference_device(config: mc.ModelConfig) -> str:
-    """The device the served model uses: GPU instances are compared with a GPU reference in the same dtype
-    (a float32 CPU reference may pick another greedy token than float16 on a GPU)."""
-    if uses_gpu(config):
-        import torch
-
-        if torch.cuda.is_available():
-            return "cuda:0"
-    return "cpu"
-
-
-def reference_outputs(
-    config: mc.ModelConfig, texts: list[str], backend: str | None = None, float32_cpu: bool = False
-) -> dict[str, np.ndarray]:
-    """The saved model run in-process with the same engine model.py uses (no Triton involved);
-    `backend="python"` gives the torch reference for the parity gate, `float32_cpu` the full-precision one."""
-    import dataclasses
-
-    params: ModelParameters = model_parameters(config)
-    float32_export = params.backend == "onnx" and params.task in NON_TEXT_TASKS  # an image / speech export: on a GPU too
-    if backend:
-        params = dataclasses.replace(params, backend=backend)
-    if float32_cpu or float32_export:
-        params = dataclasses.replace(params, dtype="float32")
-    device = "cpu" if float32_cpu else reference_device(config)
-    arguments = {"parameters": references.portable(params), "texts": texts}
-    return references.remembered("outputs", params.model_dir, device, arguments, lambda: _reference_outputs(params, texts, device))
-
-
-def _reference_outputs(params: ModelParameters, texts: list[str], device: str) -> dict[str, np.ndarray]:
-    if params.task == interface.SPEECH_RECOGNITION:  # transformers' pipeline itself, on the same decoded audio
-        chunked = {"chunk_length_s": params.chunk_length_s} if params.chunk_length_s else {}
-        return pipeline_speech_answers(params.model_dir, texts, device, params.dtype, **chunked)
-    if params.task in JSON_ANSWERS:  # the reference is transformers' pipeline itself
-        return pipeline_answers(params.task, params.model_dir, texts, device, params.dtype, params.stride)
-    if params.task == interface.TEXT_RANKING:  # the model in-process on the tokenizer's pair encoding
-        return cross_encoder_scores(params.model_dir, RANKING_QUERY, texts, device, params.dtype)
-    if params.task == interface.FEATURE_EXTRACTION:  # sentence-transformers' encode(), re-written apart from the engine
-        return sentence_embeddings(params.model_dir, texts, device, params.dtype)
-    from hf2triton.serving.tasks import engine_from_parameters
-
-    engine = engine_from_parameters(params, device)
-    return engine.run(texts, **(VALIDATION_OPTIONS if params.task in GENERATIVE_TASKS else {}))
 
 
 def strategies_check(rendered: mc.ModelConfig, name: str, http_client, texts: list[str]) -> dict[str, Any]:
