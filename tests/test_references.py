@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -106,3 +107,17 @@ def test_torch_facts_without_a_gpu_do_not_import_torch():
     import torch
 
     assert done.stdout.split() == [torch.__version__, "False"]
+
+
+def test_entries_unused_for_a_month_are_pruned_when_another_is_written(tmp_path, cache):
+    compute = Counting()
+    references.remembered("outputs", built(tmp_path, "old"), "cpu", {"texts": ["old"]}, compute)
+    references.remembered("outputs", built(tmp_path, "used"), "cpu", {"texts": ["used"]}, compute)
+    month_ago = time.time() - (references.UNUSED_DAYS + 1) * 86400
+    for entry in cache.iterdir():
+        os.utime(entry, (month_ago, month_ago))
+    references.remembered("outputs", built(tmp_path, "used-again"), "cpu", {"texts": ["used"]}, compute)  # a hit: kept
+    references.remembered("outputs", built(tmp_path, "new"), "cpu", {"texts": ["new"]}, compute)  # written: prunes
+    assert compute.calls == 3 and len(list(cache.iterdir())) == 2
+    references.remembered("outputs", built(tmp_path, "old-again"), "cpu", {"texts": ["old"]}, compute)
+    assert compute.calls == 4  # the unused one was deleted

@@ -23,6 +23,7 @@ import logging
 import os
 import pickle
 import tempfile
+import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -45,6 +46,7 @@ T = TypeVar("T")
 CACHE_ENV = "HF2TRITON_CACHE"
 OFF = "off"
 FOLDER = "references"
+UNUSED_DAYS = 30  # an entry no serve has read for this long is deleted when another is written (old code versions)
 REMEMBERED: list[str] = []  # the kinds answered from the cache in this process, in order (validation's report says so)
 VALIDATION_MAX_NEW_TOKENS = 24
 # Greedy, whatever generation.temperature is configured: served, gRPC and in-process answers must be equal.
@@ -92,6 +94,17 @@ def model_files(model_dir: str) -> dict[str, str] | None:
         return None
 
 
+def prune(root: Path, days: float = UNUSED_DAYS) -> None:
+    """Delete the entries not read or written for `days` (those of earlier code versions, models since changed)."""
+    oldest = time.time() - days * 86400
+    for entry in root.glob("*.pickle"):
+        try:
+            if entry.stat().st_mtime < oldest:
+                entry.unlink()
+        except OSError:  # another serve pruned or replaced it first
+            pass
+
+
 def portable(parameters: ModelParameters) -> dict[str, Any]:
     """A model's parameters without the paths to its files (those are keyed by their contents: the same model built
     in another folder is the same reference)."""
@@ -122,6 +135,7 @@ def remembered(kind: str, model_dir: str, device: str, arguments: dict[str, Any]
         if stored_key == key:
             log.info("in-process reference (%s) of %s: remembered (%s)", kind, model_dir, entry)
             REMEMBERED.append(kind)
+            os.utime(entry)  # in use: kept by prune()
             return answer
     except FileNotFoundError:
         pass
@@ -134,6 +148,7 @@ def remembered(kind: str, model_dir: str, device: str, arguments: dict[str, Any]
         with os.fdopen(fd, "wb") as handle:
             pickle.dump((key, answer), handle, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, entry)
+        prune(root)
     except OSError as err:
         log.warning("in-process reference not kept in %s: %s", root, err)
     return answer
