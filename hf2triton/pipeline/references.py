@@ -170,8 +170,6 @@ def reference_outputs(
 ) -> dict[str, np.ndarray]:
     """The saved model run in-process with the same engine model.py uses (no Triton involved);
     `backend="python"` gives the torch reference for the parity gate, `float32_cpu` the full-precision one."""
-    import dataclasses
-
     params: ModelParameters = model_parameters(config)
     float32_export = params.backend == "onnx" and params.task in NON_TEXT_TASKS  # an image / speech export: on a GPU too
     if backend:
