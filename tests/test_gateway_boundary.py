@@ -22,6 +22,7 @@ import pytest
 
 from hf2triton import host
 from hf2triton.gateway.process import VALIDATION_REPORT, VALIDATION_REPORT_ENV
+from hf2triton.serving.interface import KEEPALIVE_S
 from hf2triton.triton import client
 from hf2triton.triton.process import ensure_server
 from tests.browser import fill, text_of, wait_for
@@ -346,6 +347,61 @@ def test_streamed_clients_that_leave_free_their_places_at_once(served, gateway):
     took = time.monotonic() - left
     assert answers and answers[0][0] == 200 and answers[0][2]["usage"]["completion_tokens"] >= 1, answers
     assert took < 2.0, f"the place was free {took:.2f} s after the stream left"
+
+
+def sse_answer(port: int, body: dict) -> tuple[str, list[str | None]]:
+    """A streamed chat's text (its pieces joined) and its chunks' finish reasons, read to `data: [DONE]`."""
+    sock = streamed(port, body)
+    data = read_all(sock)
+    sock.close()
+    events = [json.loads(line[5:]) for line in data.decode().splitlines() if line.startswith("data: {")]
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+    return text, [e["choices"][0].get("finish_reason") for e in events if e.get("choices")]
+
+
+def test_the_http_upstream_answers_as_grpc_does_and_a_stream_that_leaves_frees_its_place(served, gateway, tmp_path):
+    """--http: generation read from Triton's HTTP event stream (issue 46: the gateway at the speed of Triton's own
+    SSE) answers exactly as the gRPC upstream -- whole, streamed, from token ids, with log-probabilities -- and
+    Triton's refusals keep their status (a full queue is 429). Triton's HTTP front end sees a closed connection only
+    when it writes: requests waiting for a place get keep-alive pieces (interface.KEEPALIVE, not passed on), so two
+    queued clients that leave free the queue within a second or so, and the long stream's place is free within a
+    step of its client leaving."""
+    with gateway_process(served, tmp_path / "http.log", "--http", served.settings().url()) as upstream:
+        requests = [
+            ("/v1/chat/completions", chat(0, max_tokens=6)),
+            ("/v1/completions", {"model": "generate", "prompt": [5, 6, 7, 8], "max_tokens": 5}),
+            ("/v1/completions", {"model": "generate", "prompt": "Hello", "max_tokens": 4, "logprobs": 2, "echo": True}),
+        ]
+        for path, body in requests:
+            answers = [call(port, "POST", path, body) for port in (gateway.port, upstream.port)]
+            assert [a[0] for a in answers] == [200, 200], answers
+            assert [(a[2]["choices"], a[2]["usage"]) for a in answers[1:]] == [(answers[0][2]["choices"], answers[0][2]["usage"])]
+        grpc_stream, http_stream = (sse_answer(port, chat(0, max_tokens=8)) for port in (gateway.port, upstream.port))
+        # the same text and finish (the pieces may be cut differently: the response thread joins what waits)
+        assert http_stream[0] == grpc_stream[0] and http_stream[1][-1] == grpc_stream[1][-1] in ("stop", "length")
+
+        running = streamed(upstream.port, {**chat(0), **LONG})
+        got = b""
+        while b"data:" not in got:
+            got += running.recv(65536)
+        waiting = [streamed(upstream.port, {**chat(0), **LONG}) for _ in range(2)]
+        time.sleep(1.0)  # they have reached the model's queue
+        status, _, answer = call(upstream.port, "POST", "/v1/chat/completions", chat(0))
+        assert status == 429 and answer["error"]["code"] == "busy", (status, answer)
+        for sock in waiting:
+            sock.close()
+        time.sleep(3 * KEEPALIVE_S + 0.3)  # a keep-alive each, and the next poll of the model's loop
+        answers: list = []
+        queued = threading.Thread(target=lambda: answers.append(call(upstream.port, "POST", "/v1/chat/completions", chat(0))))
+        queued.start()
+        time.sleep(0.5)
+        assert not answers, ("queued behind the long stream, not refused", answers)
+        left = time.monotonic()
+        running.close()
+        queued.join(timeout=60)
+        took = time.monotonic() - left
+        assert answers and answers[0][0] == 200 and answers[0][2]["usage"]["completion_tokens"] >= 1, answers
+        assert took < 2.0, f"the place was free {took:.2f} s after the stream left"
 
 
 # ------------------------------------------------------------------ 6, 7: odd input is a 4xx

@@ -12,7 +12,7 @@ import pytest
 
 from hf2triton.errors import UserError
 from hf2triton.gateway.app import create_app
-from hf2triton.gateway.backend import Gateway
+from hf2triton.gateway.backend import Gateway, http_error_message
 from hf2triton.gateway.boundary import MAX_AUDIO_UPLOAD_MIB, MIB, host_name, served_names
 from hf2triton.gateway.errors import ApiError, triton_error, unreachable
 from hf2triton.gateway.protocol import (
@@ -234,6 +234,15 @@ def test_allowed_origins_get_cors_headers_and_preflights():
     status, headers, answer = asgi("POST", "/v1/chat/completions", {"origin": "http://app.example:8080", **JSON}, [CHAT])
     assert status == 404 and headers["access-control-allow-origin"] == "http://app.example:8080", "errors are readable by the page too"
     assert asgi("OPTIONS", "/v1/chat/completions", {**preflight, "origin": "http://app.example:8081"})[0] == 403
+
+
+def test_an_http_upstream_address_is_checked_and_its_error_bodies_read():
+    assert Gateway("127.0.0.1:1", None, [], http_url=" [::1]:8000 ").http_url == "[::1]:8000"
+    assert Gateway("127.0.0.1:1", None, []).http_url is None, "no --http: generation over gRPC"
+    with pytest.raises(ValueError, match="--http 'localhost' is not host:port"):
+        Gateway("127.0.0.1:1", None, [], http_url="localhost")
+    assert http_error_message('data: {"error":"busy: 2 requests already wait"}') == "busy: 2 requests already wait"
+    assert http_error_message('{"error": "unknown model"}') == "unknown model" and http_error_message("") == "no answer"
 
 
 def test_several_grpc_addresses_become_one_round_robin_channel_and_bad_ones_are_named():

@@ -1,4 +1,4 @@
-"""`python -m hf2triton.gateway --grpc HOST:PORT[,HOST:PORT...] --host H --port P --models a,b --api-key-env NAME
+"""`python -m hf2triton.gateway --grpc HOST:PORT[,HOST:PORT...] [--http HOST:PORT] --host H --port P --models a,b --api-key-env NAME
 [--allowed-hosts a,b] [--allowed-origins o1,o2] [--max-embedding-inputs N] [--request-timeout-s S] [--max-audio-upload-mib M]
 [--workers N]`:
 run the gateway in the foreground (`make serve` starts it in the background when openai.enabled). Several --grpc
@@ -24,6 +24,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--grpc", required=True, help="tritonserver's gRPC host:port (several, comma-separated: replicas)")
+    parser.add_argument(
+        "--http", default=None, help="tritonserver's HTTP host:port: generation streams read from its event stream instead of gRPC",
+    )  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--models", default="", help="comma-separated model names")
@@ -46,7 +49,8 @@ def build(args: argparse.Namespace):
     from hf2triton.gateway.backend import Gateway
     from hf2triton.gateway.boundary import served_names
 
-    gateway = Gateway(args.grpc, os.environ.get(args.api_key_env) or None, _names(args.models), args.max_embedding_inputs)
+    key = os.environ.get(args.api_key_env) or None
+    gateway = Gateway(args.grpc, key, _names(args.models), args.max_embedding_inputs, args.http)
     hosts = served_names(args.host.strip("[]"), _names(args.allowed_hosts))
     return create_app(gateway, hosts, _names(args.allowed_origins), args.request_timeout_s, args.max_audio_upload_mib), hosts
 

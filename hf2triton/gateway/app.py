@@ -22,6 +22,7 @@ middleware, the error handlers, the routers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 
@@ -52,7 +53,13 @@ def create_app(
     """The gateway's app; `hosts`: the names it answers under (served_names), `origins`: web origins allowed
     to call it from a browser, `request_timeout_s`: the time a client has to send its body, `max_audio_upload_mib`:
     the size of an audio endpoint's form (JSON bodies: boundary.MAX_BODY_BYTES)."""
-    app = FastAPI(title="hf2triton OpenAI-compatible gateway", docs_url=None, redoc_url=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        await gateway.close()  # the HTTP upstream's connections
+
+    app = FastAPI(title="hf2triton OpenAI-compatible gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.gateway = gateway  # how the routes reach Triton (backend.gateway_of) and the key (boundary.require_key)
     app.add_middleware(
         Boundary, hosts=served_names("127.0.0.1") if hosts is None else hosts, origins=origins, timeout_s=request_timeout_s,

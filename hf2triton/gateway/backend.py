@@ -1,6 +1,7 @@
 """The gateway's one way to Triton: `Gateway`, the state every endpoint shares (request.app.state.gateway): the
 gRPC client (one channel over every replica, replaced when Triton restarts), `call` (a Triton call retried on a
-fresh channel while Triton is unreachable), the served models read from Triton's configs, and the key."""
+fresh channel while Triton is unreachable), `stream_http` (a generation read from Triton's HTTP event stream, where
+the gateway is given --http), the served models read from Triton's configs, and the key."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Callable, TypeVar
 
 from fastapi import Request
@@ -37,13 +38,14 @@ CHANNEL_ARGS = [
 T = TypeVar("T")
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` -> (host, port); a clear ValueError otherwise."""
+def split_address(address: str, option: str = "--grpc") -> tuple[str, int]:
+    """`host:port` or `[v6]:port` -> (host, port); a clear ValueError naming `option` otherwise."""
     text = address.strip()
     name, sep, port = text.rpartition(":")
     name = name[1:-1] if name.startswith("[") and name.endswith("]") else name
     if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--grpc {address!r} is not host:port (e.g. 127.0.0.1:8001)")
+        example = "127.0.0.1:8001" if option == "--grpc" else "127.0.0.1:8000"
+        raise ValueError(f"{option} {address!r} is not host:port (e.g. {example})")
     return name, int(port)
 
 
@@ -80,9 +82,14 @@ class Gateway:
     """The state the endpoints share: the Triton gRPC client (one channel over every replica), the served models,
     the key, the input bound."""
 
-    def __init__(self, grpc_url: str, api_key: str | None, models: list[str], max_embedding_inputs: int | None = None):
+    def __init__(
+        self, grpc_url: str, api_key: str | None, models: list[str], max_embedding_inputs: int | None = None, http_url: str | None = None
+    ):
         self.grpc_url, self.api_key, self.names = grpc_url, api_key or None, models
         self.target, self.channel_args = grpc_target(grpc_url)
+        # Triton's HTTP address for generation streams (None: they go over gRPC like everything else)
+        self.http_url = http_url.strip() if http_url and split_address(http_url, "--http") else None
+        self._http: Any = None  # the aiohttp session (this worker's event loop), made on first use
         self.max_embedding_inputs = max_embedding_inputs  # None: each model's max_texts_per_request
         self.models: dict[str, ServedModel] = {}
         self.created = int(time.time())
@@ -122,6 +129,51 @@ class Gateway:
                     raise unavailable(err) from None
             retried = True
             await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def stream_http(self, name: str, body: dict[str, Any], patience_s: float = RECONNECT_S) -> AsyncIterator[dict[str, Any]]:
+        """The responses of Triton's generate_stream for `body`, each as the JSON object Triton sends (its outputs by
+        name); Triton's errors raised as ApiErrors. A connection refused is retried like `call` (until a response
+        starts); closing the iterator (a client gone) closes the connection, which Triton notices at its next write
+        and cancels the request."""
+        import aiohttp
+
+        if self._http is None:  # no pool limit: one connection per running stream, kept alive between them
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(sock_connect=5))
+        url = f"http://{self.http_url}/v2/models/{name}/generate_stream"
+        deadline, retried = time.monotonic() + patience_s, False
+        while True:
+            try:
+                response = await self._http.post(url, json=body, headers=client.key_headers())
+                break
+            except aiohttp.ClientConnectionError as err:  # nothing was sent: safe to retry
+                if retried and time.monotonic() >= deadline:
+                    raise unavailable(err) from None
+            retried = True
+            await asyncio.sleep(RETRY_PAUSE_S)
+        finished = False
+        try:
+            if response.status != 200:  # refused before it was queued: Triton's {"error": ...}
+                raise triton_error(RuntimeError(http_error_message(await response.text())), name)
+            async for line in response.content:
+                if line.startswith(b"data:"):
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        raise triton_error(RuntimeError(str(event["error"])), name)
+                    yield event
+            finished = True
+        except aiohttp.ClientError as err:
+            raise unavailable(err) from None
+        finally:
+            if finished:
+                response.release()  # the connection goes back to the pool
+            else:
+                response.close()  # a client gone (or an error): the connection closes, which cancels the request
+
+    async def close(self) -> None:
+        """The HTTP session's connections (uvicorn's shutdown)."""
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     async def infer(self, name: str, batches: list[list[Any]]) -> list[Any]:
         """One Triton request per batch of inputs, all at once; their results in order (Triton's errors as
@@ -204,6 +256,14 @@ class Gateway:
             message = f"model {name!r} is served static (generation.streaming: false); the gateway needs a streaming model"
             raise ApiError(400, message, param="model")
         return served
+
+
+def http_error_message(text: str) -> str:
+    """Triton's words in an HTTP error body ({"error": "..."}, generate_stream's as an event), or the body itself."""
+    try:
+        return str(json.loads(text.strip().removeprefix("data:"))["error"])
+    except (ValueError, KeyError, TypeError):
+        return text[:300] or "no answer"
 
 
 def bound_texts(served: ServedModel, count: int, param: str) -> None:

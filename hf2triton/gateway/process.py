@@ -50,6 +50,8 @@ def command(settings: Settings, openai: OpenAISpec) -> list[str]:
         "--port", str(openai.port), "--models", ",".join(settings.models), "--api-key-env", openai.api_key_env,
         "--request-timeout-s", f"{openai.request_timeout_s:g}", "--max-audio-upload-mib", str(openai.max_audio_upload_mib),
     ]  # fmt: skip
+    if openai.upstream == "http":
+        cmd += ["--http", settings.url()]
     workers = openai.worker_count(host.cpu_count())
     if workers > 1:
         cmd += ["--workers", str(workers)]

@@ -38,6 +38,12 @@ TOOLS = "tools"
 TOOL_PARSERS = ("none", "hermes", "llama3_json")
 DEFAULT_TOOL_PARSER = "none"
 FINISH_REASON = "finish_reason"
+# A request parameter (not a tensor) of a streamed request read over Triton's HTTP event stream (the gateway's --http):
+# Triton's HTTP front end sees a closed connection only when it writes to it, so a request still waiting for a place
+# would outlive its client there; with KEEPALIVE true it gets an empty piece (TEXT_OUTPUT "") every KEEPALIVE_S until
+# its first real one, and the write to a closed connection cancels it as gRPC's closed stream does at once.
+KEEPALIVE = "hf2triton_keepalive"
+KEEPALIVE_S = 0.5
 PROMPT_TOKENS = "prompt_tokens"
 COMPLETION_TOKENS = "completion_tokens"
 # Log-probabilities (streaming generation, torch batchers): LOGPROBS (INT32) the alternatives per token to report, 0..

@@ -69,6 +69,42 @@ def is_cancelled(request) -> bool:
     return bool(check and check())
 
 
+def wants_keepalive(request) -> bool:
+    """The request asks for interface.KEEPALIVE (a request parameter: Triton's generate_stream body's "parameters")."""
+    reader = getattr(request, "parameters", None)  # python_backend >= 23.xx: the parameters as JSON text
+    try:
+        return bool(reader and json.loads(reader() or "{}").get(interface.KEEPALIVE))
+    except (ValueError, AttributeError):
+        return False
+
+
+class KeepAlive:
+    """`cancelled` for a request that asked for interface.KEEPALIVE: before answering, an empty piece when KEEPALIVE_S
+    passed and nothing was sent yet (a request waiting for a place). The batchers ask while holding the request as a
+    send does (sequences.ask_if_gone), so this never overlaps its pieces; `started()` (its first piece) ends it."""
+
+    def __init__(self, sender, gone):
+        self.sender, self.gone = sender, gone
+        self.due = time.monotonic() + interface.KEEPALIVE_S
+        self.answering = False
+        self.lock = threading.Lock()  # a queue-full purge may ask from Triton's thread while the response thread does
+
+    def started(self) -> None:
+        if not self.answering:
+            with self.lock:
+                self.answering = True
+
+    def __call__(self) -> bool:
+        if not self.answering and time.monotonic() >= self.due and self.lock.acquire(blocking=False):
+            try:
+                if not self.answering:
+                    self.due = time.monotonic() + interface.KEEPALIVE_S
+                    self.sender.send(pb_utils.InferenceResponse(output_tensors=[_bytes(interface.TEXT_OUTPUT, "")]))
+            finally:
+                self.lock.release()
+        return self.gone()
+
+
 def cancelled_response():
     code = getattr(getattr(pb_utils, "TritonError", None), "CANCELLED", None)
     error = pb_utils.TritonError("request cancelled", code) if code is not None else pb_utils.TritonError("request cancelled")
@@ -274,7 +310,12 @@ class TritonPythonModel:
                 return []
             return [_bytes(interface.TOKEN_LOGPROBS, sequence.take_logprobs(decode))]
 
+        gone = getattr(sender, "is_cancelled", None) or (lambda: is_cancelled(request))  # a closed stream / connection
+        keepalive = KeepAlive(sender, gone) if stream and wants_keepalive(request) else None
+
         def emit(text: str, finish) -> None:
+            if keepalive is not None:
+                keepalive.started()
             if finish is None:
                 if stream:
                     sender.send(pb_utils.InferenceResponse(output_tensors=[_bytes(interface.TEXT_OUTPUT, text), *logprobs_tensors()]))
@@ -296,8 +337,7 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=final)
 
         try:
-            gone = getattr(sender, "is_cancelled", None) or (lambda: is_cancelled(request))  # a closed stream / connection
-            sequence = sequences.Sequence(prompt_ids, sampling, emit, cancelled=gone)
+            sequence = sequences.Sequence(prompt_ids, sampling, emit, cancelled=keepalive or gone)
             self.batcher.submit(sequence)
         except inputs.RequestError as err:  # a grammar that does not compile (the torch batchers compile it here)
             sender.send(error_response(str(err)), flags=final)

@@ -40,14 +40,68 @@ class Piece(NamedTuple):
 async def generate(
     gateway: Gateway, served: ServedModel, prompt: str | list[int] | list[dict[str, str]], options: dict[str, Any]
 ) -> AsyncIterator[Piece]:
-    """Async iterator of the Pieces of a Triton stream; cancelling the iteration (a client gone) cancels the Triton
-    request. `prompt`: a text, token ids (interface.PROMPT_IDS) or chat messages."""
-    import tritonclient.grpc as grpcclient
-
+    """Async iterator of the Pieces of a Triton stream (gRPC, or Triton's HTTP event stream where the gateway has
+    --http); cancelling the iteration (a client gone) cancels the Triton request. `prompt`: a text, token ids
+    (interface.PROMPT_IDS) or chat messages."""
     if isinstance(prompt, str):
         texts, inputs = [prompt], options
     else:
         texts, inputs = [], {**options, (interface.PROMPT_IDS if prompt and isinstance(prompt[0], int) else interface.MESSAGES): prompt}
+    pieces = _http_pieces if gateway.http_url else _grpc_pieces
+    async for piece in pieces(gateway, served, texts, inputs):
+        yield piece
+
+
+def _piece(values: dict[str, Any]) -> Piece:
+    """A response's outputs by name (bytes from gRPC, text from Triton's JSON) -> its Piece."""
+
+    def text_of(name: str) -> str | None:
+        value = values.get(name)
+        return value.decode("utf-8") if isinstance(value, bytes) else value
+
+    logprobs = text_of(interface.TOKEN_LOGPROBS)
+    reason = text_of(interface.FINISH_REASON)
+    final = None
+    if reason is not None:
+        final = {
+            "finish_reason": FINISH_REASONS.get(reason, "stop"),
+            "prompt_tokens": int(values[interface.PROMPT_TOKENS]),
+            "completion_tokens": int(values[interface.COMPLETION_TOKENS]),
+        }
+    return Piece(text_of(interface.TEXT_OUTPUT) or "", final, json.loads(logprobs) if logprobs is not None else None)
+
+
+def _ended_early(served: ServedModel, received: int) -> ApiError:
+    log.warning("model %s: Triton ended a stream after %d pieces without a final response", served.name, received)
+    return ApiError(502, "Triton ended the stream without a final response", "server_error")
+
+
+async def _http_pieces(gateway: Gateway, served: ServedModel, texts: list[str], inputs: dict[str, Any]) -> AsyncIterator[Piece]:
+    """The Pieces of Triton's HTTP event stream (read to its end, so that its connection is kept for the next). It
+    asks for keep-alive pieces while it waits for a place (interface.KEEPALIVE), which are not passed on: a client
+    gone meanwhile is noticed at Triton's next write, and its request cancelled."""
+    received, final = 0, False
+    body = {**client.generate_body(texts, inputs), "parameters": {interface.KEEPALIVE: True}}
+    try:
+        async for values in gateway.stream_http(served.name, body):
+            piece = _piece(values)
+            if not (piece.text or piece.final or piece.logprobs):
+                continue  # a keep-alive
+            final = piece.final is not None
+            received += 1
+            yield piece
+    except ApiError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the key file missing, a broken event: OpenAI errors
+        raise triton_error(err, served.name) from None
+    if not final:
+        raise _ended_early(served, received)
+
+
+async def _grpc_pieces(gateway: Gateway, served: ServedModel, texts: list[str], inputs: dict[str, Any]) -> AsyncIterator[Piece]:
+    """The Pieces of a gRPC stream, up to its final one."""
+    import tritonclient.grpc as grpcclient
+
     request = {"model_name": served.name, "inputs": client.build_inputs(grpcclient, texts, inputs, one_prompt=True)}
 
     async def requests():
@@ -65,21 +119,7 @@ async def generate(
         result, error = response
         if error is not None:
             raise triton_error(error, served.name)
-        values = client.first_values(result)
-        text = values.get(interface.TEXT_OUTPUT, b"").decode("utf-8")
-        logprobs = json.loads(values[interface.TOKEN_LOGPROBS]) if interface.TOKEN_LOGPROBS in values else None
-        reason = values.get(interface.FINISH_REASON)
-        if reason is None:
-            return Piece(text, None, logprobs)
-        return Piece(
-            text,
-            {
-                "finish_reason": FINISH_REASONS.get(reason.decode(), "stop"),
-                "prompt_tokens": values[interface.PROMPT_TOKENS],
-                "completion_tokens": values[interface.COMPLETION_TOKENS],
-            },
-            logprobs,
-        )
+        return _piece(client.first_values(result))
 
     stream, finished, received = None, False, 0
     try:
@@ -94,8 +134,7 @@ async def generate(
     except ApiError:
         raise
     except StopAsyncIteration:
-        log.warning("model %s: Triton ended a stream after %d pieces without a final response", served.name, received)
-        raise ApiError(502, "Triton ended the stream without a final response", "server_error") from None
+        raise _ended_early(served, received) from None
     except Exception as err:  # noqa: BLE001 - gRPC failures become OpenAI errors
         raise triton_error(err, served.name) from None
     finally:
