@@ -52,6 +52,7 @@
 #                                                             triton | real | anchor | engine | torch | big-triton | big-anchor;
 #                                                             rounds (issue 46: Triton SSE, the gateway and vllm serve up
 #                                                             together, ROUNDS interleaved rounds, ratios per round);
+#                                                             sse-profile (Triton SSE alone, CPU per process, py-spy);
 #                                                             gateways (after triton: a gateway of each GATEWAY_WORKERS
 #                                                             count in front of the same Triton, issue 46 #2);
 #                                                             issue 44 (after setup-vllm): structured-vllm | structured-torch
@@ -124,7 +125,9 @@ load() {  # LABEL TARGET...: generation_bench.py, cells $CLIENTS, within what is
   local reference=()  # REFERENCE: a target's name, the medians and per-round ratios of the markdown are to it
   [ -z "${REFERENCE:-}" ] || reference=(--reference "$REFERENCE")
   spy_start
-  timeout $((570 - SECONDS)) "${LOAD_PYTHON:-$VENV/bin/python}" benchmarks/gpu/generation_bench.py "${targets[@]}" --label "$label" \
+  # LOAD_WRAP: a command the load runs under (sse-profile: every process's CPU seconds during it)
+  # shellcheck disable=SC2086  # LOAD_WRAP: words
+  timeout $((570 - SECONDS)) ${LOAD_WRAP:-} "${LOAD_PYTHON:-$VENV/bin/python}" benchmarks/gpu/generation_bench.py "${targets[@]}" --label "$label" \
     --clients $CLIENTS --seconds "$CELL_S" --warmup-s 3 --budget-s $((550 - SECONDS)) --rounds "${ROUNDS:-1}" --ready-timeout-s 120 "${reference[@]}" \
     --out "$COMPARE/generation.json" --markdown "$COMPARE/generation.md" 2>&1 | tee -a "$COMPARE/load.log"
   local rc=${PIPESTATUS[0]}
@@ -648,6 +651,14 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
       }; } || rc=$?
       stop_gateways
       stop_anchor
+      ;;
+    sse-profile)  # issue 46: where Triton's side spends the CPU at $CLIENTS clients, Triton's SSE alone (backend vllm,
+      # random weights): every process's CPU seconds during the load (benchmarks/probes/suite_cpu_by_process.py ->
+      # $COMPARE/cpu-by-process.txt, the load's warm-up and start included) and, with PROFILE_STUBS=smollm2, the stub's
+      # threads while they hold the GIL (py-spy -> $COMPARE/spy.json)
+      { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-dummy.yaml &&
+        LOAD_WRAP="$VENV/bin/python benchmarks/probes/suite_cpu_by_process.py --out $COMPARE/cpu-by-process.txt --" \
+          load "SmolLM2-135M fp16, random weights, profiled" "135m-triton-vllm-sse=triton,$triton,smollm2"; } || rc=$?
       ;;
     gateways)  # after triton (its server still up): the gateway with other worker counts than auto's (GATEWAY_WORKERS)
       for workers in $GATEWAY_WORKERS; do extra_gateway "$workers" || rc=$?; done
