@@ -222,8 +222,8 @@ start_gateway() {  # WORKERS: `python -m hf2triton.gateway --workers WORKERS` on
   answers "http://127.0.0.1:$((9100 + $1))/v1/models" 60 || true  # not up: the load's readiness check says so
 }
 
-start_http_gateway() {  # DIR: the gateway of the hf2triton package copied to DIR/hf2triton (a branch's, e.g. the
-  # HTTP-upstream gateway of branch gateway-http-upstream) on 9200, reading Triton's HTTP event stream (--http), as many
+start_http_gateway() {  # DIR: the gateway of the hf2triton package in DIR/hf2triton (".": this checkout's; a copy of
+  # another commit's) on 9200, reading Triton's HTTP event stream (--http, openai.upstream http), as many
   # workers as auto gives the configured one; 1 (and not loaded) when it does not answer. Started from DIR: `python -m`
   # puts the working directory ahead of PYTHONPATH, so from the repository root the repository's own package would run
   # (2026-12-07: "unrecognized arguments: --http", and the load waited 300 s for it)
@@ -641,7 +641,7 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
           start_gateway "$workers"
           extra+=("135m-triton-vllm-gateway-w$workers=openai,http://127.0.0.1:$((9100 + workers)),smollm2")
         done
-        # HTTP_GATEWAY=DIR: a branch's gateway (DIR/hf2triton) reading Triton's HTTP stream, loaded in turn too
+        # HTTP_GATEWAY=DIR: the gateway of DIR/hf2triton ("." this checkout's) reading Triton's HTTP stream, loaded in turn too
         if [ -n "${HTTP_GATEWAY:-}" ]; then
           ! start_http_gateway "$HTTP_GATEWAY" || extra+=("135m-triton-vllm-gateway-http=openai,http://127.0.0.1:9200,smollm2")
         fi
