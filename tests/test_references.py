@@ -98,6 +98,31 @@ def test_the_key_leaves_out_where_the_files_are():
     assert "model_dir" not in portable and "onnx_dir" not in portable and portable["dtype"] == "float32"
 
 
+def test_a_remembered_call_is_keyed_by_its_function_and_arguments_and_finds_the_files(tmp_path, cache):
+    """remembered_call: the kind is the function's name; the arguments are the key by name (a ModelParameters without
+    its paths); the model's files come from `model_dir`, or from `params.model_dir`."""
+    calls: list[tuple] = []
+
+    def answer(model_dir: str, texts: list[str], device: str, dtype: str = "auto") -> dict[str, list[str]]:
+        calls.append((model_dir, tuple(texts), device, dtype))
+        return {"texts": texts}
+
+    def from_parameters(params: ModelParameters, device: str) -> str:
+        calls.append((params.model_dir, device))
+        return params.task
+
+    hits = len(references.REMEMBERED)
+    for model in (built(tmp_path, "a"), built(tmp_path, "b")):  # the same files elsewhere: one computation
+        assert references.remembered_call(answer, "cpu", model_dir=model, texts=["x"], dtype="float32") == {"texts": ["x"]}
+    references.remembered_call(answer, "cpu", model_dir=built(tmp_path, "c"), texts=["x"], dtype="float16")  # another dtype
+    assert [c[1:] for c in calls] == [(("x",), "cpu", "float32"), (("x",), "cpu", "float16")]
+    assert references.REMEMBERED[hits:] == ["answer"]
+    for where in ("d", "e"):
+        params = ModelParameters(task="feature-extraction", model_dir=built(tmp_path, where), dtype="float32")
+        assert references.remembered_call(from_parameters, "cpu", params=params) == "feature-extraction"
+    assert len(calls) == 3 and references.REMEMBERED[hits:] == ["answer", "from_parameters"]
+
+
 def test_torch_facts_without_a_gpu_do_not_import_torch():
     """Every serve's status and validation report torch's facts; without a GPU they are read from torch's version
     module, not from the imported package (seconds of CPU)."""

@@ -24,13 +24,7 @@ def embeddings_check(http_client, name: str, model_dir: str, device: str, dtype:
         result = http_client.infer(name, client.build_inputs(httpclient, rows, options, primary=primary))
         served = {key: result.as_numpy(key) for key in (interface.EMBEDDING, interface.PROMPT_TOKENS)}
         served[interface.EMBEDDING] = served[interface.EMBEDDING].reshape(len(rows), -1)
-        reference = references.remembered(
-            "dual-encoder embeddings",
-            model_dir,
-            device,
-            {"rows": rows, "texts": texts, "dtype": dtype},
-            lambda rows=rows, texts=texts: dual_encoder_embeddings(model_dir, rows, texts, device, dtype),
-        )
+        reference = references.remembered_call(dual_encoder_embeddings, device, model_dir=model_dir, rows=rows, texts=texts, dtype=dtype)
         compared = compare_embeddings(served, reference, floor)
         same_tokens = served[interface.PROMPT_TOKENS].reshape(-1).tolist() == reference[interface.PROMPT_TOKENS].tolist()
         ok = ok and compared["ok"] and same_tokens

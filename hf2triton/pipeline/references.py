@@ -154,6 +154,17 @@ def remembered(kind: str, model_dir: str, device: str, arguments: dict[str, Any]
     return answer
 
 
+def remembered_call(function: Callable[..., T], device: str, **arguments: Any) -> T:
+    """`function(device=device, **arguments)`, `remembered`: the reference's kind is the function's name, its key the
+    arguments by name (a ModelParameters without its paths, `portable`), the model's files those of the `model_dir`
+    argument, else of the `params` one."""
+    model_dir = arguments["model_dir"] if "model_dir" in arguments else arguments["params"].model_dir
+    key = {
+        name: portable(value) if isinstance(value, ModelParameters) else value for name, value in arguments.items() if name != "model_dir"
+    }
+    return remembered(function.__name__, model_dir, device, key, lambda: function(device=device, **arguments))
+
+
 def reference_device(config: mc.ModelConfig) -> str:
     """The device the served model uses: GPU instances are compared with a GPU reference in the same dtype
     (a float32 CPU reference may pick another greedy token than float16 on a GPU)."""
@@ -177,11 +188,11 @@ def reference_outputs(
     if float32_cpu or float32_export:
         params = dataclasses.replace(params, dtype="float32")
     device = "cpu" if float32_cpu else reference_device(config)
-    arguments = {"parameters": portable(params), "texts": texts}
-    return remembered("outputs", params.model_dir, device, arguments, lambda: _reference_outputs(params, texts, device))
+    return remembered_call(in_process_outputs, device, params=params, texts=texts)
 
 
-def _reference_outputs(params: ModelParameters, texts: list[str], device: str) -> dict[str, np.ndarray]:
+def in_process_outputs(params: ModelParameters, texts: list[str], device: str) -> dict[str, np.ndarray]:
+    """The saved model's outputs for `texts`, run in-process on `device` (reference_outputs' answer)."""
     if params.task == interface.SPEECH_RECOGNITION:  # transformers' pipeline itself, on the same decoded audio
         chunked = {"chunk_length_s": params.chunk_length_s} if params.chunk_length_s else {}
         return pipeline_speech_answers(params.model_dir, texts, device, params.dtype, **chunked)

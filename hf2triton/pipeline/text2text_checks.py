@@ -17,13 +17,8 @@ def pipeline_check(params: ModelParameters, device: str, texts: list[str], serve
     name = f"served equals pipeline({task})"
     if not params.checkpoint_defaults:
         return name, True, "not compared: generation.checkpoint_defaults false (plain decoding, not the pipeline's config)"
-    arguments = {"task": task, "texts": texts, "dtype": params.dtype, "max_new_tokens": max_new_tokens}
-    answers = references.remembered(
-        "text2text pipeline",
-        params.model_dir,
-        device,
-        arguments,
-        lambda: pipeline_text2text(task, params.model_dir, texts, device, params.dtype, max_new_tokens),
+    answers = references.remembered_call(
+        pipeline_text2text, device, task=task, model_dir=params.model_dir, texts=texts, dtype=params.dtype, max_new_tokens=max_new_tokens
     )
     answers = [a.strip() for a in answers]
     served = [s.strip() for s in served]
@@ -46,10 +41,7 @@ def stream_check(
 ) -> tuple[str, bool, str]:
     """(name, ok, detail): the streamed answer vs the one-beam answer in-process; where whole answers are one beam,
     also vs the served whole answer."""
-    arguments = {"parameters": references.portable(params), "prompt": prompt, "max_new_tokens": max_new_tokens}
-    reference, beams = references.remembered(
-        "one-beam answer", params.model_dir, device, arguments, lambda: one_beam_answer(params, device, prompt, max_new_tokens)
-    )
+    reference, beams = references.remembered_call(one_beam_answer, device, params=params, prompt=prompt, max_new_tokens=max_new_tokens)
     ok = streamed.strip() == reference.strip() and (beams > 1 or streamed == whole)
     how = f"whole answers search {beams} beams, streamed ones decode greedily" if beams > 1 else f"the whole answer {whole!r}"
     return "stream equals generate", ok, f"streamed {streamed!r} vs one-beam greedy in-process {reference!r} ({how})"

@@ -222,12 +222,8 @@ def served_entities_check(rendered: mc.ModelConfig, name: str, http_client, text
     except Exception as err:  # noqa: BLE001 - reported as a failed check
         return {"error": f"{type(err).__name__}: {err}"}
     device = reference_device(rendered)
-    reference = references.remembered(
-        "entities",
-        params.model_dir,
-        device,
-        {"texts": texts, "strategy": strategy, "dtype": params.dtype, "stride": stride},
-        lambda: pipeline_entities(params.model_dir, texts, device, strategy, params.dtype, stride),
+    reference = references.remembered_call(
+        pipeline_entities, device, model_dir=params.model_dir, texts=texts, strategy=strategy, dtype=params.dtype, stride=stride
     )
     return compare_entities(served, entity_lists(reference))
 
@@ -246,12 +242,8 @@ def prompts_check(rendered: mc.ModelConfig, name: str, http_client, texts: list[
             served = infer(http_client, httpclient, name, params.task, texts, (interface.EMBEDDING,), {interface.PROMPT_NAME: prompt})[0]
         except Exception as err:  # noqa: BLE001 - reported as a failed check
             return check("prompts equal sentence-transformers'", False, f"{prompt}: {type(err).__name__}: {err}")
-        reference = references.remembered(
-            "embeddings",
-            params.model_dir,
-            device,
-            {"texts": texts, "dtype": params.dtype, "prompt": prompt},
-            lambda prompt=prompt: sentence_embeddings(params.model_dir, texts, device, params.dtype, prompt),
+        reference = references.remembered_call(
+            sentence_embeddings, device, model_dir=params.model_dir, texts=texts, dtype=params.dtype, prompt_name=prompt
         )
         result = compare_embeddings(served, reference, COSINE_FLOOR)
         ok = ok and result["ok"]
@@ -273,12 +265,8 @@ def top_k_check(rendered: mc.ModelConfig, name: str, http_client, texts: list[st
             served = http_client.infer(name, client.build_inputs(httpclient, texts, {interface.TOP_K: top_k}))
         except Exception as err:  # noqa: BLE001 - reported as a failed check
             return check("top_k equals the pipeline", False, f"top_k {top_k}: {type(err).__name__}: {err}")
-        reference = references.remembered(
-            "candidates",
-            params.model_dir,
-            device,
-            {"texts": texts, "top_k": top_k, "dtype": params.dtype},
-            lambda top_k=top_k: pipeline_candidates(params.model_dir, texts, device, top_k, params.dtype),
+        reference = references.remembered_call(
+            pipeline_candidates, device, model_dir=params.model_dir, texts=texts, top_k=top_k, dtype=params.dtype
         )
         result = compare_entities(entity_lists(served.as_numpy(interface.CANDIDATES)), entity_lists(reference), ranked=True)
         ok = ok and result["ok"]
