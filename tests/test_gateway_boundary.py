@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -322,22 +323,33 @@ def test_streamed_clients_that_leave_free_their_places_at_once(served, gateway):
     has room at once. The long stream leaves too: the next request gets the place within a step or so (measured on
     2 busy cores: 0.02-0.35 s from the close to a 4-token answer, the same as on an idle server;
     benchmarks/probes/cancel_latency.py)."""
-    running = streamed(gateway.port, {**chat(0), **LONG})
+
+    def cancelled() -> None:
+        deadline = time.monotonic() + 30
+        while len(gateway.log_lines("left before its first piece: the generation was cancelled")) < 2:
+            assert time.monotonic() < deadline, gateway.log.read_text()[-2000:]
+            time.sleep(0.05)
+
+    leaving_clients_free_their_places(gateway.port, cancelled)
+
+
+def leaving_clients_free_their_places(port: int, cancelled: Callable[[], None]) -> None:
+    """max_sequences 1, max_queue 2: a long stream holds the only place, two streamed requests wait for it and a third
+    is refused (429). The two leave (`cancelled()` returns once their requests are cancelled): the next request waits
+    for the place rather than being refused, and gets it within 2 s of the long stream's client leaving."""
+    running = streamed(port, {**chat(0), **LONG})
     got = b""
     while b"data:" not in got:
         got += running.recv(65536)
-    waiting = [streamed(gateway.port, {**chat(0), **LONG}) for _ in range(2)]
+    waiting = [streamed(port, {**chat(0), **LONG}) for _ in range(2)]
     time.sleep(1.0)  # sent before the check: they have reached the model's queue
-    status, _, answer = call(gateway.port, "POST", "/v1/chat/completions", chat(0))
-    assert status == 429, ("the queue is full", status, answer)
+    status, _, answer = call(port, "POST", "/v1/chat/completions", chat(0))
+    assert status == 429 and answer["error"]["code"] == "busy", ("the queue is full", status, answer)
     for sock in waiting:
         sock.close()
-    deadline = time.monotonic() + 30
-    while len(gateway.log_lines("left before its first piece: the generation was cancelled")) < 2:
-        assert time.monotonic() < deadline, gateway.log.read_text()[-2000:]
-        time.sleep(0.05)
+    cancelled()
     answers: list = []
-    queued = threading.Thread(target=lambda: answers.append(call(gateway.port, "POST", "/v1/chat/completions", chat(0))))
+    queued = threading.Thread(target=lambda: answers.append(call(port, "POST", "/v1/chat/completions", chat(0))))
     queued.start()  # waits for the place: refused at once (429) if the two that left still held the queue
     time.sleep(0.5)
     assert not answers, ("queued behind the long stream, not refused", answers)
@@ -380,28 +392,8 @@ def test_the_http_upstream_answers_as_grpc_does_and_a_stream_that_leaves_frees_i
         # the same text and finish (the pieces may be cut differently: the response thread joins what waits)
         assert http_stream[0] == grpc_stream[0] and http_stream[1][-1] == grpc_stream[1][-1] in ("stop", "length")
 
-        running = streamed(upstream.port, {**chat(0), **LONG})
-        got = b""
-        while b"data:" not in got:
-            got += running.recv(65536)
-        waiting = [streamed(upstream.port, {**chat(0), **LONG}) for _ in range(2)]
-        time.sleep(1.0)  # they have reached the model's queue
-        status, _, answer = call(upstream.port, "POST", "/v1/chat/completions", chat(0))
-        assert status == 429 and answer["error"]["code"] == "busy", (status, answer)
-        for sock in waiting:
-            sock.close()
-        time.sleep(3 * KEEPALIVE_S + 0.3)  # a keep-alive each, and the next poll of the model's loop
-        answers: list = []
-        queued = threading.Thread(target=lambda: answers.append(call(upstream.port, "POST", "/v1/chat/completions", chat(0))))
-        queued.start()
-        time.sleep(0.5)
-        assert not answers, ("queued behind the long stream, not refused", answers)
-        left = time.monotonic()
-        running.close()
-        queued.join(timeout=60)
-        took = time.monotonic() - left
-        assert answers and answers[0][0] == 200 and answers[0][2]["usage"]["completion_tokens"] >= 1, answers
-        assert took < 2.0, f"the place was free {took:.2f} s after the stream left"
+        # a keep-alive each (every KEEPALIVE_S), and the next poll of the model's loop
+        leaving_clients_free_their_places(upstream.port, lambda: time.sleep(3 * KEEPALIVE_S + 0.3))
 
 
 # ------------------------------------------------------------------ 6, 7: odd input is a 4xx
