@@ -462,22 +462,29 @@ def test_a_dead_stub_is_503(served, gateway):
 
 
 def test_triton_killed_is_503_and_the_same_gateway_serves_once_it_is_back(served, gateway, tmp_path):
+    """Triton killed: the gateways answer 503 -- over gRPC and over Triton's HTTP stream (--http; a refused connection
+    is retried for RECONNECT_S first) alike, and a fresh one that knows no model yet -- and the same ones serve again
+    once Triton is back."""
     settings = served.settings()
-    os.kill(served.state()["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while client.is_live(settings.url()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    status, _, answer = call(gateway.port, "GET", "/v1/models")
-    assert status == 503 and answer["error"]["code"] == "unavailable" and "unavailable" in answer["error"]["message"], answer
-    status, _, answer = call(gateway.port, "POST", "/v1/chat/completions", chat(0))
-    assert status == 503 and answer["error"]["code"] == "unavailable", answer
-    with gateway_process(served, tmp_path / "fresh.log") as fresh:  # knows no model yet: still 503, never 404
-        status, _, answer = call(fresh.port, "POST", "/v1/chat/completions", chat(0))
-        assert status == 503 and answer["error"]["code"] == "unavailable", answer
-        assert call(fresh.port, "GET", "/health")[0] == 503
-    ensure_server(settings)  # tritonserver back on the same ports
-    status, _, answer = call(gateway.port, "POST", "/v1/chat/completions", chat(0))
-    assert status == 200 and answer["choices"][0]["message"]["content"] is not None, answer
+    with gateway_process(served, tmp_path / "http.log", "--http", settings.url()) as over_http:
+        assert call(over_http.port, "POST", "/v1/chat/completions", chat(0))[0] == 200  # its connections are up
+        os.kill(served.state()["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while client.is_live(settings.url()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        status, _, answer = call(gateway.port, "GET", "/v1/models")
+        assert status == 503 and answer["error"]["code"] == "unavailable" and "unavailable" in answer["error"]["message"], answer
+        for port in (gateway.port, over_http.port):
+            status, _, answer = call(port, "POST", "/v1/chat/completions", chat(0))
+            assert status == 503 and answer["error"]["code"] == "unavailable", (port, answer)
+        with gateway_process(served, tmp_path / "fresh.log") as fresh:  # knows no model yet: still 503, never 404
+            status, _, answer = call(fresh.port, "POST", "/v1/chat/completions", chat(0))
+            assert status == 503 and answer["error"]["code"] == "unavailable", answer
+            assert call(fresh.port, "GET", "/health")[0] == 503
+        ensure_server(settings)  # tritonserver back on the same ports
+        for port in (gateway.port, over_http.port):
+            status, _, answer = call(port, "POST", "/v1/chat/completions", chat(0))
+            assert status == 200 and answer["choices"][0]["message"]["content"] is not None, (port, answer)
     status, _, answer = call(gateway.port, "GET", "/v1/models")
     assert status == 200 and {m["id"] for m in answer["data"]} == {"embed", "generate"}
 
