@@ -175,7 +175,7 @@ def test_changing_max_batch_size_rebuilds_only_that_model(tiny_workflow):
     if references.cache_root() is None:  # HF2TRITON_CACHE=off: every in-process answer computed again
         return
     # validation again, but the unchanged classifier's in-process answer is the one the first run computed
-    assert re.search(r"in-process reference \(outputs\) of \S+/classify/pretrained: remembered", result.stderr)
+    assert re.search(r"in-process reference \(in_process_outputs\) of \S+/classify/pretrained: remembered", result.stderr)
     classify = {c["name"]: c["detail"] for c in tiny_workflow.report()["models"]["classify"]["checks"]}
     assert "in-process answer remembered from an earlier run" in classify["served equals in-process"]
     assert tiny_workflow.report()["models"]["embed"]["checks"][1]["name"] == "served config equals rendered"
