@@ -87,8 +87,9 @@ class Gateway:
     ):
         self.grpc_url, self.api_key, self.names = grpc_url, api_key or None, models
         self.target, self.channel_args = grpc_target(grpc_url)
-        # Triton's HTTP address for generation streams (None: they go over gRPC like everything else)
-        self.http_url = http_url.strip() if http_url and split_address(http_url, "--http") else None
+        if http_url:
+            split_address(http_url, "--http")  # a clear ValueError for an address that is not host:port
+        self.http_url = http_url.strip() if http_url else None  # generation streams over HTTP (None: over gRPC)
         self._http: Any = None  # the aiohttp session (this worker's event loop), made on first use
         self.max_embedding_inputs = max_embedding_inputs  # None: each model's max_texts_per_request
         self.models: dict[str, ServedModel] = {}
