@@ -239,7 +239,8 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
         if model["backend"] == "vllm" and model["instances"] != 1:
             raise UserError(
                 f"config.models[{index}].instances = {model['instances']}: backend vllm runs one engine (it batches itself)",
-                "set instances: 1 and size the running batch with vllm.max_num_seqs",
+                "set instances: 1 and size the running batch with vllm.max_num_seqs; vllm.frontends puts several "
+                "processes in front of that engine",
             )
         if model["backend"] == "vllm" and model["device"] == "cpu":
             raise UserError(

@@ -116,6 +116,7 @@ class VllmSpec:
     load_format: str = "auto"  # dummy: random weights (benchmarks)
     tensor_parallel_size: int = 1  # GPUs each layer is split over (vLLM's multiprocessing executor, NCCL)
     pipeline_parallel_size: int = 1  # stages the layers are split into, one GPU group each
+    frontends: int = 1  # Triton instances (processes) in front of the one engine (runtimes/vllm_frontends.py)
 
 
 @dataclass(frozen=True)
@@ -465,6 +466,7 @@ def serving_values(
     kind = instance_kind(model.device, gpu_available)
     derived = {
         "kind": kind,
+        "instances": model.vllm.frontends if model.vllm else model.instances,  # vllm: one engine, `frontends` instances
         "num_threads": threads_per_instance(model.instances, cpus),
         "execution_env": os.path.abspath(vllm_env) if model.backend == "vllm" else "",
         "gpus": gpu_placement(model.gpus, model.gpu_span, kind, gpu_count, () if model.backend == "vllm" else reserved),

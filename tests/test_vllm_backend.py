@@ -72,6 +72,7 @@ def test_vllm_defaults_and_spec():
         "load_format": "auto",
         "tensor_parallel_size": 1,
         "pipeline_parallel_size": 1,
+        "frontends": 1,
     }
     assert model["generation"]["streaming"] is True, "a vllm model always streams"
     project = project_spec(cfg)
@@ -136,7 +137,7 @@ def test_bad_vllm_values_are_one_clear_line(changes, message, fix):
             "backend: vllm",
         ),
         ({"generation": {"streaming": False}}, "generation.streaming = false: backend vllm always streams", "remove generation.streaming"),
-        ({"instances": 2}, "config.models[0].instances = 2: backend vllm runs one engine", "vllm.max_num_seqs"),
+        ({"instances": 2}, "config.models[0].instances = 2: backend vllm runs one engine", "vllm.frontends"),
         ({"device": "cpu"}, "config.models[0].device = 'cpu': backend vllm runs on a CUDA GPU", "backend: python"),
         ({"onnx": {"opset": 17}}, "config.models[0].onnx: only for backend onnx or tensorrt (backend is vllm)", "remove the onnx block"),
     ],
@@ -223,6 +224,19 @@ def test_render_vllm_model(tmp_path):
     rendered = {p.relative_to(out / "1").as_posix() for p in (out / "1").rglob("*.py")}
     assert {"model.py", "runtimes/vllm.py", "tasks/generation.py"} <= rendered, rendered
     assert not rendered & {"runtimes/pytorch.py", "runtimes/onnxruntime.py", "batching/continuous.py"}, "vLLM's runtime only"
+
+
+def test_vllm_frontends_render_that_many_instances_of_the_one_engine(tmp_path):
+    from hf2triton.triton.modelconfig import model_parameters
+
+    config, *_ = render_vllm(tmp_path, VllmSpec(frontends=4))
+    assert config.instance_group[0].count == 4 and list(config.instance_group[0].gpus) == [0], "four stubs on the engine's GPU"
+    params = model_parameters(config)
+    assert params.frontends == 4 and params.gpu_memory_utilization == VllmSpec().gpu_memory_utilization, "one engine's share"
+    cfg = validate_config(config_with(vllm={"frontends": 4}))
+    assert project_spec(cfg).model("llm").vllm.frontends == 4 and project_spec(cfg).model("llm").instances == 1
+    error = refused(config_with(vllm={"frontends": 17}))
+    assert "vllm.frontends = 17: not allowed" in error.message and "16" in error.fix, error.render()
 
 
 def test_render_resolves_max_model_len(tmp_path):
@@ -658,6 +672,128 @@ def test_queue_bound_refuses_with_busy():
     finally:
         gen.stop()
     assert all(c.done.is_set() and c.finish.reason == "cancelled" for c in clients), "unloading ends open requests"
+
+
+# ---------------------------------------------------------------- vllm.frontends: several instances, one engine
+
+
+def frontend_args(index: int, repository="/repo", config='{"name": "llm"}') -> dict:
+    return {"model_instance_name": f"llm_0_{index}", "model_repository": repository, "model_name": "llm", "model_config": config}
+
+
+def test_a_model_s_frontends_meet_in_one_directory_of_their_server_and_config():
+    from hf2triton.serving.runtimes.vllm_frontends import FrontendError, frontend_of
+
+    assert frontend_of(frontend_args(0), 1) is None, "one frontend: the instance's own engine, as before"
+    owner, other = frontend_of(frontend_args(0), 2, server_pid=7), frontend_of(frontend_args(1), 2, server_pid=7)
+    assert (owner.index, owner.owner, other.index, other.owner, other.count) == (0, True, 1, False, 2)
+    assert owner.directory == other.directory and len(owner.directory) < 60, "IPC paths stay short"
+    assert frontend_of(frontend_args(1), 2, server_pid=8).directory != owner.directory, "another tritonserver: apart"
+    assert frontend_of(frontend_args(1, config="{}"), 2, server_pid=7).directory != owner.directory, "a reload's new config"
+    assert frontend_of(frontend_args(1, repository="/other"), 2, server_pid=7).directory != owner.directory
+    with pytest.raises(FrontendError, match="index 2 beyond vllm.frontends = 2"):
+        frontend_of(frontend_args(2), 2)
+    with pytest.raises(FrontendError, match="does not end in _<index>"):
+        frontend_of({"model_instance_name": "llm"}, 2)
+
+
+def test_frontends_wait_for_the_owner_s_ready_engine_share_their_load_and_fail_with_it(tmp_path):
+    """The rendezvous: a frontend waits until the owner publishes a ready engine (addresses, pids), sees the other
+    frontends' open requests, and fails at once, named, when the owner's engine failed or the owner is gone."""
+    import threading
+
+    from hf2triton.serving.runtimes.vllm_frontends import Frontend, FrontendError, Rendezvous, addresses
+
+    owner, other = Rendezvous(Frontend(0, 2, str(tmp_path / "h2t"))), Rendezvous(Frontend(1, 2, str(tmp_path / "h2t")))
+    owner.create()
+    inputs, outputs = addresses(owner.frontend, "s1")
+    assert inputs[1].startswith("ipc://") and inputs[1].endswith("s1-in1") and outputs[0].endswith("s1-out0")
+    owner.publish(session="s1", owner_pid=os.getpid(), inputs=inputs, outputs=outputs, state="starting")
+    threading.Timer(0.3, owner.publish, kwargs={"state": "ready", "engine_pid": os.getpid()}).start()
+    state = other.wait_ready(timeout_s=10)
+    assert (state["state"], state["inputs"], state["engine_pid"]) == ("ready", inputs, os.getpid())
+    owner.open_load()
+    other.open_load()
+    owner.set_load(5)
+    other.set_load(2)
+    assert (owner.others_load(), other.others_load()) == (2, 5)
+    owner.publish(state="failed", error="OutOfMemoryError: CUDA out of memory")
+    with pytest.raises(FrontendError, match="the owner instance's engine failed: OutOfMemoryError"):
+        other.wait_ready(timeout_s=5)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    owner.publish(state="ready", owner_pid=dead.pid)
+    with pytest.raises(FrontendError, match="no ready engine in .* after 1 s"):
+        other.wait_ready(timeout_s=1)
+    other.close(remove=False)
+    owner.close(remove=True)
+    assert not (tmp_path / "h2t").exists(), "the owner removes the rendezvous when it unloads"
+
+
+def test_a_frontend_notices_when_the_engine_or_the_owner_exits():
+    import threading
+
+    from hf2triton.serving.runtimes.vllm_frontends import ProcessWatch
+
+    seen, done = [], threading.Event()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    watch = ProcessWatch([os.getpid(), child.pid], lambda pid: (seen.append(pid), done.set()))
+    try:
+        assert not done.wait(0.7), "nothing exited yet"
+        child.kill()
+        child.wait()
+        assert done.wait(5) and seen == [child.pid]
+    finally:
+        watch.stop()
+
+
+class SharedFake:
+    """SharedEngine's surface over a FakeEngine, the load slots real (the rendezvous directory in tmp)."""
+
+    def __init__(self, engine, frontend):
+        from hf2triton.serving.runtimes.vllm_frontends import Rendezvous
+
+        self.llm, self.rendezvous = engine, Rendezvous(frontend)
+        if frontend.owner:
+            self.rendezvous.create()
+        self.rendezvous.open_load()
+        self.set_load, self.others_load = self.rendezvous.set_load, self.rendezvous.others_load
+
+    def shutdown(self):
+        self.llm.shutdown()
+        self.rendezvous.close(remove=self.rendezvous.frontend.owner)
+
+
+class SharedApi(FakeApi):
+    def shared_engine(self, arguments, frontend, log):
+        self.arguments, self.frontend = arguments, frontend
+        return SharedFake(self.fake, frontend)
+
+
+def test_frontends_admit_by_the_model_s_open_requests_and_keep_their_request_ids_apart(tmp_path):
+    """max_num_seqs running + max_queue waiting bound the model, not each frontend: the second frontend refuses
+    what the first one's requests already fill."""
+    from hf2triton.serving.batching.sequences import Busy
+    from hf2triton.serving.runtimes.vllm import VllmGenerator
+    from hf2triton.serving.runtimes.vllm_frontends import Frontend
+
+    params = engine_params(max_num_seqs=2, max_queue=1, frontends=2)
+    place = str(tmp_path / "h2t")
+    apis = [SharedApi(FakeEngine(wait_s=30)) for _ in range(2)]
+    gens = [VllmGenerator(params, "cpu", log=lambda _: None, api=api, frontend=Frontend(i, 2, place)) for i, api in enumerate(apis)]
+    try:
+        clients = [Client() for _ in range(3)]
+        for client in clients:
+            submit(gens[0], client)
+        assert gens[0].load() == (2, 1) and gens[1].load() == (0, 0)
+        with pytest.raises(Busy, match=r"busy: 1 requests already wait"):
+            submit(gens[1], Client())
+        assert list(gens[0].streams)[0].startswith("hf2triton-0-") and gens[1].id_prefix == "hf2triton-1-"
+    finally:
+        for gen in reversed(gens):
+            gen.stop()
+    assert all(c.done.is_set() and c.finish.reason == "cancelled" for c in clients)
+    assert not (tmp_path / "h2t").exists()
 
 
 def test_a_gone_client_is_aborted_running_or_waiting():

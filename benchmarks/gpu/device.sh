@@ -53,6 +53,9 @@
 #                                                             rounds (issue 46: Triton SSE, the gateway and vllm serve up
 #                                                             together, ROUNDS interleaved rounds, ratios per round);
 #                                                             sse-profile (Triton SSE alone, CPU per process, py-spy);
+#                                                             FRONTENDS=N (rounds, sse-profile, triton): backend vllm
+#                                                             with vllm.frontends N; ANCHOR_ARGS: more of vllm serve's
+#                                                             (rounds: e.g. "--api-server-count 4")
 #                                                             gateways (after triton: a gateway of each GATEWAY_WORKERS
 #                                                             count in front of the same Triton, issue 46 #2);
 #                                                             issue 44 (after setup-vllm): structured-vllm | structured-torch
@@ -615,6 +618,10 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
   export PATH="$VENV/bin:$PATH"
   mkdir -p "$COMPARE"
   overlays=(benchmarks/h200/gpu-overlay.yaml benchmarks/h200/vllm-overlay.yaml)
+  if [ -n "${FRONTENDS:-}" ]; then  # issue 46: N Triton instances (processes) in front of the one vLLM engine
+    echo "overrides: {smollm2: {vllm: {frontends: $FRONTENDS}}}" > /tmp/hf2triton-frontends.yaml
+    overlays+=(/tmp/hf2triton-frontends.yaml)
+  fi
   triton=http://127.0.0.1:8000
   gateway=http://127.0.0.1:9000
   rc=0
@@ -630,9 +637,11 @@ vllm-compare)  # issue 25's side by side (benchmarks/gpu/generation_bench.py, 12
       # GPU each), Triton SSE, the gateway and vllm serve loaded in turn for ROUNDS rounds (order reversed every other),
       # the markdown's medians and per-round ratios to vllm serve
       saved=.hf2triton/models/smollm2/pretrained
-      [ ! -f "$saved/config.json" ] || start_anchor "$part" "$saved" float16  # starts beside serve when a part before saved it
+      # shellcheck disable=SC2086  # ANCHOR_ARGS: words
+      [ ! -f "$saved/config.json" ] || start_anchor "$part" "$saved" float16 ${ANCHOR_ARGS:-}  # beside serve when a part before saved it
+      # shellcheck disable=SC2086
       { serve_with "$part" "${overlays[@]}" benchmarks/h200/vllm-dummy.yaml &&
-        { [ -f /tmp/vllm-anchor.pid ] || start_anchor "$part" "$saved" float16; } &&
+        { [ -f /tmp/vllm-anchor.pid ] || start_anchor "$part" "$saved" float16 ${ANCHOR_ARGS:-}; } &&
         wait_anchor "$part" && {
         extra=()  # GATEWAY_WORKERS: more gateways (other worker counts) in front of the same Triton, loaded in turn too
         # GRPC_CELL=1: Triton's gRPC stream read straight (as the gateway reads it): Triton's gRPC front end alone

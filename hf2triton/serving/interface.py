@@ -384,6 +384,7 @@ class ModelParameters:
     tensor_parallel_size: int = 1  # GPUs each layer is split over
     pipeline_parallel_size: int = 1  # stages of layers, each on tensor_parallel_size GPUs
     vllm_gpus: str = ""  # the GPUs the engine spans ("2,3"; its CUDA_VISIBLE_DEVICES); "": the instance's GPU
+    frontends: int = 1  # the model's instances, each a client of the one engine (runtimes/vllm_frontends.py)
     stride: int = NO_STRIDE  # token-classification: the default window overlap of long texts (NO_STRIDE: truncate)
     # feature-extraction: facts for clients (the gateway), from the model's files at render time (serving/pooling.py;
     # the engine reads the same files itself): its prompt names (a JSON list), whether it normalises, and the widths
@@ -463,6 +464,7 @@ VLLM_KEYS = [
     "tensor_parallel_size",
     "pipeline_parallel_size",
     "vllm_gpus",
+    "frontends",
 ]
 
 

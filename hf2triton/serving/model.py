@@ -145,7 +145,8 @@ class TritonPythonModel:
             # reached 18.7 GB and an H100 ran out at 32 audios; expandable segments did not (read at CUDA's first use)
             os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         vllm = self.params.backend == "vllm"
-        self.engine = tasks.engine_from_parameters(self.params, device, serving=True, log=self._log)  # the one choice of engine
+        # the one choice of engine (`instance`: which of a vllm model's frontends this instance is)
+        self.engine = tasks.engine_from_parameters(self.params, device, serving=True, log=self._log, instance=args)
         self.task = self.params.task
         self.max_bytes = self.params.max_input_bytes
         self.defaults = {interface.MAX_NEW_TOKENS: self.params.max_new_tokens, interface.TEMPERATURE: self.params.temperature}

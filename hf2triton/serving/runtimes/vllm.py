@@ -9,7 +9,8 @@ new piece of text to a response thread, which sends it through the request's `em
 responses); pieces that arrive while a send is in flight go out together as one response, so a slow sender costs
 fewer sends rather than a growing backlog. The response thread also asks Triton whether each client is still
 there (after each send, and every POLL_S for requests still waiting for a place): a gone client's request is
-aborted in the engine and ends with finish reason "cancelled".
+aborted in the engine and ends with finish reason "cancelled". With `vllm.frontends` > 1 the model's Triton instances
+share one engine, each its own client of it (vllm_frontends.py): Triton spreads the requests over their processes.
 
 Standard library only at import: vllm is imported when the engine starts, inside the vLLM environment
 (hf2triton.envs), so a CPU host never imports it. Copied next to model.py into a backend vllm model only.
@@ -32,6 +33,7 @@ from typing import Any
 
 from ..batching.responder import response_threads
 from ..batching.sequences import Busy, Finish, TokenLogprob, add_pending, after_send, ask_if_gone, take_pending
+from .vllm_frontends import Frontend, SharedEngine
 
 POLL_S = 0.1  # how often the clients of requests that get no output (waiting for a place) are asked if they are gone
 STOP_GRACE_S = 5.0  # finalize(): time for cancelled requests to send their final response
@@ -188,6 +190,10 @@ class VllmApi:
         engine_args, _, _, _, usage, async_llm = self._names
         return async_llm.from_engine_args(engine_args(**arguments), usage_context=usage.OPENAI_API_SERVER)
 
+    def shared_engine(self, arguments: dict[str, Any], frontend: Frontend, log: Callable[[str], None]) -> SharedEngine:
+        """vllm.frontends > 1: this instance's client of the engine the model's frontends share (its `llm`)."""
+        return SharedEngine(self._names, arguments, frontend, log)
+
     def request(self, prompt_ids: list[int], sampling: Any) -> tuple[Any, Any]:
         _, sampling_params, tokens_prompt, kind, _, _ = self._names
         arguments = sampling_arguments(sampling)
@@ -215,9 +221,17 @@ class _Stream:
 
 class VllmGenerator:
     """vLLM's AsyncLLM on its own loop thread behind model.py's batcher interface: `submit(Sequence)` (raises
-    Busy beyond max_num_seqs running + max_queue waiting) and `stop()`."""
+    Busy beyond max_num_seqs running + max_queue waiting, the model's other frontends' requests counted) and `stop()`.
+    `frontend`: this instance's place among several in front of one engine (vllm_frontends.py); None: its own engine."""
 
-    def __init__(self, params: Any, device: str = "cuda:0", log: Callable[[str], None] = print, api: Callable[[], Any] | None = None):
+    def __init__(
+        self,
+        params: Any,
+        device: str = "cuda:0",
+        log: Callable[[str], None] = print,
+        api: Callable[[], Any] | None = None,
+        frontend: Frontend | None = None,
+    ):
         for key, value in environment_defaults().items():
             os.environ.setdefault(key, value)
         visible = visible_devices(params, device)
@@ -228,6 +242,9 @@ class VllmGenerator:
         self.lock = threading.Lock()
         self.streams: dict[str, _Stream] = {}
         self.ids = itertools.count()
+        self.frontend = frontend
+        self.id_prefix = f"hf2triton-{frontend.index}-" if frontend else "hf2triton-"  # ids stay apart in the shared engine
+        self.shared: SharedEngine | None = None
         self.stopping = False
         self.responses: queue.Queue[_Stream | None] = queue.Queue()
         self.started = threading.Event()
@@ -263,7 +280,11 @@ class VllmGenerator:
         api = self.api()
         self.loop = asyncio.get_running_loop()
         self.stop_event = asyncio.Event()
-        self.engine = api.engine(engine_arguments(self.params))
+        if self.frontend is None:
+            self.engine = api.engine(engine_arguments(self.params))
+        else:
+            self.shared = api.shared_engine(engine_arguments(self.params), self.frontend, self.log)
+            self.engine = self.shared.llm
         self.vllm = api
         try:
             self.started.set()
@@ -280,7 +301,7 @@ class VllmGenerator:
             if tasks:
                 await asyncio.wait(tasks, timeout=STOP_GRACE_S)
         finally:
-            self.engine.shutdown()
+            (self.shared or self.engine).shutdown()
 
     async def _generate(self, stream: _Stream) -> None:
         sequence = stream.sequence
@@ -353,12 +374,18 @@ class VllmGenerator:
         with self.lock:
             if self.stopping:
                 raise Busy("busy: the model is being unloaded; retry later")
-            waiting = len(self.streams) - self.max_running
+            waiting = len(self.streams) + (self.shared.others_load() if self.shared else 0) - self.max_running
             if waiting >= self.max_queue:
                 raise Busy(f"busy: {waiting} requests already wait (generation.max_queue = {self.max_queue}); retry later")
-            stream = _Stream(sequence, f"hf2triton-{next(self.ids)}")
+            stream = _Stream(sequence, f"{self.id_prefix}{next(self.ids)}")
             self.streams[stream.request_id] = stream
+            self._count_changed()
         asyncio.run_coroutine_threadsafe(self._generate(stream), self.loop)
+
+    def _count_changed(self) -> None:
+        """The model's other frontends see this one's open requests (their admission counts them). Under the lock."""
+        if self.shared is not None:
+            self.shared.set_load(len(self.streams))
 
     def load(self) -> tuple[int, int]:
         """(running, waiting) as the torch batcher reports them."""
@@ -384,6 +411,7 @@ class VllmGenerator:
                 text, finish = take_pending(stream)
                 if finish is not None:
                     self.streams.pop(stream.request_id, None)
+                    self._count_changed()
             try:
                 stream.sequence.emit(text, finish)
             except Exception as err:  # noqa: BLE001 - a failed send ends that request, not the thread

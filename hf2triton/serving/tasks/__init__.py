@@ -39,14 +39,17 @@ def engine_class(task: str) -> type:
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
-def engine_from_parameters(params: interface.ModelParameters, device: str = "cpu", *, serving: bool = False, log=print) -> Any:
+def engine_from_parameters(
+    params: interface.ModelParameters, device: str = "cpu", *, serving: bool = False, log=print, instance: dict[str, str] | None = None
+) -> Any:
     """Build the engine a config.pbtxt `parameters` block describes; the one place an engine is chosen.
 
     backend vllm: inside its Triton model (`serving`) vLLM's engine (VllmEngine: it runs only in the vLLM
-    environment); elsewhere the same saved model on torch, what stands for it outside its Triton model
-    (validation's reference, bench's yardstick)."""
+    environment; `instance`, Triton's initialize() args, says which of the model's frontends this is); elsewhere the
+    same saved model on torch, what stands for it outside its Triton model (validation's reference, bench's
+    yardstick)."""
     if serving and params.backend == "vllm":
-        return importlib.import_module(f"{__name__}.generation").VllmEngine(params, device, log)
+        return importlib.import_module(f"{__name__}.generation").VllmEngine(params, device, log, instance or {})
     return engine_class(params.task)(
         params.model_dir,
         device=device,

@@ -100,13 +100,14 @@ class VllmEngine:
     prompt, chat_prompt = GenerationEngine.prompt, GenerationEngine.chat_prompt
     token_ids, check_length = GenerationEngine.token_ids, GenerationEngine.check_length
 
-    def __init__(self, params: interface.ModelParameters, device: str, log=print):
+    def __init__(self, params: interface.ModelParameters, device: str, log=print, instance: dict[str, str] | None = None):
         from transformers import AutoTokenizer
 
         from ..runtimes.vllm import VllmGenerator  # copied only into a backend vllm model
+        from ..runtimes.vllm_frontends import frontend_of
 
         self.tokenizer = AutoTokenizer.from_pretrained(params.model_dir)
         self.options = {"chat_template": params.chat_template}
         self.max_length = params.max_model_len
         self.device = device
-        self.batcher = VllmGenerator(params, device, log)
+        self.batcher = VllmGenerator(params, device, log, frontend=frontend_of(instance or {}, params.frontends))
