@@ -237,3 +237,44 @@ def test_per_request_cap_is_a_clear_error(streaming):
     http, _ = urls(streaming)
     status, answer = client.http_generate(http, "generate", {"text": PROMPTS[1], "max_new_tokens": 3100, "stream": False})
     assert status == 400 and "max_new_tokens=3100 exceeds generation.max_new_tokens_limit=3000" in answer["error"]
+
+
+def test_frontends_share_one_engine_and_every_stream_fails_fast_when_it_dies(streaming):
+    """backend vllm with vllm.frontends > 1 (HF2TRITON_TEST_VLLM_EXTRA='{"frontends": 2}' on the GPU host; the other
+    tests above then run across the frontends too): one EngineCore serves them; killed, the streams of every frontend
+    end with an error within seconds (none hangs) and a new request fails at once. Last: it leaves the fixture's
+    engine dead."""
+    import glob
+    import os
+    import signal
+    from pathlib import Path
+
+    from tests.helpers import TEST_BACKEND, TEST_VLLM_EXTRA
+
+    if TEST_BACKEND != "vllm" or TEST_VLLM_EXTRA.get("frontends", 1) < 2:
+        pytest.skip("needs backend vllm with vllm.frontends >= 2 (a GPU host: HF2TRITON_TEST_VLLM_EXTRA)")
+    _, grpc = urls(streaming)
+    states = [json.loads(Path(path).read_text()) for path in glob.glob("/dev/shm/h2t-*/rendezvous.json")]
+    ours = [s for s in states if s.get("state") == "ready" and Path(f"/proc/{s['engine_pid']}").exists()]
+    assert len(ours) == 1, states
+    outcomes: list[str] = []
+
+    def outcome(prompt: str, options: dict) -> str:
+        try:
+            return client.stream_generate(grpc, "generate", prompt, options, timeout_s=60)["finish_reason"]
+        except Exception as err:  # noqa: BLE001 - the engine's death is the expected outcome
+            return f"error: {err}"
+
+    threads = [threading.Thread(target=lambda: outcomes.append(outcome(PROMPTS[2], LONG))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3.0)  # the four streams run (two places, two waiting: both frontends hold some)
+    os.kill(ours[0]["engine_pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert time.monotonic() - killed < 15 and len(outcomes) == 4, outcomes
+    assert all(o.startswith("error") for o in outcomes), outcomes
+    started = time.monotonic()
+    after = [outcome(PROMPTS[1], {"max_new_tokens": 4}) for _ in range(3)]  # whichever frontend takes them
+    assert all(o.startswith("error") for o in after) and time.monotonic() - started < 15, after
