@@ -76,6 +76,9 @@ def main() -> None:
             counts[name] += 1
     lines = [f"{cpu:9.1f} s {counts[name]:5d} processes  {name}" for name, cpu in sorted(totals.items(), key=lambda kv: -kv[1])]
     lines.append(f"{sum(totals.values()):9.1f} s CPU in all, {time.monotonic() - started:.0f} s wall, exit {process.returncode}")
+    # the busiest single processes: how evenly several stubs of one model (vllm.frontends) share the work
+    each = sorted(((cpu - before.get(key, 0.0), key[0], name) for key, (name, cpu) in seen.items()), reverse=True)
+    lines += ["busiest processes:"] + [f"{cpu:9.1f} s  pid {pid:>7}  {name}" for cpu, pid, name in each[:12] if cpu >= 0.5]
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:25]))
 
