@@ -121,7 +121,6 @@ class Rendezvous:
         self.frontend = frontend
         self.path = os.path.join(frontend.directory, RENDEZVOUS)
         self.slots: memoryview | None = None
-        self._map: mmap.mmap | None = None
 
     def create(self) -> None:
         """The owner: a fresh directory (a stale one of an earlier load of this model in this server is emptied)."""
@@ -175,10 +174,10 @@ class Rendezvous:
         try:
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size)
+            mapped = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        self.slots = memoryview(self._map).cast("q")
+        self.slots = memoryview(mapped).cast("q")
 
     def set_load(self, count: int) -> None:
         if self.slots is not None:
@@ -191,10 +190,8 @@ class Rendezvous:
         return sum(self.slots) - self.slots[self.frontend.index]
 
     def close(self, remove: bool) -> None:
-        if self.slots is not None:
-            self.slots.release()
-            self._map.close()
-            self.slots = self._map = None
+        """The owner removes the directory; the load slots stay mapped (response threads still count the last
+        final responses out after the engine's shutdown; the mapping goes with the process)."""
         if remove:
             with contextlib.suppress(FileNotFoundError):
                 self.publish(state="closed")
