@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
 import venv
 from pathlib import Path
 
@@ -768,6 +769,101 @@ class SharedApi(FakeApi):
     def shared_engine(self, arguments, frontend, log):
         self.arguments, self.frontend = arguments, frontend
         return SharedFake(self.fake, frontend)
+
+
+class FakeVllm:
+    """The vLLM names SharedEngine uses, recorded: AsyncEngineArgs (its create_engine_config), launch_core_engines (the
+    engine a real child process: `sleep`), AsyncLLM.from_vllm_config (a client with MPClient's resources)."""
+
+    def __init__(self, monkeypatch):
+        import contextlib
+        import types
+
+        self.configs, self.clients, self.launched = [], [], []
+        fake = self
+
+        class EngineArgs:
+            def __init__(self, **arguments):
+                self.arguments = arguments
+
+            def create_engine_config(self, usage_context):
+                fake.configs.append((self._api_process_count, self._api_process_rank, usage_context))
+                return ("config", self._api_process_rank)
+
+        class Client:
+            def __init__(self, config, **options):
+                self.config, self.options, self.shut = config, options, 0
+                core = types.SimpleNamespace(resources=types.SimpleNamespace(engine_manager=None, engine_dead=False), monitored=False)
+                core.start_engine_core_monitor = lambda: setattr(core, "monitored", True)
+                core.shutdown = lambda: setattr(self, "shut", self.shut + 1)
+                self.engine_core = core
+
+            @classmethod
+            def from_vllm_config(cls, config, **options):
+                fake.clients.append(cls(config, **options))
+                return fake.clients[-1]
+
+            def shutdown(self):
+                self.shut += 1
+
+        @contextlib.contextmanager
+        def launch_core_engines(config, executor, log_stats, addresses, count):
+            engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            fake.launched.append((config, addresses, count, engine))
+            yield types.SimpleNamespace(processes=[engine]), None, addresses, None
+
+        utils = types.ModuleType("vllm.v1.engine.utils")
+        utils.EngineZmqAddresses = lambda inputs, outputs: types.SimpleNamespace(inputs=inputs, outputs=outputs)
+        utils.launch_core_engines = launch_core_engines
+        executor = types.ModuleType("vllm.v1.executor")
+        executor.Executor = types.SimpleNamespace(get_class=lambda config: "executor")
+        for name, module in {"vllm": types.ModuleType("vllm"), "vllm.v1": None, "vllm.v1.engine": None}.items():
+            monkeypatch.setitem(sys.modules, name, module or types.ModuleType(name))
+        monkeypatch.setitem(sys.modules, "vllm.v1.engine.utils", utils)
+        monkeypatch.setitem(sys.modules, "vllm.v1.executor", executor)
+        usage = types.SimpleNamespace(OPENAI_API_SERVER="openai")
+        self.names = (EngineArgs, None, None, None, usage, Client)
+
+
+def test_the_owner_launches_one_engine_the_others_join_it_and_fail_when_it_exits(tmp_path, monkeypatch):
+    """SharedEngine over vLLM's names (faked, the engine a real process): the owner builds the engine's config (rank
+    -1) and launches it with every frontend's addresses, then its own client (index 0) watching the engine; the other
+    frontend joins the ready session with its own addresses and index; when the engine process exits it marks its
+    client dead and shuts it (vLLM then fails its streams); the owner's shutdown removes the rendezvous."""
+    import threading
+
+    from hf2triton.serving.runtimes.vllm_frontends import Frontend, SharedEngine
+
+    fake, place, logs = FakeVllm(monkeypatch), str(tmp_path / "h2t"), []
+    joined = {}
+    other = threading.Thread(
+        target=lambda: joined.update(engine=SharedEngine(fake.names, {"model": "/m"}, Frontend(1, 2, place), logs.append))
+    )
+    other.start()  # Triton starts the instances together: the other one waits for the owner's ready engine
+    owner = SharedEngine(fake.names, {"model": "/m"}, Frontend(0, 2, place), logs.append)
+    other.join(timeout=10)
+    try:
+        ((config, addresses, count, engine),) = fake.launched
+        assert config == ("config", -1) and count == 2 and len(addresses.inputs) == len(addresses.outputs) == 2
+        assert sorted(fake.configs) == [(2, -1, "openai"), (2, 0, "openai"), (2, 1, "openai")], "vllm serve's ranks"
+        mine, theirs = owner.llm, joined["engine"].llm
+        assert mine.options["client_index"] == 0 and theirs.options["client_index"] == 1
+        assert mine.options["client_addresses"]["input_address"] == addresses.inputs[0]
+        assert theirs.options["client_addresses"]["output_address"] == addresses.outputs[1]
+        assert mine.engine_core.resources.engine_manager.processes == [engine] and mine.engine_core.monitored
+        assert theirs.engine_core.resources.engine_manager is None
+        assert any(f"joined engine pid {engine.pid}" in line for line in logs)
+        engine.kill()
+        engine.wait()
+        deadline = time.monotonic() + 5
+        while not theirs.shut and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert theirs.engine_core.resources.engine_dead and theirs.shut == 1, "its client is shut: vLLM fails its streams"
+        assert any("the engine" in line and "exited" in line for line in logs), logs
+    finally:
+        joined["engine"].shutdown()
+        owner.shutdown()
+    assert not os.path.exists(place) and mine.shut == 1
 
 
 def test_frontends_admit_by_the_model_s_open_requests_and_keep_their_request_ids_apart(tmp_path):
