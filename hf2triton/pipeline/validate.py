@@ -85,14 +85,30 @@ def _as_dict(config: mc.ModelConfig) -> dict[str, Any]:
     return json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
+# Triton's refusals under the model's queue policy (config `queue`: max_size, timeout_s): on a busy host a short
+# timeout_s refuses a validation request that waited behind a slow scheduler wake-up (CI, 2 loaded cores: 50 ms). That
+# is the policy the user asked for, not a wrong answer: validation asks again, a few times, before it fails.
+QUEUE_REFUSALS = ("Request timeout expired", "Exceeds maximum queue size")
+QUEUE_ATTEMPTS = 5
+
+
 def infer(
     triton, client_module, name: str, task: str, texts: list[str], outputs: tuple[str, ...], options: dict[str, Any] | None = None
 ) -> tuple[dict[str, np.ndarray], float]:
+    """One request's outputs and its time; asked again when the model's queue policy refused it (QUEUE_REFUSALS)."""
     if options is None:
         ranking = {interface.QUERY: RANKING_QUERY} if task == interface.TEXT_RANKING else validation_options(task)
         options = VALIDATION_OPTIONS if task in GENERATIVE_TASKS else ranking
-    started = time.perf_counter()
-    result = triton.infer(name, client.build_inputs(client_module, texts, options, primary=interface.primary_input(task)))
+    inputs = client.build_inputs(client_module, texts, options, primary=interface.primary_input(task))
+    for attempt in range(1, QUEUE_ATTEMPTS + 1):
+        started = time.perf_counter()
+        try:
+            result = triton.infer(name, inputs)
+            break
+        except Exception as err:
+            if attempt == QUEUE_ATTEMPTS or not any(words in str(err) for words in QUEUE_REFUSALS):
+                raise
+            time.sleep(0.2 * attempt)
     elapsed_ms = (time.perf_counter() - started) * 1000
     found = {o: result.as_numpy(o) for o in outputs}  # a zero-shot image model answers labels, not its embedding outputs
     return {o: value for o, value in found.items() if value is not None}, elapsed_ms
