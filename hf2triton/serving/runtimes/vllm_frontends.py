@@ -9,7 +9,7 @@ each output to its request's `client_index`); every instance then builds its own
 (`client_addresses`, `client_count`, `client_index`: what vllm serve's API server processes do). The instances meet
 in a rendezvous directory (/dev/shm, keyed by the repository, the model and the tritonserver process):
 `rendezvous.json` names the session's addresses, the owner's and the engine's pids and the state (starting | ready |
-failed | closed), and `load` holds each frontend's open requests (one int64 slot each) so the model's admission
+failed | stopping), and `load` holds each frontend's open requests (one int64 slot each) so the model's admission
 (max_num_seqs running + max_queue waiting) counts all of them.
 
 Lifecycle: the owner's client monitors the engine process as a single-process AsyncLLM does, and its shutdown stops
@@ -162,7 +162,7 @@ class Rendezvous:
             if state and alive(state["owner_pid"]):
                 if state["state"] == "ready":
                     return state
-                if state["state"] in ("failed", "closed"):
+                if state["state"] != "starting":  # failed, or the model is being unloaded
                     raise FrontendError(f"the owner instance's engine {state['state']}: {state.get('error', 'see the server log')}")
             time.sleep(WAIT_POLL_S)
         raise FrontendError(f"no ready engine in {self.frontend.directory} after {timeout_s:.0f} s (the owner instance's log says why)")
@@ -193,8 +193,6 @@ class Rendezvous:
         """The owner removes the directory; the load slots stay mapped (response threads still count the last
         final responses out after the engine's shutdown; the mapping goes with the process)."""
         if remove:
-            with contextlib.suppress(FileNotFoundError):
-                self.publish(state="closed")
             for name in os.listdir(self.frontend.directory) if os.path.isdir(self.frontend.directory) else ():
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.frontend.directory, name))
@@ -276,6 +274,7 @@ class SharedEngine:
             self.llm.engine_core.start_engine_core_monitor()
         else:
             self.watch = ProcessWatch([state["engine_pid"], state["owner_pid"]], self._gone)
+        self.engine_pid = state["engine_pid"]
         log(f"hf2triton: vLLM frontend {frontend.index + 1} of {frontend.count} joined engine pid {state['engine_pid']}")
 
     def _launch(self, engine_args: type, arguments: dict[str, Any], usage: Any) -> tuple[dict[str, Any], Any]:
@@ -302,14 +301,12 @@ class SharedEngine:
     def _gone(self, pid: int) -> None:
         """A non-owner: the engine or the owner's stub exited. The engine is stopped (an owner gone leaves it
         orphaned) and this client is shut as vLLM's own monitor does: every open stream fails (EngineDeadError)."""
-        state = self.rendezvous.read() or {}
-        what = "the engine" if pid == state.get("engine_pid") else "the owner instance"
-        if state.get("state") not in ("stopping", "closed"):  # else: the model is being unloaded
+        if (self.rendezvous.read() or {}).get("state") == "ready":  # else the owner is unloading the model (stopping, removed)
+            what = "the engine" if pid == self.engine_pid else "the owner instance"
             self.log(f"hf2triton: vLLM frontend {self.frontend.index}: {what} (pid {pid}) exited; its streams fail, reload the model")
-        engine_pid = state.get("engine_pid")
-        if engine_pid and pid != engine_pid and alive(engine_pid):
+        if pid != self.engine_pid and alive(self.engine_pid):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(engine_pid, 15)
+                os.kill(self.engine_pid, 15)
         core = self.llm.engine_core
         core.resources.engine_dead = True
         core.shutdown()
