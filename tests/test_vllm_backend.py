@@ -1031,6 +1031,19 @@ def test_generation_bench_measures_the_engine_alone(tiny_models, tmp_path, monke
     assert prompts[0] == AutoTokenizer.from_pretrained(model).apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
 
 
+def test_generation_bench_counts_the_tokens_streamed_inside_the_window(monkeypatch):
+    """tokens/s counts what arrived inside the window, part of a request straddling an edge included, so it does not
+    jump by whole waves of requests; the finished requests' count stays beside it."""
+    bench = load_gpu_script("generation_bench", monkeypatch)
+    whole = bench.Record(0.5, end=1.5, first=0.6, last=1.4, pieces=[0.6 + 0.1 * i for i in range(9)], tokens=9)
+    straddling = bench.Record(1.5, end=2.5, first=1.6, last=2.4, pieces=[1.6, 1.8, 2.0, 2.2, 2.4], tokens=10)  # 2 per piece
+    failed = bench.Record(0.5, end=1.0, pieces=[0.7], tokens=5, error="boom")
+    records = [whole, straddling, failed]
+    assert bench.streamed_tokens(records, (0.0, 2.0)) == 9 + 6  # the straddling request's first 3 pieces
+    cell = bench.summarize(records, (0.0, 2.0))
+    assert cell["tokens_per_s"] == 7.5 and cell["finished_tokens_per_s"] == 4.5 and cell["requests"] == 1, cell
+
+
 def test_generation_bench_reads_both_kinds_of_stream(tmp_path, monkeypatch):
     """benchmarks/gpu/generation_bench.py against an OpenAI-style and a Triton-style SSE endpoint (aiohttp fakes):
     tokens, finish, TTFT and ITL come out right, the key header reaches Triton, ignore_eos only where asked."""
