@@ -260,7 +260,8 @@ class OpenAISpec:
     request_timeout_s: float = 30
     max_audio_upload_mib: int = 25  # an audio endpoint's form (OpenAI's 25 MB files); JSON bodies: 8 MiB
     workers: int | str = "auto"  # gateway processes sharing the port; auto: worker_count()
-    upstream: str = "grpc"  # how generation streams reach the gateway: grpc, or http (Triton's generate_stream)
+    upstream: str = "http"  # how generation streams reach the gateway: http (Triton's generate_stream: half the gateway's
+    # CPU per token of grpc, benchmarks/probes/gateway_stream_profile.py), or grpc
 
     def bind_host(self, server_host: str) -> str:
         """Where the gateway listens: its own host, or Triton's."""

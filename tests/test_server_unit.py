@@ -203,6 +203,7 @@ def test_gateway_binds_its_own_host_with_the_boundary_flags(settings):
     plain = dict(zip(*[iter(command(settings, OpenAISpec(enabled=True, port=9100))[3:])] * 2))  # flag -> value
     assert plain == {
         "--grpc": "127.0.0.1:18001",
+        "--http": "127.0.0.1:18000",  # openai.upstream's default: generation read from Triton's HTTP stream
         "--host": "127.0.0.1",
         "--port": "9100",
         "--models": "a,b",
@@ -219,10 +220,10 @@ def test_gateway_binds_its_own_host_with_the_boundary_flags(settings):
         max_embedding_inputs=7,
         request_timeout_s=2.5,
         max_audio_upload_mib=40,
-        upstream="http",
+        upstream="grpc",
     )
     flags = dict(zip(*[iter(command(settings, public)[3:])] * 2))
-    assert flags["--http"] == "127.0.0.1:18000", "openai.upstream http: generation read from Triton's HTTP address"
+    assert "--http" not in flags, "openai.upstream grpc: generation over gRPC like everything else"
     assert flags["--host"] == "0.0.0.0" and flags["--grpc"] == "127.0.0.1:18001", "the gateway public, Triton where server.host says"
     assert flags["--allowed-hosts"] == "a.example,b" and flags["--allowed-origins"] == "http://x:1,https://y"
     assert flags["--max-embedding-inputs"] == "7" and flags["--request-timeout-s"] == "2.5" and flags["--max-audio-upload-mib"] == "40"

@@ -33,6 +33,8 @@ TOKENS = 64
 # PROFILED=stub: py-spy samples the model's stub during a second Triton SSE cell instead, only while a thread holds the
 # GIL (--gil), per thread: the per-token Python work that serializes the batcher's loop with the response threads
 PROFILED = os.environ.get("PROFILED", "gateway")
+# UPSTREAM=http: the gateway reads generation from Triton's HTTP generate_stream instead of its gRPC stream
+UPSTREAM = os.environ.get("UPSTREAM", "grpc")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ def served(tmp_path_factory, tiny_models):
     entries = tiny_model_entries({"text-generation": long_context})
     entries[0]["generation"] = {"max_new_tokens": TOKENS, "max_sequences": CLIENTS, "max_queue": CLIENTS}
     workflow = make_workflow(tmp_path_factory.mktemp("gateway-profile"), entries)
-    workflow.config["openai"] = {"enabled": True, "port": host.free_ports(1)[0], "workers": 1}
+    workflow.config["openai"] = {"enabled": True, "port": host.free_ports(1)[0], "workers": 1, "upstream": UPSTREAM}
     workflow.run("serve")
     yield workflow
     workflow.stop()
@@ -113,7 +115,7 @@ def test_profile(served, tmp_path):
         results[f"{'sse' if stub else 'gateway'} (profiled)"] = load(triton if stub else gateway, tmp_path / "profiled.json")
         spy.wait(60)
         own, inclusive = top(Path(folded.name).read_text())
-    print(json.dumps(results, indent=1))
+    print(json.dumps({"upstream": UPSTREAM, **results}, indent=1))
     profiled = "model stub (GIL held)" if stub else "gateway worker"
     for title, shares in ((f"{profiled}, self % of samples:", own), (f"{profiled}, inclusive % of samples:", inclusive)):
         print(f"\n{title}")
