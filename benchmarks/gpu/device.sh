@@ -75,7 +75,8 @@ VLLM_VENV=/tmp/v-vllm            # = paths.vllm_env in benchmarks/h200/vllm-over
 COMPARE=${COMPARE:-results/vllm-compare}  # where serve_with and load write (torch-gen: results/torch-gen)
 CELL_S=${CELL_S:-15}  # measured seconds per load cell (+ 3 s warm-up)
 CLIENTS=${CLIENTS:-1 32 64 128}  # the load's cells (e.g. CLIENTS="32 64" for the ratio goals alone)
-GATEWAY_WORKERS=${GATEWAY_WORKERS:-}  # vllm-compare gateways, rounds: the gateway again with these worker counts (e.g. "1 8")
+GATEWAY_WORKERS=${GATEWAY_WORKERS:-}  # vllm-compare gateways, rounds: the gateway again with these worker counts (e.g. "1 8");
+# GATEWAY_UPSTREAM=grpc: those gateways read Triton's gRPC stream (default http, openai.upstream's default)
 GATEWAY_PIDS=()
 SECONDS=${SPENT_S:-0}  # seconds this device call has already spent in earlier commands (the time checks count from them)
 step=${1:?stash|stash-clients|setup-clients|setup|tasks|media|speech|clip|grammar-mask|multigpu|setup-onnx|big-batch|decoder|onnx-steps|repeat|serve|bench|bench-model|replicas|bench-best|extras|probe|stash-vllm|setup-vllm|vllm-tests|vllm-compare}
@@ -218,9 +219,12 @@ run_probe() {  # NAME FILE: a pytest probe of benchmarks/probes (its settings in
 }
 
 start_gateway() {  # WORKERS: `python -m hf2triton.gateway --workers WORKERS` on 9100+WORKERS in front of the Triton that
-  # the triton part serves (its process group's id appended to GATEWAY_PIDS), until it answers (60 s at most)
-  setsid "$VENV/bin/python" -m hf2triton.gateway --grpc 127.0.0.1:8001 --port $((9100 + $1)) --models smollm2 --workers "$1" \
-    > "$COMPARE/gateway-w$1.log" 2>&1 &
+  # the triton part serves (its process group's id appended to GATEWAY_PIDS), until it answers (60 s at most);
+  # GATEWAY_UPSTREAM: http (openai.upstream's default, as the configured gateway) or grpc
+  local upstream=()
+  [ "${GATEWAY_UPSTREAM:-http}" = grpc ] || upstream=(--http 127.0.0.1:8000)
+  setsid "$VENV/bin/python" -m hf2triton.gateway --grpc 127.0.0.1:8001 "${upstream[@]}" --port $((9100 + $1)) --models smollm2 \
+    --workers "$1" > "$COMPARE/gateway-w$1.log" 2>&1 &
   GATEWAY_PIDS+=($!)
   answers "http://127.0.0.1:$((9100 + $1))/v1/models" 60 || true  # not up: the load's readiness check says so
 }
