@@ -384,6 +384,35 @@ def test_samples_of_one_prompt_share_its_prefill(llm, new_batcher):
     assert all(abs(item.logprob - float(reference[i - 1, item.id])) < 1e-4 for i, item in enumerate(echo.prompt_logprobs) if i)
 
 
+def test_the_first_response_carries_the_first_piece_alone():
+    """Pieces the engine made before a response thread took the stream (2 loaded cores: all 24 of a tiny model's
+    tokens, and CI's validation saw one response) go out as the first piece, then the rest with the finish: a stream
+    of more than one piece is never one response, and the first response is the first token's."""
+    import threading
+
+    from hf2triton.serving.batching.responder import Responder
+    from hf2triton.serving.batching.sequences import Finish, add_pending, take_pending
+
+    sends: list[tuple[str, str | None]] = []
+    done = threading.Event()
+
+    def emit(text, finish):
+        sends.append((text, finish and finish.reason))
+        if finish is not None:
+            done.set()
+
+    responder = Responder(log=print, threads=2)
+    sequence = Sequence([1], Sampling(max_new_tokens=3), emit)
+    responder.watch(sequence)
+    responder.post_many([(sequence, "a"), (sequence, " b"), (sequence, " c")], Finish("length", 1, 3))  # one lock
+    assert done.wait(5)
+    responder.stop()
+    assert sends == [("a", None), (" b c", "length")]
+    single = Sequence([1], Sampling(max_new_tokens=1), lambda text, finish: None)
+    add_pending(single, "a", Finish("length", 1, 1))
+    assert take_pending(single) == ("a", Finish("length", 1, 1)), "a one-piece answer stays one response"
+
+
 def test_several_response_threads_keep_each_stream_in_order():
     """Issue 46 #1: with 4 response threads, different streams are sent at once, each stream by one thread at a
     time: every stream's responses arrive in order, its final one last, and pieces posted meanwhile coalesce."""

@@ -91,7 +91,8 @@ def test_models_chat_and_completions_equal_tritons_own_answer(gateway):
             pieces.append(event.choices[0].delta.content or "")
             finish = event.choices[0].finish_reason or finish
         usage = event.usage or usage
-    assert "".join(pieces) == direct["text"] and len(pieces) > 2 and finish in ("stop", "length") and usage.total_tokens > 0
+    # in pieces: the first token's alone, the rest as the server's load lets them come (sequences.take_pending)
+    assert "".join(pieces) == direct["text"] and len(pieces) > 1 and finish in ("stop", "length") and usage.total_tokens > 0
     completion = api.completions.create(model="generate", prompt=QUESTION, max_tokens=6)
     assert (
         completion.choices[0].text

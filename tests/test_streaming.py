@@ -58,12 +58,12 @@ def test_validation_checks_the_stream(streaming):
 
 def test_stream_equals_one_answer_and_arrives_in_pieces(streaming):
     http, grpc = urls(streaming)
-    # 48 tokens: pieces join while the response thread is busy, and on 2 loaded cores a tiny model's 12 tokens once came
-    # as one piece (test_http_generate_stream_sends_server_sent_events)
+    # pieces join while the response thread is busy: on 2 loaded cores a tiny model's 24 tokens once came as one piece.
+    # The first piece now always goes alone (sequences.take_pending), so two pieces at least, whatever the load.
     streamed = client.stream_generate(grpc, "generate", PROMPTS[3], {"max_new_tokens": 48})
     status, answer = client.http_generate(http, "generate", {"text": PROMPTS[3], "max_new_tokens": 48, "stream": False})
     assert status == 200 and answer["text_output"] == streamed["text"]
-    assert len(streamed["pieces"]) > 2 and streamed["finish_reason"] in ("length", "stop")
+    assert len(streamed["pieces"]) > 1 and streamed["finish_reason"] in ("length", "stop")
     assert "\ufffd" not in "".join(streamed["pieces"])
     assert answer["finish_reason"] == streamed["finish_reason"] and answer["completion_tokens"] == streamed["completion_tokens"]
 

@@ -92,6 +92,7 @@ class Sequence:
     pieces: list[str] = field(default_factory=list)  # text waiting for the Responder to send it
     finish: Finish | None = None  # the final event, waiting likewise
     queued: bool = False  # in the Responder's queue
+    first_sent: bool = False  # its first response was taken (take_pending)
     prefix_offset: int = 0  # incremental detokenisation: `generated[prefix_offset:read_offset]` decodes to what
     read_offset: int = 0  # `text` already ends with (a few tokens of context, so joining spaces come out right)
     prompt_logprobs: list[TokenLogprob] | None = None  # set by the prefill when asked, until it is sent
@@ -136,7 +137,14 @@ def add_pending(item: Any, text: str, finish: Finish | None) -> bool:
 
 def take_pending(item: Any) -> tuple[str, Finish | None]:
     """What `item` waits to have sent, taken by the response thread that sends it; it stays `queued` (in flight: no
-    other thread sends for it) until `after_send`. The caller holds its lock."""
+    other thread sends for it) until `after_send`. The first response carries the first piece alone (the rest, and the
+    finish, follow at once): a client's time to first token is that piece's, and an answer is never one response
+    because the response thread was slow to start (2 loaded cores: a tiny model's 24 tokens came as one response and
+    validation's stream check failed). The caller holds its lock."""
+    if not item.first_sent and len(item.pieces) > 1:
+        item.first_sent = True
+        return item.pieces.pop(0), None
+    item.first_sent = True
     text = "".join(item.pieces)
     item.pieces.clear()
     return text, item.finish

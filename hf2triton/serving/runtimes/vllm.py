@@ -215,6 +215,7 @@ class _Stream:
     pieces: list[str] = field(default_factory=list)
     finish: Any = None  # Finish once the engine is done with it
     queued: bool = False  # waiting in the response queue
+    first_sent: bool = False  # its first response was taken (take_pending)
     cancelled: bool = False
     task: Any = None  # its coroutine's task, once it runs on the loop
 
