@@ -33,8 +33,8 @@ TOKENS = 64
 # PROFILED=stub: py-spy samples the model's stub during a second Triton SSE cell instead, only while a thread holds the
 # GIL (--gil), per thread: the per-token Python work that serializes the batcher's loop with the response threads
 PROFILED = os.environ.get("PROFILED", "gateway")
-# UPSTREAM=http: the gateway reads generation from Triton's HTTP generate_stream instead of its gRPC stream
-UPSTREAM = os.environ.get("UPSTREAM", "grpc")
+# the gateway reads generation from Triton's HTTP generate_stream (openai.upstream's default); UPSTREAM=grpc: its gRPC stream
+UPSTREAM = os.environ.get("UPSTREAM", "http")
 
 
 @pytest.fixture(scope="module")
