@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 COSINE_FLOOR = 0.999
 VLLM_AGREEMENT_CHARS = 40  # backend vllm vs the torch reference: greedy answers agree at least this far
 SUCCESS_METRIC = "nv_inference_request_success"
+METRICS_WAIT_S = 5.0  # how long the success counter may lag the answers it counts (metrics_check)
 
 
 def check(name: str, ok: bool, detail: str) -> dict[str, Any]:
@@ -417,9 +418,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         provider = "CUDAExecutionProvider on the GPU" if uses_gpu(rendered) else "CPUExecutionProvider"
         detail = f"{provider}, {export_precision(rendered)} graph (the served model loads with no other provider)"
         checks.append(check("onnx provider", True, detail))
-    time.sleep(0.2)
-    after = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
-    checks.append(check("metrics count requests", after >= before + 2, f"nv_inference_request_success {before:.0f} -> {after:.0f}"))
+    checks.append(metrics_check(settings, name, before))
     sample = http_out[outputs[0]][0]
     return {
         "ok": all(c["ok"] for c in checks),
@@ -433,6 +432,18 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
         },
         "checks": checks,
     }
+
+
+def metrics_check(settings: Settings, name: str, before: float) -> dict:
+    """Triton's success counter rose by the validation's requests (2 at least). It counts a request when the model
+    releases it, a moment after its client has the answer (a decoupled model's final response goes first): read again
+    for up to METRICS_WAIT_S, not once after a fixed pause that a loaded machine can outlast."""
+    deadline = time.monotonic() + METRICS_WAIT_S
+    while True:
+        after = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
+        if after >= before + 2 or time.monotonic() >= deadline:
+            return check("metrics count requests", after >= before + 2, f"{SUCCESS_METRIC} {before:.0f} -> {after:.0f}")
+        time.sleep(0.1)
 
 
 def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, checks: list[dict], floor: float) -> dict[str, Any]:
@@ -486,9 +497,7 @@ def validate_streaming(settings: Settings, name: str, rendered: mc.ModelConfig, 
         checks.append(check("parity onnx vs torch", parity["ok"], ", ".join(f"{k} {v}" for k, v in parity.items() if k != "ok")))
     if params.temperature > 0:
         checks.append(seeded_sampling_check(settings.url(), name, prompt, params.temperature))
-    time.sleep(0.2)
-    after = client.model_metrics(settings.url("metrics_port"), name).get(SUCCESS_METRIC, 0.0)
-    checks.append(check("metrics count requests", after >= before + 2, f"{SUCCESS_METRIC} {before:.0f} -> {after:.0f}"))
+    checks.append(metrics_check(settings, name, before))
     return {
         "ok": all(c["ok"] for c in checks),
         "task": params.task,
