@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from hf2triton import host
+from hf2triton.specs import OpenAISpec
 from tests.helpers import ROOT, long_context_copy, make_workflow, tiny_model_entries
 
 CLIENTS = 32
@@ -34,7 +35,7 @@ TOKENS = 64
 # GIL (--gil), per thread: the per-token Python work that serializes the batcher's loop with the response threads
 PROFILED = os.environ.get("PROFILED", "gateway")
 # the gateway reads generation from Triton's HTTP generate_stream (openai.upstream's default); UPSTREAM=grpc: its gRPC stream
-UPSTREAM = os.environ.get("UPSTREAM", "http")
+UPSTREAM = os.environ.get("UPSTREAM", OpenAISpec.upstream)
 
 
 @pytest.fixture(scope="module")

@@ -434,7 +434,7 @@ def validate_model(settings: Settings, name: str, http_client, grpc_client, pari
     }
 
 
-def metrics_check(settings: Settings, name: str, before: float) -> dict:
+def metrics_check(settings: Settings, name: str, before: float) -> dict[str, Any]:
     """Triton's success counter rose by the validation's requests (2 at least). It counts a request when the model
     releases it, a moment after its client has the answer (a decoupled model's final response goes first): read again
     for up to METRICS_WAIT_S, not once after a fixed pause that a loaded machine can outlast."""

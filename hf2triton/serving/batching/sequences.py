@@ -141,10 +141,9 @@ def take_pending(item: Any) -> tuple[str, Finish | None]:
     finish, follow at once): a client's time to first token is that piece's, and an answer is never one response
     because the response thread was slow to start (2 loaded cores: a tiny model's 24 tokens came as one response and
     validation's stream check failed). The caller holds its lock."""
-    if not item.first_sent and len(item.pieces) > 1:
-        item.first_sent = True
+    first, item.first_sent = not item.first_sent, True
+    if first and len(item.pieces) > 1:
         return item.pieces.pop(0), None
-    item.first_sent = True
     text = "".join(item.pieces)
     item.pieces.clear()
     return text, item.finish
