@@ -388,10 +388,11 @@ def test_the_first_response_carries_the_first_piece_alone():
     """Pieces the engine made before a response thread took the stream (2 loaded cores: all 24 of a tiny model's
     tokens, and CI's validation saw one response) go out as the first piece, then the rest with the finish: a stream
     of more than one piece is never one response, and the first response is the first token's."""
+    import json
     import threading
 
     from hf2triton.serving.batching.responder import Responder
-    from hf2triton.serving.batching.sequences import Finish, add_pending, take_pending
+    from hf2triton.serving.batching.sequences import Finish, TokenLogprob, add_pending, after_send, take_pending
 
     sends: list[tuple[str, str | None]] = []
     done = threading.Event()
@@ -411,6 +412,17 @@ def test_the_first_response_carries_the_first_piece_alone():
     single = Sequence([1], Sampling(max_new_tokens=1), lambda text, finish: None)
     add_pending(single, "a", Finish("length", 1, 1))
     assert take_pending(single) == ("a", Finish("length", 1, 1)), "a one-piece answer stays one response"
+    # each response's log-probabilities are its text's tokens': the first piece's 1, then the rest's 2
+    asked = Sequence([1], Sampling(max_new_tokens=3, logprobs=0), lambda text, finish: None)
+    for token, text in enumerate(("a", " b", " c")):
+        asked.logprobs.append(TokenLogprob(token, -1.0))
+        add_pending(asked, text, None)
+    taken = []
+    for _ in range(2):
+        text, _finish = take_pending(asked)
+        taken.append((text, [item["id"] for item in json.loads(asked.take_logprobs(str))["tokens"]]))
+        after_send(asked, False)
+    assert taken == [("a", [0]), (" b c", [1, 2])]
 
 
 def test_several_response_threads_keep_each_stream_in_order():

@@ -98,6 +98,8 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob] | None = None  # set by the prefill when asked, until it is sent
     logprobs: list[TokenLogprob] = field(default_factory=list)  # the chosen tokens' (EOS included), when asked
     logprobs_sent: int = 0  # of `logprobs`, those already in a response
+    logprobs_cut: int | None = None  # of `logprobs`, those made with its first piece: where the next response's end
+    # when that piece goes alone (take_pending)
     matcher: Any = None  # a guided sequence's xgrammar GrammarMatcher (torch batchers; batching/grammar.py)
     error: str = ""  # why it ends with finish reason "error", when the batcher ends it so (its grammar's dead end)
 
@@ -106,7 +108,8 @@ class Sequence:
         tokens chosen since the previous response (the batcher may be a token ahead of the text, whose end can be held
         back); each token as the tokenizer's `decode` writes it alone, special ones too."""
         prompt, self.prompt_logprobs = self.prompt_logprobs, None
-        end = len(self.logprobs)
+        end = len(self.logprobs) if self.logprobs_cut is None else self.logprobs_cut
+        self.logprobs_cut = None
         chosen, self.logprobs_sent = self.logprobs[self.logprobs_sent : end], end
 
         def entry(item: TokenLogprob) -> dict[str, Any]:
@@ -126,6 +129,9 @@ def add_pending(item: Any, text: str, finish: Finish | None) -> bool:
     added while it waits or while its last response is being sent go out together as one response. The caller
     holds its lock."""
     if text:
+        if not item.pieces and not item.first_sent:  # its first piece: the log-probabilities it goes with
+            sequence = getattr(item, "sequence", item)  # a Sequence, or vLLM's stream of one
+            sequence.logprobs_cut = len(sequence.logprobs)
         item.pieces.append(text)
     if finish is not None:
         item.finish = finish
@@ -143,7 +149,9 @@ def take_pending(item: Any) -> tuple[str, Finish | None]:
     validation's stream check failed). The caller holds its lock."""
     first, item.first_sent = not item.first_sent, True
     if first and len(item.pieces) > 1:
-        return item.pieces.pop(0), None
+        return item.pieces.pop(0), None  # with the log-probabilities made with it (Sequence.logprobs_cut)
+    if first:
+        getattr(item, "sequence", item).logprobs_cut = None  # the whole text so far: all its log-probabilities
     text = "".join(item.pieces)
     item.pieces.clear()
     return text, item.finish
