@@ -7,6 +7,8 @@ is raised before any work starts (the Snakefile calls `load_project` at parse ti
 from __future__ import annotations
 
 import copy
+import difflib
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from hf2triton.serving.interface import (
     TEXT2TEXT,
     temperature_problem,
 )
-from hf2triton.specs import ProjectSpec, parse_source, project_spec
+from hf2triton.specs import SHELL_METACHARACTERS, ProjectSpec, parse_source, project_spec
 from hf2triton.task_inference import infer_entry_task
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
@@ -56,8 +58,26 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int], active: set[int]) -> i
     return size
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice in one mapping: YAML keeps the last silently (a second `server:`
+    block drops the first, a repeated max_batch_size overrides the one above it)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) and key_node.value != "<<" else None
+                if key is None:
+                    continue
+                if key in seen:
+                    problem = f"key {key!r} appears twice in one mapping (first on line {seen[key]}); YAML would keep only the last"
+                    raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def _safe_load_bounded(text: str) -> Any:
-    loader = yaml.SafeLoader(text)
+    loader = _UniqueKeyLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -116,7 +136,15 @@ def _extend_with_defaults(validator_class):
                     instance[prop] = copy.deepcopy(subschema["default"])
         yield from validate_properties(validator, properties, instance, schema)
 
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+    # JSON Schema counts 8.0 as an integer; here a count, a size or a port is written as a whole number (a float one
+    # would fail later, inside a step, as a bare TypeError); a number is finite (.nan compares false with any limit)
+    checker = validator_class.TYPE_CHECKER.redefine_many(
+        {
+            "integer": lambda _, value: isinstance(value, int) and not isinstance(value, bool),
+            "number": lambda _, value: isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+        }
+    )
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults}, type_checker=checker)
 
 
 _DefaultFillingValidator = _extend_with_defaults(jsonschema.Draft202012Validator)
@@ -135,6 +163,12 @@ def _allowed(error: jsonschema.ValidationError) -> str:
     if kind == "enum":
         return "one of " + ", ".join(map(str, spec))
     if kind == "type":
+        if spec == "integer" and isinstance(error.instance, float) and error.instance.is_integer():
+            return f"a whole number, written without a decimal point ({int(error.instance)})"
+        if isinstance(error.instance, float) and not math.isfinite(error.instance):
+            bounds = error.schema
+            within = f" between {bounds['minimum']} and {bounds['maximum']}" if "minimum" in bounds and "maximum" in bounds else ""
+            return f"a finite number{within}"
         return f"a value of type {spec}"
     if kind == "pattern":
         return f"a string matching {spec}"
@@ -158,6 +192,9 @@ def _schema_error_line(error: jsonschema.ValidationError) -> UserError:
         allowed = set(error.schema.get("properties", {}))
         unknown = sorted(k for k in error.instance if k not in allowed)
         key = _key_path(path + [unknown[0]]) if unknown else _key_path(path)
+        close = difflib.get_close_matches(str(unknown[0]), sorted(allowed), n=1) if unknown else []
+        if close:  # a typo: max_batch_sise
+            return UserError(f"{key}: unknown key", f"did you mean {close[0]!r}? (the keys here: {', '.join(sorted(allowed))})")
         return UserError(f"{key}: unknown key", f"use {_allowed(error)}")
     if error.validator == "required":
         missing = [k for k in error.validator_value if k not in error.instance]
@@ -165,6 +202,13 @@ def _schema_error_line(error: jsonschema.ValidationError) -> UserError:
     value = repr(error.instance)
     if len(value) > 80:
         value = value[:77] + "..."
+    if error.validator == "enum" and isinstance(error.instance, str):
+        close = difflib.get_close_matches(error.instance, [str(v) for v in error.validator_value], n=1)
+        if close:  # feature_extraction, sentence-similarity...
+            return UserError(f"{_key_path(path)} = {value}: not allowed", f"did you mean {close[0]!r}? (use {_allowed(error)})")
+    if error.validator == "type" and error.validator_value == "string" and isinstance(error.instance, (bool, int, float)):
+        # YAML reads a bare no / 1.10 as false / 1.1: the text the user wrote needs quotes
+        return UserError(f"{_key_path(path)} = {value}: not allowed", "use a string: put the value in quotes ('...')")
     return UserError(f"{_key_path(path)} = {value}: not allowed", f"use {_allowed(error)}")
 
 
@@ -360,7 +404,9 @@ def _check_semantics(cfg: dict, explicit_generation: set[int], explicit_onnx: se
     for key in ("work", "vllm_env"):  # vllm_env: Triton sources <path>/bin/activate in an unquoted bash command
         problem = path_problem(cfg["paths"][key])
         if problem:
-            raise UserError(f"config.paths.{key} = {cfg['paths'][key]!r}: {problem}", "choose an ASCII path without spaces or colons")
+            raise UserError(
+                f"config.paths.{key} = {cfg['paths'][key]!r}: {problem}", "choose an ASCII path of letters, digits and _ . / - only"
+            )
 
 
 # Why a path cannot hold what gets served (the work directory, the project directory): Triton starts each
@@ -371,6 +417,11 @@ PATH_PROBLEMS = (
     (re.compile(r"\s"), "contains a space (or other whitespace)"),
     (re.compile(r"[:\x00]"), "contains a colon"),
     (re.compile(r"[^\x00-\x7f]"), "contains non-ASCII characters (Triton's Python-backend stub reads file names as ASCII)"),
+    # that same unquoted bash command (and `source <vllm_env>/bin/activate && ...`) would expand or run these
+    (
+        re.compile("[" + re.escape("".join(sorted(SHELL_METACHARACTERS))) + "]"),
+        "contains a shell metacharacter (" + "".join(sorted(SHELL_METACHARACTERS - set("\n\r\t"))) + ")",
+    ),
 )
 
 
@@ -383,7 +434,10 @@ def check_project_paths(directory: str, python: str) -> None:
     """Refuse, before any work, a project directory or Python that the run would break on later: the steps
     would run (Snakemake puts the Python's path unquoted into each step's command: "bash: /my: No such file
     or directory"), the server would not start (see PATH_PROBLEMS)."""
-    fix = "move the project to a directory without spaces, colons or non-ASCII characters (and make its .venv again there)"
+    fix = (
+        "move the project to a directory without spaces, colons, shell metacharacters or non-ASCII characters "
+        "(and make its .venv again there)"
+    )
     problem = path_problem(directory)
     if problem:
         raise UserError(f"the project directory {directory} {problem}", fix)

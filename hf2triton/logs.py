@@ -12,6 +12,12 @@ TOKEN_PATTERN = re.compile(r"hf_[A-Za-z0-9]{16,}")
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN")
 
 
+def without_secrets(env: dict[str, str] | os._Environ) -> dict[str, str]:
+    """A copy of `env` without the hub tokens: for the long-running processes (tritonserver, its supervisor, the
+    gateway), which never need hub credentials and must not hold them."""
+    return {name: value for name, value in env.items() if name not in SECRET_ENV}
+
+
 def redact(text: str) -> str:
     """Mask Hugging Face tokens and the values of token environment variables."""
     for name in SECRET_ENV:

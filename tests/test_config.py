@@ -134,6 +134,18 @@ BAD = [
     ({**GOOD, "paths": {"work": "with space"}}, ["paths.work", "whitespace"]),
     ({**GOOD, "paths": {"work": "werk-é"}}, ["paths.work", "'werk-é'", "non-ASCII", "fix: choose an ASCII path"]),
     ({**GOOD, "paths": {"work": "a:b"}}, ["paths.work", "colon"]),
+    (with_model(max_batch_sise=4), ["models[0].max_batch_sise: unknown key", "did you mean 'max_batch_size'?"]),
+    (with_model(task="feature_extraction"), ["task = 'feature_extraction'", "did you mean 'feature-extraction'?"]),
+    (with_model(revision=1.1), ["revision = 1.1", "in quotes"]),
+    # Triton sources <vllm_env>/bin/activate in an unquoted bash command: `$(...)` would run
+    ({**GOOD, "paths": {"vllm_env": ".venv$(touch${IFS}x)"}}, ["paths.vllm_env", "shell metacharacter", "letters, digits"]),
+    ({**GOOD, "paths": {"work": "w;id"}}, ["paths.work", "shell metacharacter"]),
+    # JSON Schema counts 8.0 as an integer; it failed later as a bare TypeError (the repository rule, preflight's bind)
+    (with_model(max_batch_size=32.0), ["max_batch_size = 32.0", "a whole number", "(32)"]),
+    (with_server(http_port=8000.0), ["server.http_port = 8000.0", "a whole number"]),
+    # .nan compares false with every limit: a 1e9-second audio passed max_audio_seconds, time_limit_s never ended
+    (with_model(task="automatic-speech-recognition", max_audio_seconds=float("nan")), ["max_audio_seconds = nan", "a finite number"]),
+    (with_model(task="text-generation", generation={"time_limit_s": float("inf")}), ["generation.time_limit_s = inf", "a finite number"]),
     ({**GOOD, "models": "m"}, ["config.models", "array"]),
     ({**GOOD, 1: "x"}, ["key 1"]),
 ]
@@ -166,6 +178,8 @@ def test_at_least_twenty_bad_configs():
         ),
         (b"!!python/object/apply:os.system ['true']\n", ["YAML"]),
         (b"- just\n- a list\n", ["mapping"]),
+        # YAML keeps the last of two equal keys silently: a second server block dropped the first
+        (b"server:\n  http_port: 8100\nmodels: []\nserver:\n  grpc_port: 8101\n", ["line 4", "'server' appears twice", "first on line 1"]),
     ],
 )
 def test_unreadable_config_files(tmp_path, content, words):
@@ -175,6 +189,22 @@ def test_unreadable_config_files(tmp_path, content, words):
         load_config(path)
     for word in words:
         assert word in info.value.render()
+
+
+def test_an_unknown_users_home_in_a_local_source_is_one_clear_line():
+    from hf2triton.pipeline.sources import resolve_local_path
+    from hf2triton.specs import parse_source
+
+    with pytest.raises(UserError) as info:
+        resolve_local_path(parse_source("~no-such-user-here/model"), "config.models[0].source")
+    assert "config.models[0].source = '~no-such-user-here/model'" in info.value.render() and "full path" in info.value.render()
+
+
+def test_long_running_processes_get_no_hub_token(monkeypatch):
+    from hf2triton.logs import without_secrets
+
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 20)
+    assert "HF_TOKEN" not in without_secrets(__import__("os").environ) and "PATH" in without_secrets(__import__("os").environ)
 
 
 def test_missing_config_file(tmp_path):
@@ -203,9 +233,11 @@ def test_temperature_is_zero_or_at_least_the_sampling_minimum():
     for allowed in (0, 0.0, interface.MIN_TEMPERATURE, 0.7, 100):
         cfg = validate_config(with_model(task="text-generation", generation={"temperature": allowed}))
         assert cfg["models"][0]["generation"]["temperature"] == allowed
-    for refused in (1e-45, 1e-3, 0.0099, float("nan")):
+    for refused in (1e-45, 1e-3, 0.0099):
         with pytest.raises(UserError, match="0 \\(greedy\\) or a finite number between 0.01 and 100"):
             validate_config(with_model(task="text-generation", generation={"temperature": refused}))
+    with pytest.raises(UserError, match="temperature = nan: not allowed -- fix: use a finite number between 0"):
+        validate_config(with_model(task="text-generation", generation={"temperature": float("nan")}))
 
 
 def test_specs_are_built_once_with_every_default(tmp_path):

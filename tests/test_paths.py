@@ -17,7 +17,7 @@ import pytest
 from tests.helpers import make_workflow, tiny_model_entries
 
 pytestmark = pytest.mark.integration
-FIX = "fix: move the project to a directory without spaces, colons or non-ASCII characters"
+FIX = "fix: move the project to a directory without spaces, colons, shell metacharacters or non-ASCII characters"
 
 
 def embed_only(tiny_models) -> list[dict]:
@@ -66,4 +66,4 @@ def test_non_ascii_work_directory_is_refused_before_any_work(tmp_path, tiny_mode
     workflow.config["paths"]["work"] = "werk-é"
     text = refused(workflow, workflow.run("serve", check=False, timeout=300))
     assert "hf2triton: error: config.paths.work = 'werk-é': contains non-ASCII characters" in text, text[-3000:]
-    assert "fix: choose an ASCII path without spaces or colons" in text
+    assert "fix: choose an ASCII path of letters, digits and _ . / - only" in text

@@ -69,6 +69,14 @@ def test_busy_port_and_gpu_device_fail_with_both_reasons(tmp_path):
     assert not (tmp_path / "preflight.json").exists()
 
 
+def test_a_host_address_of_another_machine_is_named_not_blamed_on_the_ports(tmp_path):
+    with pytest.raises(UserError) as info:
+        preflight(config(tmp_path, server={"host": "192.0.2.7"}), tmp_path)  # TEST-NET-1: no machine's own address
+    message = info.value.render()
+    assert "server.host = '192.0.2.7': this machine cannot listen there" in message and "in use by another program" not in message
+    assert "127.0.0.1 (this machine only)" in message
+
+
 def test_cuda_mps_on_without_a_gpu_model_is_refused_before_any_build(tmp_path):
     assert any(
         c["name"] == "cuda_mps" and c["ok"] and c["detail"].startswith("off: ") for c in preflight(config(tmp_path), tmp_path)["checks"]

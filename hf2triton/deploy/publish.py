@@ -249,7 +249,7 @@ def replica_main(args: Any) -> int:
     split_url(args.url)
     problem = path_problem(str(Path(args.work).resolve()))
     if problem:  # the server would not start there: refused before anything is downloaded
-        raise UserError(f"--work {args.work} {problem}", "give a replica directory without spaces, colons or non-ASCII characters")
+        raise UserError(f"--work {args.work} {problem}", "give a replica directory of letters, digits and _ . / - only")
     server = ServerSpec(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
     work = str(Path(args.work).resolve())
     if args.stop:

@@ -16,6 +16,7 @@ from typing import Any
 from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
+from hf2triton.logs import without_secrets
 from hf2triton.specs import OpenAISpec
 from hf2triton.triton import client
 from hf2triton.triton.cleanup import terminate
@@ -171,7 +172,7 @@ def _start(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:
     wanted = command(settings, openai)
     log_file(settings).parent.mkdir(parents=True, exist_ok=True)
     with open(log_file(settings), "ab") as log:
-        env = {**os.environ, VALIDATION_REPORT_ENV: str(Path(VALIDATION_REPORT).resolve())}  # the playground's Status view
+        env = {**without_secrets(os.environ), VALIDATION_REPORT_ENV: str(Path(VALIDATION_REPORT).resolve())}  # the playground's Status view
         process = subprocess.Popen(wanted, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)  # noqa: S603
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -26,7 +26,7 @@ from hf2triton.specs import Footprint, ServerSpec, from_param, gpu_placement, in
 from hf2triton.triton import mps
 from hf2triton.triton.cleanup import find_ours
 from hf2triton.triton.install import locate_tritonserver
-from hf2triton.triton.ports import listening_ports
+from hf2triton.triton.ports import LISTEN_FIX, cannot_listen, listening_ports
 from hf2triton.triton.settings import Settings
 from hf2triton.triton.state import observe, read_state
 
@@ -328,7 +328,12 @@ def run_preflight(
     # our servers, found by their command lines too (a lost or corrupt state file, a changed paths.work)
     our_servers = find_ours(settings).servers
     our_ports = set().union(*(listening_ports(pid) for pid in our_servers)) if our_servers else set()
-    for key, port in settings.ports.items():
+    unusable = cannot_listen(settings.server.host)  # an address of another machine: not "a port in use"
+    if unusable:
+        checks.append(
+            _check("host", False, f"server.host = {settings.server.host!r}: this machine cannot listen there ({unusable})", LISTEN_FIX)
+        )
+    for key, port in settings.ports.items() if not unusable else ():
         held_by_us = port in our_ports
         free_now = host.port_is_free(settings.server.host, port)
         checks.append(

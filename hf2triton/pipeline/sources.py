@@ -19,7 +19,10 @@ if TYPE_CHECKING:
 def resolve_local_path(source: Source, where: str = "source") -> Path:
     """The absolute path a local or package source points at; UserError if it does not exist."""
     if source.kind == "local":
-        path = Path(source.value).expanduser().resolve()
+        try:
+            path = Path(source.value).expanduser().resolve()
+        except RuntimeError as err:  # "~someone/..." for a user this machine does not know
+            raise UserError(f"{where} = {source.value!r}: {err}", "write the full path") from None
         if not path.exists():
             raise UserError(f"{where} = {source.value!r}: {path} does not exist", "check the path")
         return path

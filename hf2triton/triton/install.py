@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf2triton.errors import UserError
-from hf2triton.logs import SECRET_ENV
+from hf2triton.logs import without_secrets
 
 
 @dataclass(frozen=True)
@@ -83,13 +83,11 @@ def server_environment(install: Installation) -> dict[str, str]:
     """Environment for tritonserver: wheel libs + this interpreter's LIBDIR first on LD_LIBRARY_PATH (else the
     stub may load the system libpython against another stdlib), and this venv's bin first on PATH (the stub
     imports numpy etc. from the python3 found there)."""
-    env = dict(os.environ)
+    env = without_secrets(os.environ)  # the server never needs hub credentials
     libdir = sysconfig.get_config_var("LIBDIR")
     parts = [*install.lib_dirs, *([libdir] if libdir else []), *filter(None, env.get("LD_LIBRARY_PATH", "").split(":"))]
     env["LD_LIBRARY_PATH"] = ":".join(dict.fromkeys(parts))
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("OMP_NUM_THREADS", "1")  # per-model threads are set in model.py
     env.pop("PYTHONPATH", None)
-    for secret in SECRET_ENV:  # the server never needs hub credentials
-        env.pop(secret, None)
     return env

@@ -32,6 +32,7 @@ from typing import Any
 from hf2triton import host
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.gateway.process import ensure_gateway, gateway_alive
+from hf2triton.logs import without_secrets
 from hf2triton.specs import OpenAISpec, ServerSpec, from_param
 from hf2triton.triton.cleanup import find_ours, terminate
 from hf2triton.triton.process import ensure_server, serving_lock
@@ -79,7 +80,9 @@ def ensure_supervisor(settings: Settings, spec: dict[str, Any]) -> str:
     atomic_write_json(spec_file(settings), spec, mode=0o600)
     command = [sys.executable, "-m", "hf2triton.triton.supervisor", str(spec_file(settings))]
     with open(log_file(settings), "ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # noqa: S603
+        process = subprocess.Popen(  # noqa: S603 - our own module; no hub credentials in a process that runs on and on
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=without_secrets(os.environ)
+        )
     started = {"pid": process.pid, "cmdline": command, "boot_id": host.boot_id(), "restarts": []}
     atomic_write_json(state_file(settings), started, mode=0o600)
     return f"started (pid {process.pid})"
