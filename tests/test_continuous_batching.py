@@ -8,8 +8,10 @@ import pytest
 
 from hf2triton.serving.batching.continuous import ContinuousBatcher
 from hf2triton.serving.batching.sequences import Busy, Sampling, Sequence
+from hf2triton.serving.batching.settings import StepSettings
 from hf2triton.serving.batching.slots import SlotBatcher
-from hf2triton.serving.interface import DEFAULTS
+from hf2triton.serving.batching.text import Detokenizer, append_token
+from hf2triton.serving.interface import DEFAULTS, INTERNAL_ERROR
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +105,74 @@ def test_stop_string_ends_and_is_cut(llm, new_batcher):
     collector = submit(batcher, llm, PROMPTS[0], max_new_tokens=20, stop=(stop,))
     drain(batcher)
     assert collector.finish.reason == "stop" and collector.text == full[: full.index(stop)]
+
+
+def test_the_earliest_stop_string_ends_the_text_whichever_is_listed_first():
+    """OpenAI's contract: the answer holds none of its stop strings ("som" comes first in the text)."""
+    vocabulary = {0: "Say", 1: " something", 2: " else"}
+    words = Detokenizer(lambda ids, **_: "".join(vocabulary[i] for i in ids))
+    for stops in (("thing", "som"), ("som", "thing")):
+        sequence = Sequence([5], Sampling(max_new_tokens=8, stop=stops), Collector())
+        reasons = [append_token(sequence, token, set(), 100, words, lambda *_: None) for token in (0, 1)]
+        assert reasons == [None, "stop"] and sequence.text == "Say ", stops
+
+
+def test_a_decode_stream_failing_on_bytes_that_are_no_text_restarts_at_the_token():
+    """A byte-fallback tokenizer's DecodeStream (Llama-2, Mistral) raises "Invalid prefix encountered" when bytes it
+    held are no UTF-8 after all (a newline byte, then a cut-off character): a fresh stream takes the token, as vLLM
+    does, and the answer goes on."""
+    streams = []
+
+    def stream():
+        streams.append(len(streams))
+        first = len(streams) == 1
+
+        def step(token: int) -> str:
+            if first and token == 2:
+                raise Exception("Invalid prefix encountered while decoding stream. Token ids: [1, 2]")
+            return {1: "a", 2: "b", 3: "c"}[token]
+
+        return step
+
+    words = Detokenizer(lambda ids, **_: "", stream=stream)
+    sequence = Sequence([5], Sampling(max_new_tokens=8), Collector())
+    assert [append_token(sequence, token, set(), 100, words, lambda *_: None) for token in (1, 2, 3)] == [None] * 3
+    assert sequence.text == "abc" and streams == [0, 1]
+
+
+def test_a_row_whose_text_fails_ends_with_an_internal_error_and_the_batch_decodes_on(llm, new_batcher):
+    """One stream's detokenisation raising ends that stream (a server error, 500 at the gateway), not the batch."""
+    batcher = new_batcher(llm)
+    healthy = submit(batcher, llm, PROMPTS[0], max_new_tokens=8)
+    broken = Collector()
+    sequence = Sequence(llm[1](PROMPTS[1], add_special_tokens=False)["input_ids"], Sampling(max_new_tokens=8), broken)
+    sequence.decode_stream = lambda token: (_ for _ in ()).throw(RuntimeError("a tokenizer bug"))
+    batcher.submit(sequence)
+    drain(batcher)
+    assert broken.finish.reason == "error" and broken.finish.message.startswith(INTERNAL_ERROR), broken.finish
+    assert "a tokenizer bug" in broken.finish.message
+    assert healthy.finish.reason == "length" and healthy.text == solo(llm, PROMPTS[0], 8)
+
+
+# below 1 the penalty favours the prompt's and answer's own tokens: a random model's answer changes for sure
+@pytest.mark.parametrize("settings", [{"repetition_penalty": 0.2}, {"repetition_penalty": 0.2, "no_repeat_ngram_size": 3}])
+def test_a_checkpoints_step_settings_give_generates_greedy_tokens(llm, new_batcher, settings):
+    """A chat checkpoint's generation_config.json repetition_penalty (Qwen2.5-Instruct: 1.05-1.1) applies to streamed
+    answers as generate() and transformers' pipeline apply it: one gather / scatter for the batch where it is the only
+    setting, transformers' processors per row otherwise."""
+    import copy
+
+    model, tokenizer = llm
+    model = copy.deepcopy(model)
+    for name, value in settings.items():
+        setattr(model.generation_config, name, value)
+    step = StepSettings.read(model.generation_config, {tokenizer.eos_token_id})
+    assert step is not None and step.repetition_penalty == 0.2
+    batcher = new_batcher((model, tokenizer), settings=step)
+    answers = [submit(batcher, (model, tokenizer), prompt, max_new_tokens=12) for prompt in PROMPTS[:3]]
+    drain(batcher)
+    assert [a.text for a in answers] == [solo((model, tokenizer), prompt, 12) for prompt in PROMPTS[:3]]
+    assert answers[0].text != solo(llm, PROMPTS[0], 12), "the penalty changes this model's answer"
 
 
 def test_same_seed_same_text(llm, new_batcher):

@@ -93,11 +93,13 @@ def test_models_chat_and_completions_equal_tritons_own_answer(gateway):
         usage = event.usage or usage
     # in pieces: the first token's alone, the rest as the server's load lets them come (sequences.take_pending)
     assert "".join(pieces) == direct["text"] and len(pieces) > 1 and finish in ("stop", "length") and usage.total_tokens > 0
+    # /v1/completions takes its prompt as it is (vLLM's): no chat template, the tokenizer's BOS
     completion = api.completions.create(model="generate", prompt=QUESTION, max_tokens=6)
-    assert (
-        completion.choices[0].text
-        == client.stream_generate(gateway.settings().url("grpc_port"), "generate", QUESTION, {"max_new_tokens": 6})["text"]
-    )
+    url = gateway.settings().url("grpc_port")
+    raw = client.stream_generate(url, "generate", QUESTION, {"max_new_tokens": 6, "raw_prompt": True})
+    assert completion.choices[0].text == raw["text"] and completion.usage.prompt_tokens == raw["prompt_tokens"]
+    templated = client.stream_generate(url, "generate", QUESTION, {"max_new_tokens": 6})
+    assert raw["prompt_tokens"] < templated["prompt_tokens"], (raw, templated)
     seeded = [
         api.chat.completions.create(model="generate", messages=[{"role": "user", "content": "Hi"}], temperature=1.0, seed=7, max_tokens=8)
         .choices[0]

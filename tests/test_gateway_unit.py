@@ -51,8 +51,13 @@ def test_sampling_parameters_map_to_model_inputs():
         ({"temperature": True}, "temperature"),
         ({"temperature": 3}, "temperature"),
         ({"stop": ["a", ""]}, "stop"),
-        ({"stop": ["a"] * 5}, "stop"),
-        ({"seed": -1}, "seed"),
+        ({"stop": ["a"] * 65}, "stop"),
+        ({"seed": 2**63}, "seed"),
+        ({"repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"min_p": 0.1}, "min_p"),
+        ({"min_tokens": 4}, "min_tokens"),
+        ({"top_k": -2}, "top_k"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
@@ -66,9 +71,24 @@ def test_bad_parameters_are_400_naming_the_parameter(body, param):
     assert info.value.status == 400 and (param is None or info.value.param == param)
 
 
+def test_what_vllm_takes_is_taken_as_vllm_takes_it():
+    """lm-eval's code tasks send 5-6 stop strings; vLLM's extra top_k is applied; neutral values of parameters this
+    server does not apply, top_logprobs 0 without logprobs, modalities ["text"] and any 64-bit seed are accepted."""
+    stops = ["\nclass", "\ndef", "\n#", "\nif", "\nprint", "<|endoftext|>"]
+    assert generation_options({"stop": stops}) == {"stop": stops}
+    assert generation_options({"top_k": 5}) == {"top_k": 5}
+    assert generation_options({"top_k": -1}) == generation_options({"top_k": 0}) == {}, "vLLM's off"
+    neutral = {"repetition_penalty": 1.0, "min_p": 0.0, "min_tokens": 0, "top_logprobs": 0, "modalities": ["text"]}
+    assert generation_options(neutral) == {}
+    assert generation_options({"seed": -1}) == {"seed": 2**63 - 1}
+    assert generation_options({"seed": 7}) == {"seed": 7}
+
+
 def test_messages_and_inputs():
-    parts = [{"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]}]
-    assert chat_messages({"messages": parts}) == [{"role": "system", "content": "be brief"}]
+    parts = [{"role": "developer", "content": [{"type": "text", "text": "be"}, {"type": "input_text", "text": "brief"}]}]
+    assert chat_messages({"messages": parts}) == [{"role": "system", "content": "be\nbrief"}], "joined as vLLM joins them"
+    nulls = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]
+    assert chat_messages({"messages": nulls})[1] == {"role": "assistant", "content": ""}
     with pytest.raises(ApiError, match="only text parts"):
         chat_messages({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})
     assert embedding_inputs({"input": "x"}) == ["x"]
@@ -95,6 +115,8 @@ def test_a_lone_surrogate_is_400_naming_the_field():
         ("[StatusCode.UNAVAILABLE] failed to connect to all addresses", 503),
         ("max_new_tokens=5000 exceeds generation.max_new_tokens_limit=1024", 400),
         ("Stub process 'generate_0_0' is not healthy.", 503),
+        ("internal error: generation failed: RuntimeError: CUDA error: out of memory", 500),
+        ("the json_schema allows no token of this model's vocabulary after 'x': it cannot write that", 400),
     ],
 )
 def test_triton_errors_map_to_openai_status_classes(message, status):

@@ -143,6 +143,24 @@ def test_generation_greedy_and_context_limit(tiny_models):
         engine.check_lengths(["word " * 400], 8)
 
 
+def test_a_text_prompt_is_templated_as_configured_and_a_raw_one_as_it_is(tiny_models):
+    """TEXT takes the chat template; RAW_PROMPT (the gateway's /v1/completions prompt) and an untemplated model's
+    text are encoded as transformers' pipeline and vLLM encode a prompt: the tokenizer's special tokens (its BOS)."""
+    from hf2triton.serving.inputs import prompt_ids
+
+    engine = GenerationEngine(str(tiny_models["text-generation"]), num_threads=1)
+    plain = engine.tokenizer("Hello there")["input_ids"]
+    assert plain[0] == engine.tokenizer.bos_token_id and engine.text_ids("Hello there", raw=True) == plain
+    assert engine.text_ids("Hello there") == engine.token_ids(engine.prompt("Hello there")) != plain
+    text = np.array([b"Hello there"], dtype=np.object_)
+    assert prompt_ids(engine, text, None, 1024, 4, raw=np.array([True])) == plain
+    assert prompt_ids(engine, text, None, 1024, 4, raw=np.array([False])) == engine.text_ids("Hello there")
+    with pytest.raises(RequestError, match="raw_prompt"):
+        prompt_ids(engine, None, np.array([b'{"role": "user", "content": "hi"}'], dtype=np.object_), 1024, 4, raw=np.array([True]))
+    untemplated = GenerationEngine(str(tiny_models["text-generation"]), num_threads=1, chat_template=False)
+    assert untemplated.text_ids("Hello there") == plain
+
+
 def test_generated_text_never_ends_in_a_partial_character(tiny_models):
     """Regression: max_new_tokens can cut a multi-byte character split over byte-level tokens; the text came
     back ending in U+FFFD ("你好，介绍一下你自己" -> emoji + "�")."""

@@ -105,6 +105,21 @@ def test_a_client_leaving_the_http_event_stream_frees_its_place(streaming):
     assert answer["completion_tokens"] >= 1 and time.monotonic() - started < 10, "the places were freed"
 
 
+def test_a_prompt_that_fits_is_answered_in_what_the_context_leaves_when_no_max_new_tokens_is_sent(streaming):
+    """generation.max_new_tokens (16 here) is a default, cut to what the context leaves (vLLM's rule for an unset
+    max_tokens): a prompt 3 tokens short of the 4096-token context gets 3 tokens at most, not an error naming a
+    max_new_tokens its client never sent; one that is sent and does not fit is still refused, naming the context."""
+    http, _ = urls(streaming)
+    url = f"http://{http}/v2/models/generate/generate_stream"
+    ids = [10 + i % 200 for i in range(4096 - 3)]
+    events = list(client.http_post_events(url, body=client.generate_body([], {"prompt_ids": ids})))
+    final = events[-1]
+    assert final.get("finish_reason") in ("length", "stop") and 0 <= final["completion_tokens"] <= 3, final
+    too_long = client.generate_body([], {"prompt_ids": ids, "max_new_tokens": 4, "stream": False})
+    status, answer = client.http_generate(http, "generate", too_long)
+    assert status == 400 and "exceeds the context of 4096 tokens" in json.dumps(answer), answer
+
+
 def test_http_generate_stream_takes_every_option_as_the_grpc_stream_does(streaming):
     """client.generate_body: Triton's generate extension maps a JSON array to an [n] input, so a prompt as token ids,
     a list of stop strings, chat messages and sampling options streamed over HTTP answer as over gRPC (what a client of

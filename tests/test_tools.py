@@ -189,6 +189,12 @@ def test_tool_mistakes_are_400s_naming_the_parameter(body, param):
     assert refused.value.status == 400 and refused.value.param == param
 
 
+def test_null_description_and_parameters_are_taken_as_absent():
+    """Pydantic-based clients send unset fields as null; vLLM's FunctionDefinition takes both as optional."""
+    tool = {"type": "function", "function": {"name": "now", "description": None, "parameters": None}}
+    assert tool_request({"tools": [tool]}, served_model()).tools == [{"type": "function", "function": {"name": "now"}}]
+
+
 def accepts(constraint: dict, text: str) -> bool:
     import xgrammar
 

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from hf2triton.errors import UserError
+from hf2triton.serving import interface
 
 # gRPC's words for "no connection" (down, restarting, or this channel in its reconnect back-off), as opposed to
 # Triton's own UNAVAILABLE answers about a request (a full queue is 429, not retried). "Internal error from Core" is
@@ -83,6 +84,8 @@ def triton_error(err: Exception, model: str = "") -> ApiError:
         return ApiError(503, f"the model's process is not healthy (the supervisor restarts it): {text}", "server_error", code="unavailable")
     if status_code(err) == "UNAVAILABLE":  # gRPC's, whatever its words (a connection to a server dying has several)
         return unavailable(text)
+    if interface.INTERNAL_ERROR in text:  # the model's own failure (an engine that raised): SDKs retry a 500, not a 400
+        return ApiError(500, text, "server_error", code="internal_error")
     return ApiError(400, text)
 
 

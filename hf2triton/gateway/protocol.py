@@ -18,7 +18,11 @@ from hf2triton.gateway import structured
 from hf2triton.gateway.errors import ApiError
 from hf2triton.serving import interface
 
-UNSUPPORTED_CHAT = ("logit_bias", "audio", "modalities")  # tools: gateway/tools.py
+UNSUPPORTED_CHAT = ("logit_bias", "audio")  # tools: gateway/tools.py
+# vLLM's extra sampling parameters this server does not apply: refused unless neutral (a client sending its defaults
+# must not fail; one asking for the effect must not silently get plain sampling)
+NEUTRAL_VALUES = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1, "min_p": 0, "min_tokens": 0}
+INT64_RANGE = (-(2**63), 2**63 - 1)
 FINISH_REASONS = {"stop": "stop", "length": "length", "time": "length", "cancelled": "stop"}  # the model's -> OpenAI's
 
 
@@ -101,10 +105,11 @@ def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX
     for key in UNSUPPORTED_CHAT:
         if body.get(key) not in (None, False, [], {}):
             raise ApiError(400, f"'{key}' is not supported by this server", param=key)
-    # refused rather than silently ignored: a client asking for penalties must not get plain sampling
-    for key in ("frequency_penalty", "presence_penalty"):
-        if body.get(key) not in (None, 0, 0.0) or isinstance(body.get(key), bool):
-            raise ApiError(400, f"'{key}' is not supported by this server (only 0)", param=key)
+    if body.get("modalities") not in (None, [], ["text"]):
+        raise ApiError(400, "'modalities' may only be [\"text\"] here (no audio output)", param="modalities")
+    for key, neutral in NEUTRAL_VALUES.items():
+        if body.get(key) is not None and (body[key] != neutral or isinstance(body[key], bool)):
+            raise ApiError(400, f"'{key}' is not supported by this server (only {neutral})", param=key)
     options = _logprobs_options(body, chat)
     guided = structured.guided_option(body)  # response_format / guided_* / structured_outputs: constrained decoding
     if guided is not None:
@@ -120,14 +125,17 @@ def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX
     top_p = _number(body, "top_p", float, *interface.TOP_P_RANGE)
     if top_p is not None and top_p < 1.0:
         options[interface.TOP_P] = top_p
-    seed = _number(body, "seed", int, *interface.SEED_RANGE)
+    top_k = _number(body, "top_k", int, -1, interface.TOP_K_RANGE[1])  # vLLM's extra parameter; -1 and 0: off
+    if top_k is not None and top_k > 0:
+        options[interface.TOP_K] = top_k
+    seed = _number(body, "seed", int, *INT64_RANGE)  # any 64-bit integer, as vLLM takes it; the model's are >= 0
     if seed is not None:
-        options[interface.SEED] = seed
+        options[interface.SEED] = seed % (interface.SEED_RANGE[1] + 1)
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
-            raise ApiError(400, "'stop' must be a string or a list of up to 4 non-empty strings", param="stop")
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > interface.MAX_STOPS:
+            raise ApiError(400, f"'stop' must be a string or a list of up to {interface.MAX_STOPS} non-empty strings", param="stop")
         if stops:
             options[interface.STOP] = [_text(s, "stop") for s in stops]
     return options
@@ -139,7 +147,7 @@ def _logprobs_options(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     top = _number(body, "top_logprobs" if chat else "logprobs", int, 0, interface.MAX_LOGPROBS)
     options: dict[str, Any] = {}
     if chat:
-        if top is not None and not flag(body, "logprobs"):
+        if top and not flag(body, "logprobs"):  # 0 asks for nothing: taken without logprobs, as vLLM does
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         if flag(body, "logprobs"):
             options[interface.LOGPROBS] = top or 0
@@ -156,12 +164,16 @@ def sample_count(body: dict[str, Any], served: ServedModel) -> int:
     return _number(body, "n", int, 1, served.max_n) or 1
 
 
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}  # part type -> its field
+
+
 def _content(content: Any, param: str) -> Any:
-    """A message's content: a string, or text parts joined (anything else is returned for the caller to refuse)."""
+    """A message's content: a string, or its text parts joined by newlines as vLLM joins them (anything else is
+    returned for the caller to refuse)."""
     if isinstance(content, list):  # content parts: text only
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-            raise ApiError(400, f"{param}: only text parts are supported", param=param)
-        return "".join(p["text"] for p in content)
+        if not all(isinstance(p, dict) and isinstance(p.get(TEXT_PARTS.get(p.get("type"), "")), str) for p in content):
+            raise ApiError(400, f"{param}: only text parts are supported ({', '.join(TEXT_PARTS)})", param=param)
+        return "\n".join(p[TEXT_PARTS[p["type"]]] for p in content)
     return content
 
 
@@ -205,7 +217,7 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         calls = (message.get("tool_calls") or None) if role == "assistant" else None  # [] from some clients: none
         if role == "developer":
             role = "system"
-        if calls is not None and content is None:
+        if content is None:  # null (an assistant's with tool_calls, or any): "", as vLLM takes it
             content = ""
         if role not in interface.CHAT_ROLES or not isinstance(content, str):
             raise ApiError(

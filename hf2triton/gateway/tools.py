@@ -60,12 +60,13 @@ def _tool(tool: Any, index: int) -> dict[str, Any]:
     if not isinstance(name, str) or not NAME.match(name):
         message = f"{param}.function.name must be 1-64 letters, digits, underscores or dashes, got {json.dumps(name)[:70]}"
         raise ApiError(400, message, param=f"{param}.function.name")
-    if not isinstance(function.get("description", ""), str):
+    if not isinstance(function.get("description") or "", str):
         raise ApiError(400, f"{param}.function.description must be a string", param=f"{param}.function.description")
-    parameters = function.get("parameters", {})
+    parameters = function.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise ApiError(400, f"{param}.function.parameters must be a JSON schema (an object)", param=f"{param}.function.parameters")
-    return {"type": "function", "function": function}
+    # null description / parameters (pydantic clients send unset fields as null) are absent, as vLLM takes them
+    return {"type": "function", "function": {key: value for key, value in function.items() if value is not None}}
 
 
 def _choice(value: Any, names: list[str]) -> tuple[str, str]:

@@ -31,7 +31,7 @@ def one_beam_answer(params: ModelParameters, device: str, prompt: str, max_new_t
     from hf2triton.serving.tasks import engine_from_parameters
 
     engine = engine_from_parameters(params, device)
-    ids = engine.generate_ids([engine.token_ids(engine.prompt(prompt))], max_new_tokens, beams=False)[0]
+    ids = engine.generate_ids([engine.text_ids(prompt)], max_new_tokens, beams=False)[0]
     ended = next((at for at, token in enumerate(ids) if token in engine.stop_ids), len(ids))
     return engine.complete_text(ids[:ended]), engine.beams
 

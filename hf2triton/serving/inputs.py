@@ -71,6 +71,8 @@ def stop_strings(values: np.ndarray) -> tuple[str, ...]:
     stops = tuple(_utf8(v, interface.STOP, "stop string", MAX_STOP_BYTES, f"{MAX_STOP_BYTES} bytes") for v in values.reshape(-1))
     if "" in stops:
         raise RequestError(f"'{interface.STOP}' holds an empty string: every stop string needs at least one character")
+    if len(stops) > interface.MAX_STOPS:
+        raise RequestError(f"'{interface.STOP}' holds {len(stops)} strings: at most {interface.MAX_STOPS}")
     return stops
 
 
@@ -351,10 +353,11 @@ def prompt_ids(
     max_new_tokens: int,
     ids: np.ndarray | None = None,
     tools: np.ndarray | None = None,
+    raw: np.ndarray | None = None,
 ) -> list[int]:
-    """A streaming request's prompt as token ids, from `text` (the engine's chat template applied as configured),
-    `messages` with `tools` (the engine's `chat_prompt`) or `ids` (as they are); the engine checks that it and
-    max_new_tokens fit its context."""
+    """A streaming request's prompt as token ids, from `text` (the engine's chat template applied as configured; with
+    `raw` true, never: interface.RAW_PROMPT), `messages` with `tools` (the engine's `chat_prompt`) or `ids` (as they
+    are); the engine checks that it and max_new_tokens fit its context."""
     if tools is not None and messages is None:
         raise RequestError(f"'{interface.TOOLS}' goes with '{interface.MESSAGES}' (the chat template renders them)")
     if (text is not None) + (messages is not None) + (ids is not None) != 1:
@@ -369,11 +372,15 @@ def prompt_ids(
         texts = decode_texts(text, max_bytes)
         if len(texts) != 1:
             raise RequestError(f"a streaming model takes one prompt per request, got {len(texts)}")
-        prompt = engine.prompt(texts[0])
+        as_is = raw is not None and bool(_one_value(raw, interface.RAW_PROMPT, int, (0, 1)))
+        ids = engine.text_ids(texts[0], raw=as_is)
     else:
+        if raw is not None:
+            raise RequestError(f"'{interface.RAW_PROMPT}' goes with '{interface.TEXT}' (messages always take the chat template)")
         tools_json = decode_texts(tools, max_bytes) if tools is not None else None
-        prompt = engine.chat_prompt(decode_texts(messages, max_bytes), tools_json)
-    ids = engine.token_ids(prompt)
+        ids = engine.token_ids(engine.chat_prompt(decode_texts(messages, max_bytes), tools_json))
+    if not ids:  # a text of tokens the tokenizer drops: nothing for the model to continue
+        raise RequestError("the prompt encodes to no tokens: send text the model's tokenizer keeps")
     engine.check_length(len(ids), max_new_tokens)
     return ids
 

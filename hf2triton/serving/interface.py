@@ -43,6 +43,10 @@ FINISH_REASON = "finish_reason"
 # would outlive its client there; with KEEPALIVE true it gets an empty piece (TEXT_OUTPUT "") every KEEPALIVE_S until
 # its first real one, and the write to a closed connection cancels it as gRPC's closed stream does at once.
 KEEPALIVE = "hf2triton_keepalive"
+# The start of an error that is the server's fault, not the request's (an engine that raised, a model being unloaded):
+# Triton's INTERNAL code where the backend has codes, and these words, which the gateway answers as 500 (an error
+# event of Triton's HTTP stream carries no code). A request's own mistakes are INVALID_ARG (400).
+INTERNAL_ERROR = "internal error: "
 KEEPALIVE_S = 0.5
 PROMPT_TOKENS = "prompt_tokens"
 COMPLETION_TOKENS = "completion_tokens"
@@ -58,6 +62,10 @@ NO_LOGPROBS = -1
 MAX_LOGPROBS = 20
 PROMPT_LOGPROBS = "prompt_logprobs"
 PROMPT_IDS = "prompt_ids"
+# RAW_PROMPT (BOOL, with TEXT): the text is the prompt as it is -- no chat template, the tokenizer's special tokens (a
+# BOS) added as it adds them: vLLM's and OpenAI's /v1/completions prompt (the gateway sends it with every string prompt
+# there). Without it a TEXT prompt takes the chat template as generation.chat_template says.
+RAW_PROMPT = "raw_prompt"
 TOKEN_LOGPROBS = "token_logprobs"  # noqa: S105 - a tensor name
 # Constrained decoding (structured output; streaming generation): GUIDED (BYTES [1]) a JSON object {"kind": K, "value":
 # V}: json_schema -> V a JSON schema (object); json_object -> V null (any JSON object); regex -> V a regex string;
@@ -196,6 +204,7 @@ def auto_class(task: str, model_dir: str = "") -> str:
 MAX_NEW_TOKENS_RANGE = (1, 8192)
 TOP_P_RANGE = (1e-6, 1.0)
 TOP_K_RANGE = (0, 100_000)
+MAX_STOPS = 64  # stop strings per request (vLLM sets no limit; lm-eval's code tasks send 5-6)
 SEED_RANGE = (0, 2**63 - 1)
 TEMPERATURE_RANGE = (0.0, 100.0)
 # Sampling divides the logits by the temperature: a tiny one (1e-45, a float32 denormal) makes them inf and
@@ -262,6 +271,7 @@ STREAMING_OPTIONS = (
     Tensor(LOGPROBS, "INT32", optional=True),
     Tensor(PROMPT_LOGPROBS, "BOOL", optional=True),
     Tensor(PROMPT_IDS, "INT64", (-1,), optional=True),
+    Tensor(RAW_PROMPT, "BOOL", optional=True),
     Tensor(TOOLS, "BYTES", optional=True),
     Tensor(GUIDED, "BYTES", optional=True),
 )

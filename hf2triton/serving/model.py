@@ -18,6 +18,7 @@ reference the served outputs must match.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
@@ -106,14 +107,16 @@ class KeepAlive:
 
 
 def cancelled_response():
-    code = getattr(getattr(pb_utils, "TritonError", None), "CANCELLED", None)
-    error = pb_utils.TritonError("request cancelled", code) if code is not None else pb_utils.TritonError("request cancelled")
-    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+    return error_response("request cancelled", "CANCELLED")
 
 
-def error_response(message: str):
-    """An error response for one request; 400-class (INVALID_ARG) where the backend supports codes."""
-    code = getattr(getattr(pb_utils, "TritonError", None), "INVALID_ARG", None)
+def error_response(message: str, kind: str = "INVALID_ARG"):
+    """An error response for one request: the request's mistake (400-class, INVALID_ARG), or with kind INTERNAL the
+    server's own failure (its message then starts with interface.INTERNAL_ERROR), UNAVAILABLE or CANCELLED, each with
+    its code where the backend supports codes."""
+    if kind == "INTERNAL" and not message.startswith(interface.INTERNAL_ERROR):
+        message = interface.INTERNAL_ERROR + message
+    code = getattr(getattr(pb_utils, "TritonError", None), kind, None)
     error = pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
     return pb_utils.InferenceResponse(output_tensors=[], error=error)
 
@@ -270,7 +273,7 @@ class TritonPythonModel:
                 self.batcher.run_forever()
                 return
             except Exception as err:  # noqa: BLE001 - a failed pass ends its sequences, not the loop
-                message = f"generation failed: {type(err).__name__}: {err}"
+                message = f"{interface.INTERNAL_ERROR}generation failed: {type(err).__name__}: {err}"
                 self._log(f"hf2triton: {message}")
                 self.batcher.fail_all(message)
 
@@ -285,6 +288,7 @@ class TritonPythonModel:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
             raw = {name: self._optional(request, name) for name in (interface.MAX_NEW_TOKENS, interface.TEMPERATURE)}
+            by_default = raw[interface.MAX_NEW_TOKENS] is None  # generation.max_new_tokens, cut to what the context leaves
             echo = inputs.asks_prompt_logprobs(self._optional(request, interface.PROMPT_LOGPROBS))
             options = inputs.generation_options(raw, self.defaults, nothing_generated=echo)
             names = (interface.TOP_P, interface.TOP_K, interface.SEED, interface.STOP, interface.LOGPROBS, interface.PROMPT_LOGPROBS)
@@ -292,9 +296,13 @@ class TritonPythonModel:
             raw = {name: self._optional(request, name) for name in names}
             sampling = sequences.Sampling(**inputs.sampling_values(raw, options, self.params))
             self._check_logprobs(sampling)
-            names = (interface.TEXT, interface.MESSAGES, interface.PROMPT_IDS, interface.TOOLS)
-            text, messages, ids, tools = (self._optional(request, name) for name in names)
-            prompt_ids = inputs.prompt_ids(self.engine, text, messages, self.max_bytes, options[interface.MAX_NEW_TOKENS], ids, tools)
+            names = (interface.TEXT, interface.MESSAGES, interface.PROMPT_IDS, interface.TOOLS, interface.RAW_PROMPT)
+            text, messages, ids, tools, raw = (self._optional(request, name) for name in names)
+            max_new_tokens = 1 if by_default else options[interface.MAX_NEW_TOKENS]  # by default: room for one at least
+            prompt_ids = inputs.prompt_ids(self.engine, text, messages, self.max_bytes, max_new_tokens, ids, tools, raw)
+            if by_default:  # a prompt that fits is not refused for a limit its client never sent (vLLM: what is left)
+                room = self.engine.room(len(prompt_ids))
+                sampling = dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room))
             stream_flag = self._optional(request, interface.STREAM)
             stream = bool(stream_flag.reshape(-1)[0]) if stream_flag is not None else True
         except inputs.RequestError as err:
@@ -324,8 +332,10 @@ class TritonPythonModel:
                     pieces.append(text)
                 return
             if finish.reason == "error":  # never an empty message: Triton's gRPC front end drops the error then
-                message = finish.message or "generation failed; the server log says why"
-                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)), flags=final)
+                message = finish.message or f"{interface.INTERNAL_ERROR}generation failed; the server log says why"
+                # the server's failure, or the request's own (its grammar's dead end: sequence.error)
+                kind = "INTERNAL" if message.startswith(interface.INTERNAL_ERROR) else "INVALID_ARG"
+                sender.send(error_response(message, kind), flags=final)
                 return
             body = text if stream else "".join(pieces) + text
             tensors = [
@@ -343,9 +353,7 @@ class TritonPythonModel:
         except inputs.RequestError as err:  # a grammar that does not compile (the torch batchers compile it here)
             sender.send(error_response(str(err)), flags=final)
         except sequences.Busy as err:
-            code = getattr(pb_utils.TritonError, "UNAVAILABLE", None)
-            error = pb_utils.TritonError(str(err), code) if code is not None else pb_utils.TritonError(str(err))
-            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=final)
+            sender.send(error_response(str(err), "UNAVAILABLE"), flags=final)
 
     def _answer_whole(self, whole: list[tuple]) -> None:
         """Whole answers from the engine's generate() (a text2text checkpoint's beam search, as its pipeline), one
@@ -361,7 +369,7 @@ class TritonPythonModel:
                 message = f"generation failed: {type(err).__name__}: {err}"
                 self._log(f"hf2triton: {message}")
                 for sender, _, _ in members:
-                    sender.send(error_response(message), flags=final)
+                    sender.send(error_response(message, "INTERNAL"), flags=final)
                 continue
             for (sender, prompt_ids, _), ids in zip(members, answers):
                 ended = next((at for at, token in enumerate(ids) if token in self.engine.stop_ids), None)
@@ -413,7 +421,7 @@ class TritonPythonModel:
                 message = f"inference failed: {type(err).__name__}: {err}"
                 self._log(f"hf2triton: {message}")
                 for index, _ in members:
-                    responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+                    responses[index] = error_response(message, "INTERNAL")
                 continue
             start = 0
             for index, texts in members:
@@ -441,8 +449,7 @@ class TritonPythonModel:
 
         def done(texts: list[str] | None, prompts: list[list[int]] | None, error: str) -> None:
             if texts is None:
-                failed = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(error))
-                sender.send(cancelled_response() if error == "cancelled" else failed, flags=final)
+                sender.send(cancelled_response() if error == "cancelled" else error_response(error, "INTERNAL"), flags=final)
                 return
             languages = [self.engine.spoken(options.get(interface.LANGUAGE, ""), prompt) for prompt in prompts]
             outputs = self.engine.text_outputs(texts, audios, languages)
@@ -453,8 +460,7 @@ class TritonPythonModel:
         try:
             self.engine.transcribe(audios, generate, done, cancelled=gone)
         except Exception as err:  # noqa: BLE001 - its features failed (memory): this request's error, not the batch's
-            failed = pb_utils.TritonError(f"transcription failed: {type(err).__name__}: {err}")
-            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=failed), flags=final)
+            sender.send(error_response(f"transcription failed: {type(err).__name__}: {err}", "INTERNAL"), flags=final)
         return True
 
     def finalize(self) -> None:

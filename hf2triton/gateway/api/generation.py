@@ -42,9 +42,10 @@ async def generate(
 ) -> AsyncIterator[Piece]:
     """Async iterator of the Pieces of a Triton stream (gRPC, or Triton's HTTP event stream where the gateway has
     --http); cancelling the iteration (a client gone) cancels the Triton request. `prompt`: a text, token ids
-    (interface.PROMPT_IDS) or chat messages."""
+    (interface.PROMPT_IDS) or chat messages; a text is a /v1/completions prompt, taken as it is (interface.RAW_PROMPT:
+    no chat template, as vLLM takes it)."""
     if isinstance(prompt, str):
-        texts, inputs = [prompt], options
+        texts, inputs = [prompt], {**options, interface.RAW_PROMPT: True}
     else:
         texts, inputs = [], {**options, (interface.PROMPT_IDS if prompt and isinstance(prompt[0], int) else interface.MESSAGES): prompt}
     pieces = _http_pieces if gateway.http_url else _grpc_pieces

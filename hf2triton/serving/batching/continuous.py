@@ -26,9 +26,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .. import interface
 from .grammar import Grammars
 from .responder import Responder
 from .sequences import Busy, Finish, Sequence, TokenLogprob
+from .settings import StepSettings
 from .text import append_token, detokenizer, eos_token_ids, sample_tokens, token_logprobs
 
 
@@ -113,6 +115,7 @@ class ContinuousBatcher:
         context: int,
         max_prefill_tokens: int | None = None,
         responder: Responder | None = None,
+        settings: StepSettings | None = None,
     ):
         import torch
 
@@ -140,7 +143,8 @@ class ContinuousBatcher:
         self.steps = 0
         self.responder = responder  # None: emit on this thread and ask `cancelled()` directly (in-process use)
         self.grammars = Grammars(tokenizer, _vocabulary(model, tokenizer), self.eos_ids)  # constrained decoding
-        self.settings = None  # a checkpoint's per-step generation settings (settings.StepSettings), where a subclass reads them
+        # the checkpoint's per-step settings (repetition penalty, n-gram blocking, forced tokens...) as generate() applies them
+        self.settings = settings
         # a padded batch's 4-D mask built here (causal_mask) instead of by transformers' builder, a vmap over its mask
         # functions: ~1.9 ms per pass on 2 CPU cores (SmolLM2, 8 rows: 1.06x the tokens/s, benchmarks/probes/own_masks.py)
         # probed only where this class's _forward, the one that reads it, runs the passes (not seq2seq's, not ONNX's)
@@ -424,9 +428,13 @@ class ContinuousBatcher:
             if not sequence.sampling.max_new_tokens:  # the prompt's log-probabilities only (an echo): nothing generated
                 done[offset + index] = "length"
                 continue
-            reason = self.grammars.advance(sequence, token)  # a guided row's grammar takes the token first
-            if reason != "error":
-                reason = append_token(sequence, token, self.eos_ids, self.context, self.detokenizer, collect) or reason
+            try:
+                reason = self.grammars.advance(sequence, token)  # a guided row's grammar takes the token first
+                if reason != "error":
+                    reason = append_token(sequence, token, self.eos_ids, self.context, self.detokenizer, collect) or reason
+            except Exception as err:  # noqa: BLE001 - this row's text or grammar failed: it ends, the batch goes on
+                sequence.error, reason = f"{interface.INTERNAL_ERROR}generation failed: {type(err).__name__}: {err}", "error"
+                print(f"hf2triton: {sequence.error}", file=sys.stderr, flush=True)  # the server log
             if reason:
                 done[offset + index] = reason
         if self.responder is not None:

@@ -80,9 +80,7 @@ class Seq2SeqBatcher(ContinuousBatcher):
         settings: StepSettings | None = None,
         **kwargs,
     ):
-        super().__init__(model, tokenizer, device, max_sequences, max_queue, context, **kwargs)
-        # the checkpoint's n-gram blocking, minimum length, forced tokens... as generate() applies them (greedy: its tokens)
-        self.settings = settings
+        super().__init__(model, tokenizer, device, max_sequences, max_queue, context, settings=settings, **kwargs)
         # the request check bounds the answer (engine.check_length); a prompt takes no decoder position
         self.context = sys.maxsize
         self.last_logits = {}

@@ -9,7 +9,7 @@ Standard library + transformers (imported when a batcher starts): copied next to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 # the generation_config.json fields applied per decoding step, in the order generate() applies them
 STEP_FIELDS = (
@@ -23,6 +23,20 @@ STEP_FIELDS = (
     "suppress_tokens",
     "begin_suppress_tokens",
 )
+
+
+def checkpoint_generation_config(model, model_dir: str):
+    """The generation config generate() applies: the torch model's own, else (an ONNX Runtime decoder) the saved
+    generation_config.json; None without one."""
+    from transformers import GenerationConfig
+
+    config = getattr(model, "generation_config", None)
+    if isinstance(config, GenerationConfig):
+        return config
+    try:
+        return GenerationConfig.from_pretrained(model_dir)
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -99,12 +113,24 @@ class StepSettings:
     def apply(self, torch, rows: list, logits, decoder_ids) -> object:
         """`logits` [rows, vocabulary] with each row's processors applied (a new tensor; the raw logits stay for
         log-probabilities). `decoder_ids(sequence)`: (the row's decoder input so far, its length at the start)."""
+        if self.repetition_penalty is not None and replace(self, repetition_penalty=None) == StepSettings():
+            return self._penalised(torch, rows, logits, decoder_ids)  # a chat model's one setting: the whole batch at once
         out = logits.clone()
         for index, sequence in enumerate(rows):
             ids, start = decoder_ids(sequence)
             chain = self.processors(start, start + sequence.sampling.max_new_tokens, logits.device)
             out[index : index + 1] = chain(torch.tensor([ids], dtype=torch.long, device=logits.device), out[index : index + 1])
         return out
+
+    def _penalised(self, torch, rows: list, logits, decoder_ids) -> object:
+        """transformers' RepetitionPenaltyLogitsProcessor on every row in one gather and scatter (the same values):
+        each row's ids padded with its first one, which a repeat leaves as it is."""
+        ids = [decoder_ids(sequence)[0] for sequence in rows]
+        width = max(len(row) for row in ids)
+        padded = torch.tensor([row + row[:1] * (width - len(row)) for row in ids], dtype=torch.long).to(logits.device)
+        score = logits.gather(1, padded)
+        score = torch.where(score < 0, score * self.repetition_penalty, score / self.repetition_penalty)
+        return logits.scatter(1, padded, score)
 
 
 def _short(value) -> str:

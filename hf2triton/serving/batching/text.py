@@ -137,9 +137,7 @@ def append_token(sequence: Sequence, token: int, eos_ids: set[int], context: int
     # a guided answer is exactly the tokens its grammar accepted: no clean-up (" ," stays)
     clean_up = detokenizer.clean_up if not options.guided else None
     if detokenizer.stream is not None:
-        if sequence.decode_stream is None:
-            sequence.decode_stream = detokenizer.stream()
-        piece = sequence.decode_stream(token) or ""  # None: a split character, a special token
+        piece = _stream_step(sequence, token, detokenizer)
     else:
         piece = new_text(detokenizer.decode, sequence, raw=clean_up is not None)
     unsettled = 0
@@ -148,11 +146,11 @@ def append_token(sequence: Sequence, token: int, eos_ids: set[int], context: int
     else:
         sequence.raw += piece
         complete, unsettled = cleaned_text(sequence, clean_up)
-    for stop in options.stop:
-        at = complete.find(stop, max(0, sequence.sent - len(stop)))
-        if at >= 0:
-            sequence.text = complete[:at]
-            return "stop"
+    # the earliest stop string in the text ends it, whichever of them is listed first (none stays in the answer)
+    found = [at for stop in options.stop if (at := complete.find(stop, max(0, sequence.sent - len(stop)))) >= 0]
+    if found:
+        sequence.text = complete[: min(found)]
+        return "stop"
     sequence.text = complete
     held = max([unsettled, *(len(s) - 1 for s in options.stop)])  # a stop string may be arriving
     visible = len(sequence.text) - held
@@ -166,6 +164,24 @@ def append_token(sequence: Sequence, token: int, eos_ids: set[int], context: int
     if options.time_limit_s and time.monotonic() - sequence.started > options.time_limit_s:
         return "time"
     return None
+
+
+INVALID_PREFIX = "Invalid prefix encountered"  # tokenizers' DecodeStream, once bytes it held cannot become text
+
+
+def _stream_step(sequence: Sequence, token: int, detokenizer: Detokenizer) -> str:
+    """The text `token` completes in the sequence's DecodeStream ("" for a split character or a special token). A
+    byte-fallback tokenizer (Llama-2, Mistral, Gemma) fails the step when bytes it held turn out not to be UTF-8
+    (a newline byte, then a cut-off character): as vLLM does (its issue 17448), a fresh stream takes the token."""
+    if sequence.decode_stream is None:
+        sequence.decode_stream = detokenizer.stream()
+    try:
+        return sequence.decode_stream(token) or ""
+    except Exception as err:
+        if not str(err).startswith(INVALID_PREFIX):
+            raise
+        sequence.decode_stream = detokenizer.stream()
+        return sequence.decode_stream(token) or ""
 
 
 def new_text(decode, sequence: Sequence, raw: bool = False) -> str:

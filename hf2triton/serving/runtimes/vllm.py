@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import interface
 from ..batching.responder import response_threads
 from ..batching.sequences import Busy, Finish, TokenLogprob, add_pending, after_send, ask_if_gone, take_pending
 from .vllm_frontends import Frontend, SharedEngine
@@ -39,7 +40,7 @@ POLL_S = 0.1  # how often the clients of requests that get no output (waiting fo
 STOP_GRACE_S = 5.0  # finalize(): time for cancelled requests to send their final response
 
 # a request vLLM's engine ended with finish reason "error" (its reason is in vLLM's log, in the server log)
-ENGINE_ERROR = "vLLM's engine ended this request with an error; the server log has vLLM's reason"
+ENGINE_ERROR = f"{interface.INTERNAL_ERROR}vLLM's engine ended this request with an error; the server log has vLLM's reason"
 
 # vLLM's finish reasons (and "time", the generator's own) -> the model's (Finish: stop | length |
 # cancelled | time | error)
@@ -341,7 +342,7 @@ class VllmGenerator:
         except asyncio.CancelledError:  # the client is gone (or the model is being unloaded)
             reason = "abort"
         except Exception as err:  # noqa: BLE001 - this request fails; the engine and the others go on
-            reason, message = "error", f"generation failed: {type(err).__name__}: {err}"
+            reason, message = "error", f"{interface.INTERNAL_ERROR}generation failed: {type(err).__name__}: {err}"
             self.log(f"hf2triton: {message}")
         finish = Finish(finish_reason(reason), len(sequence.prompt_ids), completion_tokens(generated, reason, stop_reason), message)
         self._post(stream, last, finish)

@@ -10,6 +10,8 @@ import numpy as np
 
 from .. import interface
 from ..batching.sequences import PARTIAL_CHARACTER
+from ..batching.settings import StepSettings, checkpoint_generation_config
+from ..batching.text import eos_token_ids
 from ..inputs import RequestError, chat_prompt
 from .base import Engine
 
@@ -27,11 +29,28 @@ class GenerationEngine(Engine):
         self.tokenizer.padding_side = "left"  # generation continues at the right end of every row
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        # the checkpoint's per-step settings (a chat model's repetition_penalty: Qwen2.5-Instruct's 1.05-1.1) in the
+        # streamed answers too, as generate() -- the whole answers' -- and transformers' pipeline apply them
+        config = checkpoint_generation_config(self.model, model_dir)
+        self.batcher_options = {"settings": StepSettings.read(config, eos_token_ids(self.model, self.tokenizer))}
+
+    @property
+    def templated(self) -> bool:
+        """Whether a text prompt takes the chat template: generation.chat_template, and a tokenizer that has one."""
+        return bool(self.options.get("chat_template", interface.DEFAULTS.chat_template) and getattr(self.tokenizer, "chat_template", None))
 
     def prompt(self, text: str) -> str:
-        if self.options.get("chat_template", interface.DEFAULTS.chat_template) and getattr(self.tokenizer, "chat_template", None):
+        if self.templated:
             return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
         return text
+
+    def text_ids(self, text: str, raw: bool = False) -> list[int]:
+        """A text prompt's token ids: the chat template applied as configured, or (untemplated, or `raw`: a
+        /v1/completions prompt) the text with the tokenizer's special tokens (a BOS), as transformers' pipeline and
+        vLLM encode a prompt."""
+        if raw or not self.templated:
+            return self.tokenizer(text)["input_ids"]
+        return self.token_ids(self.prompt(text))
 
     def chat_prompt(self, messages_json: list[str], tools_json: list[str] | None = None) -> str:
         """A chat request's prompt: the chat template over its messages and tools (a streaming request's `messages`
@@ -39,7 +58,7 @@ class GenerationEngine(Engine):
         return chat_prompt(self.tokenizer, messages_json, tools_json)
 
     def token_ids(self, prompt: str) -> list[int]:
-        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]  # the template (if any) holds them
+        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]  # a templated prompt: the template holds them
 
     def check_length(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise RequestError if a prompt plus max_new_tokens exceeds the model's context."""
@@ -48,10 +67,14 @@ class GenerationEngine(Engine):
                 f"prompt of {prompt_tokens} tokens + max_new_tokens={max_new_tokens} exceeds the context of {self.max_length} tokens"
             )
 
+    def room(self, prompt_tokens: int) -> int:
+        """The most tokens an answer to a prompt this long can have: what the context leaves after it."""
+        return max(1, self.max_length - prompt_tokens)
+
     def check_lengths(self, texts: list[str], max_new_tokens: int) -> None:
         """`check_length` for each of `texts`."""
         for text in texts:
-            self.check_length(len(self.token_ids(self.prompt(text))), max_new_tokens)
+            self.check_length(len(self.text_ids(text)), max_new_tokens)
 
     def run(
         self,
@@ -62,7 +85,7 @@ class GenerationEngine(Engine):
     ) -> dict[str, np.ndarray]:
         prompts = [self.prompt(t) for t in texts]
         if self.backend == "onnx":  # the export's own decoder loop (OrtDecoder)
-            batch = self.tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="np")
+            batch = self.tokenizer(prompts, padding=True, add_special_tokens=not self.templated, return_tensors="np")
             pad_id = self.tokenizer.pad_token_id
             new_tokens = self.model.generate(batch["input_ids"], batch["attention_mask"], max_new_tokens, pad_id, temperature).tolist()
         else:
@@ -71,7 +94,7 @@ class GenerationEngine(Engine):
         return {interface.TEXT_OUTPUT: np.array([t.strip().encode("utf-8") for t in texts_out], dtype=np.object_)}
 
     def _generate_torch(self, prompts: list[str], max_new_tokens: int, temperature: float) -> list[list[int]]:
-        batch = self.tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
+        batch = self.tokenizer(prompts, padding=True, add_special_tokens=not self.templated, return_tensors="pt")
         batch = {k: v.to(self.device) for k, v in batch.items()}
         sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         with self.torch.inference_mode():
@@ -97,8 +120,9 @@ class VllmEngine:
     the served context), and `batcher` takes them as the torch continuous batcher does (submit / stop)."""
 
     outputs = (interface.TEXT_OUTPUT,)
-    prompt, chat_prompt = GenerationEngine.prompt, GenerationEngine.chat_prompt
-    token_ids, check_length = GenerationEngine.token_ids, GenerationEngine.check_length
+    templated, prompt, chat_prompt = GenerationEngine.templated, GenerationEngine.prompt, GenerationEngine.chat_prompt
+    text_ids, token_ids, check_length = GenerationEngine.text_ids, GenerationEngine.token_ids, GenerationEngine.check_length
+    room = GenerationEngine.room
 
     def __init__(self, params: interface.ModelParameters, device: str, log=print, instance: dict[str, str] | None = None):
         from transformers import AutoTokenizer

@@ -81,6 +81,14 @@ class Text2TextEngine(GenerationEngine):
     def token_ids(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt)["input_ids"]  # with the model's special tokens (T5's and BART's </s>)
 
+    def text_ids(self, text: str, raw: bool = False) -> list[int]:
+        """The encoder's input: the task's prefix and the text (no chat template to leave out, `raw` or not)."""
+        return self.token_ids(self.prompt(text))
+
+    def room(self, prompt_tokens: int) -> int:
+        """The decoder's own context: the input is the encoder's."""
+        return self.max_length
+
     def check_length(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """The input must fit the encoder and the answer the decoder (each up to the model's context)."""
         if prompt_tokens > self.max_length:
