@@ -10,7 +10,7 @@ from hf2triton.serving.batching.continuous import ContinuousBatcher
 from hf2triton.serving.batching.sequences import Busy, Sampling, Sequence
 from hf2triton.serving.batching.settings import StepSettings
 from hf2triton.serving.batching.slots import SlotBatcher
-from hf2triton.serving.batching.text import Detokenizer, append_token
+from hf2triton.serving.batching.text import Detokenizer, append_token, detokenizer
 from hf2triton.serving.interface import DEFAULTS, INTERNAL_ERROR
 
 
@@ -138,6 +138,47 @@ def test_a_decode_stream_failing_on_bytes_that_are_no_text_restarts_at_the_token
     sequence = Sequence([5], Sampling(max_new_tokens=8), Collector())
     assert [append_token(sequence, token, set(), 100, words, lambda *_: None) for token in (1, 2, 3)] == [None] * 3
     assert sequence.text == "abc" and streams == [0, 1]
+
+
+@pytest.fixture(scope="module")
+def byte_fallback_tokenizer(tmp_path_factory):
+    """A Llama-2-style tokenizer trained here: BPE with byte fallback, Metaspace "▁", a decoder that strips the
+    text's first space (what Llama-2, Mistral and Gemma ship)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import AutoTokenizer, LlamaTokenizerFast
+
+    corpus = ["Hello world. The capital of France is Paris.", "I like pizza, don't you?", "Tell me a story about a dragon!"] * 20
+    raw = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    raw.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
+    raw.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens]))
+    raw.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    path = tmp_path_factory.mktemp("byte-fallback")
+    LlamaTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>", legacy=True).save_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def test_a_byte_fallback_tokenizers_stream_keeps_the_first_space_and_survives_bytes_that_are_no_text(byte_fallback_tokenizer):
+    """The torch batchers' text as vLLM's: the first generated token decodes after the prompt (" Paris" after "The
+    capital of France is", as transformers' pipeline gives it too), and a newline byte followed by a cut-off character
+    (`<0x0A> <0xE2> <0x80>`, then a word), which made tokenizers' DecodeStream raise "Invalid prefix encountered" and
+    failed the whole batch, leaves an answer that goes on."""
+    tokenizer = byte_fallback_tokenizer
+    words = detokenizer(tokenizer)
+    assert words.stream is not None, "the tokenizers DecodeStream path"
+    prompt = tokenizer("The capital of France is")["input_ids"]
+    answer = tokenizer(" Paris. Hello", add_special_tokens=False)["input_ids"]
+    sequence = Sequence(prompt, Sampling(max_new_tokens=16), Collector())
+    for token in answer:
+        append_token(sequence, token, {tokenizer.eos_token_id}, 1000, words, lambda *_: None)
+    whole = tokenizer.decode(prompt + answer, skip_special_tokens=True)
+    assert sequence.text.startswith(" Paris") and sequence.text == whole[len(tokenizer.decode(prompt, skip_special_tokens=True)) :]
+    broken = [tokenizer.convert_tokens_to_ids(t) for t in ("\u2581Hello", "<0x0A>", "<0xE2>", "<0x80>", "\u2581Hello")]
+    sequence = Sequence(prompt, Sampling(max_new_tokens=16), Collector())
+    reasons = [append_token(sequence, token, {tokenizer.eos_token_id}, 1000, words, lambda *_: None) for token in broken]
+    # the bytes the failed stream held (the newline, the cut-off character) are dropped, as vLLM drops them
+    assert reasons == [None] * 5 and sequence.text.startswith(" Hello") and sequence.text.endswith("Hello"), repr(sequence.text)
 
 
 def test_a_row_whose_text_fails_ends_with_an_internal_error_and_the_batch_decodes_on(llm, new_batcher):

@@ -15,6 +15,7 @@ Standard library + torch (imported when a batcher starts): copied next to model.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 
@@ -81,6 +82,8 @@ class Seq2SeqBatcher(ContinuousBatcher):
         **kwargs,
     ):
         super().__init__(model, tokenizer, device, max_sequences, max_queue, context, settings=settings, **kwargs)
+        # the answer starts the decoder's own text (its prompt is the encoder's input): no leading space, as the pipeline
+        self.detokenizer = dataclasses.replace(self.detokenizer, primed=False)
         # the request check bounds the answer (engine.check_length); a prompt takes no decoder position
         self.context = sys.maxsize
         self.last_logits = {}

@@ -30,6 +30,7 @@ class Detokenizer:
     decode: Callable[..., str]
     clean_up: Callable[[str], str] | None = None
     stream: Callable[[], Callable[[int], str | None]] | None = None
+    primed: bool = True  # a stream first reads the prompt's last tokens (a decoder-only model's answer continues them)
 
 
 def detokenizer(tokenizer) -> Detokenizer:
@@ -169,12 +170,35 @@ def append_token(sequence: Sequence, token: int, eos_ids: set[int], context: int
 INVALID_PREFIX = "Invalid prefix encountered"  # tokenizers' DecodeStream, once bytes it held cannot become text
 
 
+PRIMING_TOKENS = (4, 24)  # vLLM's: the shortest prompt suffix of 4..23 tokens that decodes to whole characters
+
+
+def _primed_stream(sequence: Sequence, detokenizer: Detokenizer) -> Callable[[int], str | None]:
+    """A DecodeStream that has read the prompt's last tokens (their text dropped), as vLLM primes its own: the first
+    generated token decodes after the prompt, not at the start of a text -- a SentencePiece tokenizer (Llama-2,
+    Mistral, Gemma) keeps its leading space (" Paris", as vLLM and transformers' pipeline give it; "Paris" after
+    "The capital of France is" joined "isParis")."""
+    step = detokenizer.stream()
+    prompt = sequence.prompt_ids
+    low, high = PRIMING_TOKENS
+    suffix = next(
+        (prompt[-n:] for n in range(low, min(len(prompt) + 1, high)) if PARTIAL_CHARACTER not in detokenizer.decode(prompt[-n:])),
+        prompt[-low:],
+    )
+    try:
+        for token in suffix:
+            step(token)
+    except Exception:  # noqa: BLE001 - a suffix it cannot read: the answer's text starts on its own, as before
+        return detokenizer.stream()
+    return step
+
+
 def _stream_step(sequence: Sequence, token: int, detokenizer: Detokenizer) -> str:
     """The text `token` completes in the sequence's DecodeStream ("" for a split character or a special token). A
     byte-fallback tokenizer (Llama-2, Mistral, Gemma) fails the step when bytes it held turn out not to be UTF-8
     (a newline byte, then a cut-off character): as vLLM does (its issue 17448), a fresh stream takes the token."""
     if sequence.decode_stream is None:
-        sequence.decode_stream = detokenizer.stream()
+        sequence.decode_stream = _primed_stream(sequence, detokenizer) if detokenizer.primed else detokenizer.stream()
     try:
         return sequence.decode_stream(token) or ""
     except Exception as err:
