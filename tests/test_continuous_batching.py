@@ -216,6 +216,34 @@ def test_a_checkpoints_step_settings_give_generates_greedy_tokens(llm, new_batch
     assert answers[0].text != solo(llm, PROMPTS[0], 12), "the penalty changes this model's answer"
 
 
+def greedy_with_penalties(llm, prompt: str, new_tokens: int, presence: float, frequency: float) -> list[int]:
+    """The reference: the model's greedy tokens, each step's logits less OpenAI's penalties on the tokens so far."""
+    import torch
+
+    model, tokenizer = llm
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer: list[int] = []
+    with torch.inference_mode():
+        for _ in range(new_tokens):
+            logits = model(torch.tensor([ids + answer])).logits[0, -1].clone()
+            for token in set(answer):
+                logits[token] -= presence + frequency * answer.count(token)
+            answer.append(int(logits.argmax()))
+    return answer
+
+
+def test_presence_and_frequency_penalties_are_openais(llm, new_batcher):
+    """logit -= presence * [count > 0] + frequency * count on the answer's tokens, row by row: a penalised row next to
+    a plain one (negative values favour repeats: a random model's answer changes for sure)."""
+    batcher = new_batcher(llm)
+    penalised = submit(batcher, llm, PROMPTS[0], max_new_tokens=8, presence_penalty=-1.5, frequency_penalty=-0.5)
+    plain = submit(batcher, llm, PROMPTS[0], max_new_tokens=8)
+    drain(batcher)
+    expected = greedy_with_penalties(llm, PROMPTS[0], 8, -1.5, -0.5)
+    assert penalised.text == llm[1].decode(expected, skip_special_tokens=True) and plain.text == solo(llm, PROMPTS[0], 8)
+    assert penalised.text != plain.text
+
+
 def test_same_seed_same_text(llm, new_batcher):
     batcher = new_batcher(llm)
     runs = [submit(batcher, llm, PROMPTS[1], max_new_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=s) for s in (7, 7, 8)]

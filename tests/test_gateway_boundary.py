@@ -403,8 +403,8 @@ def test_the_http_upstream_answers_as_grpc_does_and_a_stream_that_leaves_frees_i
     ("body", "param"),
     [
         (chat(0, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}), "response_format"),
-        (chat(0, frequency_penalty=0.5), "frequency_penalty"),
-        (chat(0, presence_penalty=-1), "presence_penalty"),
+        (chat(0, repetition_penalty=1.2), "repetition_penalty"),
+        (chat(0, frequency_penalty=3), "frequency_penalty"),
     ],
 )
 def test_parameters_not_honoured_are_400_naming_them(gateway, body, param):

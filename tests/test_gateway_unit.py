@@ -60,8 +60,8 @@ def test_sampling_parameters_map_to_model_inputs():
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
-        ({"presence_penalty": -1}, "presence_penalty"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty"),
+        ({"presence_penalty": True}, "presence_penalty"),
         ({"stop": ["ok", "a\ud800"]}, "stop"),
     ],
 )
@@ -78,8 +78,9 @@ def test_what_vllm_takes_is_taken_as_vllm_takes_it():
     assert generation_options({"stop": stops}) == {"stop": stops}
     assert generation_options({"top_k": 5}) == {"top_k": 5}
     assert generation_options({"top_k": -1}) == generation_options({"top_k": 0}) == {}, "vLLM's off"
-    neutral = {"repetition_penalty": 1.0, "min_p": 0.0, "min_tokens": 0, "top_logprobs": 0, "modalities": ["text"]}
+    neutral = {"repetition_penalty": 1.0, "min_p": 0.0, "min_tokens": 0, "top_logprobs": 0, "modalities": ["text"], "presence_penalty": 0}
     assert generation_options(neutral) == {}
+    assert generation_options({"presence_penalty": 0.5, "frequency_penalty": -1}) == {"presence_penalty": 0.5, "frequency_penalty": -1.0}
     assert generation_options({"seed": -1}) == {"seed": 2**63 - 1}
     assert generation_options({"seed": 7}) == {"seed": 7}
 

@@ -443,12 +443,17 @@ def test_sampling_arguments_and_finish():
         "temperature": 0.0,
         "top_p": 1.0,
         "top_k": 0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
         "seed": None,
         "stop": [],
         "include_stop_str_in_output": False,
         "skip_special_tokens": True,
     }
-    chosen = sampling_arguments(Sampling(max_new_tokens=9, temperature=0.7, top_p=0.9, top_k=40, seed=3, stop=("\n", "END")))
+    chosen = sampling_arguments(
+        Sampling(max_new_tokens=9, temperature=0.7, top_p=0.9, top_k=40, seed=3, stop=("\n", "END"), presence_penalty=0.5)
+    )
+    assert chosen["presence_penalty"] == 0.5 and chosen["frequency_penalty"] == 0.0
     assert {k: chosen[k] for k in ("temperature", "top_p", "top_k", "seed", "stop")} == {
         "temperature": 0.7,
         "top_p": 0.9,

@@ -21,7 +21,7 @@ from hf2triton.serving import interface
 UNSUPPORTED_CHAT = ("logit_bias", "audio")  # tools: gateway/tools.py
 # vLLM's extra sampling parameters this server does not apply: refused unless neutral (a client sending its defaults
 # must not fail; one asking for the effect must not silently get plain sampling)
-NEUTRAL_VALUES = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1, "min_p": 0, "min_tokens": 0}
+NEUTRAL_VALUES = {"repetition_penalty": 1, "min_p": 0, "min_tokens": 0}
 INT64_RANGE = (-(2**63), 2**63 - 1)
 FINISH_REASONS = {"stop": "stop", "length": "length", "time": "length", "cancelled": "stop"}  # the model's -> OpenAI's
 
@@ -128,6 +128,10 @@ def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX
     top_k = _number(body, "top_k", int, -1, interface.TOP_K_RANGE[1])  # vLLM's extra parameter; -1 and 0: off
     if top_k is not None and top_k > 0:
         options[interface.TOP_K] = top_k
+    for key in (interface.PRESENCE_PENALTY, interface.FREQUENCY_PENALTY):
+        penalty = _number(body, key, float, *interface.PENALTY_RANGE)
+        if penalty:
+            options[key] = penalty
     seed = _number(body, "seed", int, *INT64_RANGE)  # any 64-bit integer, as vLLM takes it; the model's are >= 0
     if seed is not None:
         options[interface.SEED] = seed % (interface.SEED_RANGE[1] + 1)

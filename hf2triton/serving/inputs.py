@@ -277,6 +277,9 @@ def sampling_values(raw: dict[str, Any], options: dict[str, Any], params: Any) -
         values["top_p"] = _one_value(raw[interface.TOP_P], interface.TOP_P, float, interface.TOP_P_RANGE)
     if raw.get(interface.TOP_K) is not None:
         values["top_k"] = _one_value(raw[interface.TOP_K], interface.TOP_K, int, interface.TOP_K_RANGE)
+    for name in (interface.PRESENCE_PENALTY, interface.FREQUENCY_PENALTY):
+        if raw.get(name) is not None:
+            values[name] = _one_value(raw[name], name, float, interface.PENALTY_RANGE)
     if raw.get(interface.SEED) is not None:
         values["seed"] = _one_value(raw[interface.SEED], interface.SEED, int, interface.SEED_RANGE)
     if raw.get(interface.STOP) is not None:

@@ -23,6 +23,10 @@ TEXT_OUTPUT = "text_output"
 # Streaming generation (decoupled models): more request options and the final response's fields.
 TOP_P = "top_p"
 TOP_K = "top_k"
+# OpenAI's penalties on the answer's own tokens (streaming generation): logit -= presence * [count > 0] + frequency *
+# count, as vLLM applies them (FP32, PENALTY_RANGE; 0: none)
+PRESENCE_PENALTY = "presence_penalty"
+FREQUENCY_PENALTY = "frequency_penalty"
 SEED = "seed"
 STOP = "stop"
 STREAM = "stream"
@@ -203,6 +207,7 @@ def auto_class(task: str, model_dir: str = "") -> str:
 # Limits every request option must respect (the config schema's bounds are the same).
 MAX_NEW_TOKENS_RANGE = (1, 8192)
 TOP_P_RANGE = (1e-6, 1.0)
+PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's
 TOP_K_RANGE = (0, 100_000)
 MAX_STOPS = 64  # stop strings per request (vLLM sets no limit; lm-eval's code tasks send 5-6)
 SEED_RANGE = (0, 2**63 - 1)
@@ -265,6 +270,8 @@ STREAMING_OPTIONS = (
     Tensor(MESSAGES, "BYTES", optional=True),
     Tensor(TOP_P, "FP32", optional=True),
     Tensor(TOP_K, "INT32", optional=True),
+    Tensor(PRESENCE_PENALTY, "FP32", optional=True),
+    Tensor(FREQUENCY_PENALTY, "FP32", optional=True),
     Tensor(SEED, "INT64", optional=True),
     Tensor(STOP, "BYTES", (-1,), optional=True),
     Tensor(STREAM, "BOOL", optional=True),

@@ -31,7 +31,7 @@ from .grammar import Grammars
 from .responder import Responder
 from .sequences import Busy, Finish, Sequence, TokenLogprob
 from .settings import StepSettings
-from .text import append_token, detokenizer, eos_token_ids, sample_tokens, token_logprobs
+from .text import append_token, detokenizer, eos_token_ids, penalized, sample_tokens, token_logprobs
 
 
 def _malloc_trim() -> Callable[[], Any] | None:
@@ -408,6 +408,7 @@ class ContinuousBatcher:
         """Pick each row's next token (a guided row's within its grammar; log-probabilities, for rows that asked, from
         the raw logits), emit new text, and retire the rows that are done."""
         chosen_from = logits if self.settings is None else self.settings.apply(self.torch, rows, logits, self._decoder_ids)
+        chosen_from = penalized(self.torch, rows, chosen_from)
         asked = [index for index, sequence in enumerate(rows) if sequence.sampling.logprobs >= 0]
         copy = chosen_from is logits and bool(asked)  # the raw logits kept for the log-probabilities
         tokens = sample_tokens(self.torch, rows, self.grammars.mask(self.torch, rows, chosen_from, copy))

@@ -35,6 +35,8 @@ class Sampling:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    presence_penalty: float = 0.0  # OpenAI's, on the answer's tokens (interface.PRESENCE_PENALTY); 0 = none
+    frequency_penalty: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     time_limit_s: float = 0.0  # 0 = none

@@ -105,6 +105,20 @@ def fast_decode(tokenizer) -> Callable[..., str]:
     return decode
 
 
+def penalized(torch, rows: list[Sequence], logits):
+    """`logits` with each row's presence / frequency penalties taken off its answer's tokens (OpenAI's and vLLM's rule:
+    logit -= presence * [count > 0] + frequency * count); the same tensor where no row asks for any."""
+    asking = [i for i, row in enumerate(rows) if (row.sampling.presence_penalty or row.sampling.frequency_penalty) and row.generated]
+    if not asking:
+        return logits
+    out = logits.clone()  # the raw logits stay for the log-probabilities
+    for index in asking:
+        options = rows[index].sampling
+        tokens, counts = torch.tensor(rows[index].generated, device=logits.device).unique(return_counts=True)
+        out[index, tokens] -= options.presence_penalty + options.frequency_penalty * counts.to(out.dtype)
+    return out
+
+
 def sample_tokens(torch, rows: list[Sequence], logits) -> list[int]:
     """Each row's next token: the argmax for a greedy row, else a draw from softmax(logits / temperature) within
     top_k / top_p, from the sequence's own generator when it has a seed."""

@@ -100,6 +100,8 @@ def sampling_arguments(sampling: Any) -> dict[str, Any]:
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
         "seed": sampling.seed,
         "stop": list(sampling.stop),
         "include_stop_str_in_output": False,

@@ -4,6 +4,7 @@ batcher: the torch continuous batcher (hf2triton.serving.batching) or, for backe
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,15 @@ class GenerationEngine(Engine):
         self.tokenizer.padding_side = "left"  # generation continues at the right end of every row
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        # the checkpoint's per-step settings (a chat model's repetition_penalty: Qwen2.5-Instruct's 1.05-1.1) in the
-        # streamed answers too, as generate() -- the whole answers' -- and transformers' pipeline apply them
-        config = checkpoint_generation_config(self.model, model_dir)
-        self.batcher_options = {"settings": StepSettings.read(config, eos_token_ids(self.model, self.tokenizer))}
+        self.model_dir = model_dir
+
+    @functools.cached_property
+    def batcher_options(self) -> dict[str, Any]:
+        """What the continuous batcher takes of this model: the checkpoint's per-step settings (a chat model's
+        repetition_penalty, Qwen2.5-Instruct's 1.05-1.1), so streamed answers get them as generate() -- the whole
+        answers' -- and transformers' pipeline apply them."""
+        config = checkpoint_generation_config(self.model, self.model_dir)
+        return {"settings": StepSettings.read(config, eos_token_ids(self.model, self.tokenizer))}
 
     @property
     def templated(self) -> bool:
