@@ -107,6 +107,16 @@ def test_stop_string_ends_and_is_cut(llm, new_batcher):
     assert collector.finish.reason == "stop" and collector.text == full[: full.index(stop)]
 
 
+def test_ignore_eos_goes_on_past_the_end_token():
+    """vLLM's ignore_eos (what benchmarks send for a fixed answer length): the end token is generated and skipped."""
+    words = Detokenizer(lambda ids, **_: "".join({0: "a", 1: "b"}.get(i, "") for i in ids))
+    for ignore, expected in ((False, [None, "stop"]), (True, [None, None, "length"])):
+        sequence = Sequence([5], Sampling(max_new_tokens=3, ignore_eos=ignore), Collector())
+        reasons = [append_token(sequence, token, {9}, 100, words, lambda *_: None) for token in (0, 9, 1)[: len(expected)]]
+        assert reasons == expected, ignore
+    assert sequence.text == "ab" and sequence.generated == [0, 9, 1]
+
+
 def test_the_earliest_stop_string_ends_the_text_whichever_is_listed_first():
     """OpenAI's contract: the answer holds none of its stop strings ("som" comes first in the text)."""
     vocabulary = {0: "Say", 1: " something", 2: " else"}

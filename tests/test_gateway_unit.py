@@ -81,6 +81,7 @@ def test_what_vllm_takes_is_taken_as_vllm_takes_it():
     neutral = {"repetition_penalty": 1.0, "min_p": 0.0, "min_tokens": 0, "top_logprobs": 0, "modalities": ["text"], "presence_penalty": 0}
     assert generation_options(neutral) == {}
     assert generation_options({"presence_penalty": 0.5, "frequency_penalty": -1}) == {"presence_penalty": 0.5, "frequency_penalty": -1.0}
+    assert generation_options({"ignore_eos": True}) == {"ignore_eos": True} and generation_options({"ignore_eos": False}) == {}
     assert generation_options({"seed": -1}) == {"seed": 2**63 - 1}
     assert generation_options({"seed": 7}) == {"seed": 7}
 

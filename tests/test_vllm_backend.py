@@ -445,6 +445,7 @@ def test_sampling_arguments_and_finish():
         "top_k": 0,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
+        "ignore_eos": False,
         "seed": None,
         "stop": [],
         "include_stop_str_in_output": False,

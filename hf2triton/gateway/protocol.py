@@ -132,6 +132,8 @@ def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX
         penalty = _number(body, key, float, *interface.PENALTY_RANGE)
         if penalty:
             options[key] = penalty
+    if flag(body, interface.IGNORE_EOS):  # vLLM's extra (guidellm, vllm bench): a fixed answer length
+        options[interface.IGNORE_EOS] = True
     seed = _number(body, "seed", int, *INT64_RANGE)  # any 64-bit integer, as vLLM takes it; the model's are >= 0
     if seed is not None:
         options[interface.SEED] = seed % (interface.SEED_RANGE[1] + 1)

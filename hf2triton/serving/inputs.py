@@ -280,6 +280,8 @@ def sampling_values(raw: dict[str, Any], options: dict[str, Any], params: Any) -
     for name in (interface.PRESENCE_PENALTY, interface.FREQUENCY_PENALTY):
         if raw.get(name) is not None:
             values[name] = _one_value(raw[name], name, float, interface.PENALTY_RANGE)
+    if raw.get(interface.IGNORE_EOS) is not None:
+        values["ignore_eos"] = bool(_one_value(raw[interface.IGNORE_EOS], interface.IGNORE_EOS, int, (0, 1)))
     if raw.get(interface.SEED) is not None:
         values["seed"] = _one_value(raw[interface.SEED], interface.SEED, int, interface.SEED_RANGE)
     if raw.get(interface.STOP) is not None:

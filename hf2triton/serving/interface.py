@@ -27,6 +27,9 @@ TOP_K = "top_k"
 # count, as vLLM applies them (FP32, PENALTY_RANGE; 0: none)
 PRESENCE_PENALTY = "presence_penalty"
 FREQUENCY_PENALTY = "frequency_penalty"
+# IGNORE_EOS (BOOL, vLLM's extra): the answer goes on past the model's end token, to max_new_tokens or a stop string
+# (what benchmarks ask for, to measure a fixed answer length)
+IGNORE_EOS = "ignore_eos"
 SEED = "seed"
 STOP = "stop"
 STREAM = "stream"
@@ -272,6 +275,7 @@ STREAMING_OPTIONS = (
     Tensor(TOP_K, "INT32", optional=True),
     Tensor(PRESENCE_PENALTY, "FP32", optional=True),
     Tensor(FREQUENCY_PENALTY, "FP32", optional=True),
+    Tensor(IGNORE_EOS, "BOOL", optional=True),
     Tensor(SEED, "INT64", optional=True),
     Tensor(STOP, "BYTES", (-1,), optional=True),
     Tensor(STREAM, "BOOL", optional=True),

@@ -292,7 +292,7 @@ class TritonPythonModel:
             echo = inputs.asks_prompt_logprobs(self._optional(request, interface.PROMPT_LOGPROBS))
             options = inputs.generation_options(raw, self.defaults, nothing_generated=echo)
             names = (interface.TOP_P, interface.TOP_K, interface.SEED, interface.STOP, interface.LOGPROBS, interface.PROMPT_LOGPROBS)
-            names += (interface.GUIDED, interface.PRESENCE_PENALTY, interface.FREQUENCY_PENALTY)
+            names += (interface.GUIDED, interface.PRESENCE_PENALTY, interface.FREQUENCY_PENALTY, interface.IGNORE_EOS)
             raw = {name: self._optional(request, name) for name in names}
             sampling = sequences.Sampling(**inputs.sampling_values(raw, options, self.params))
             self._check_logprobs(sampling)

@@ -37,6 +37,7 @@ class Sampling:
     top_k: int = 0  # 0 = off
     presence_penalty: float = 0.0  # OpenAI's, on the answer's tokens (interface.PRESENCE_PENALTY); 0 = none
     frequency_penalty: float = 0.0
+    ignore_eos: bool = False  # go on past the end token (interface.IGNORE_EOS)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     time_limit_s: float = 0.0  # 0 = none

@@ -146,7 +146,7 @@ def append_token(sequence: Sequence, token: int, eos_ids: set[int], context: int
     string (the text ends before one, which is not part of it) or still change in the clean-up; the finish reason
     when the sequence is done (`context`: the tokens the model attends to)."""
     options = sequence.sampling
-    if token in eos_ids:
+    if token in eos_ids and not options.ignore_eos:
         return "stop"
     sequence.generated.append(token)
     # a guided answer is exactly the tokens its grammar accepted: no clean-up (" ," stays)

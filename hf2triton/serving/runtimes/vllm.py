@@ -102,6 +102,7 @@ def sampling_arguments(sampling: Any) -> dict[str, Any]:
         "top_k": sampling.top_k,
         "presence_penalty": sampling.presence_penalty,
         "frequency_penalty": sampling.frequency_penalty,
+        "ignore_eos": sampling.ignore_eos,
         "seed": sampling.seed,
         "stop": list(sampling.stop),
         "include_stop_str_in_output": False,
