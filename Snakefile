@@ -28,11 +28,15 @@ include: "rules/publish.smk"
 rule serve:
     input:
         rules.validate.output.json,
+        # what gets served: a wiped saved model, export or rendered directory is rebuilt (Snakemake rebuilds a missing
+        # file only for a job that runs: this one always does), not found missing by the server
+        repository=expand(rules.repository.output[0], model=MODELS),
+        built=[path for label, path in BUILT.items() if not label.endswith(":repository")],
     params:
         server=SERVER,
         models=MODELS,
-        work=WORK,
-        repository=REPOSITORY,
+        work=work_of,
+        repository=repository_of,
         openai=to_param(PROJECT.openai),
         gateway_report=results("validation/gateway"),
     log:

@@ -173,6 +173,11 @@ def repository_of(wildcards, input):
     return str(Path(rendered if isinstance(rendered, str) else rendered[0]).parent)
 
 
+def work_of(wildcards, input):
+    """paths.work, derived from the saved models that are inputs (<work>/models/<name>/pretrained)."""
+    return str(next(Path(path) for path in input.built if Path(path).name == "pretrained").parents[2])
+
+
 def artifacts(name, backends):
     """What a model is served from: the saved model, plus its ONNX export / TensorRT engine when a backend
     needs them."""

@@ -3,7 +3,9 @@ rule repository:
     input:
         unpack(repository_inputs),
     output:
-        directory(repository_dir()),
+        # update(): Snakemake keeps it (and puts it back if the step refuses a config value) instead of deleting it
+        # before the step; the step swaps the new directory in atomically. A rendered model is a few small files.
+        update(directory(repository_dir())),
     params:
         serving=serving,
     log:

@@ -219,6 +219,8 @@ def test_sampling_config_validates_and_an_impossible_default_is_refused_first(wo
     result = workflow.run("serve", check=False)
     assert result.returncode == 1 and "generation.max_new_tokens = 8192 does not fit its context of 256 tokens" in result.stderr
     assert workflow.state()["pid"] == pid
+    rendered = workflow.directory / "model_repository" / "generate" / "config.pbtxt"
+    assert rendered.is_file(), "the refused value lost nothing: the rendered model is kept for the next restart"
     answer = client.stream_generate(workflow.settings().url("grpc_port"), "generate", "hello", {"max_new_tokens": 4})
     assert answer["completion_tokens"] >= 1, "the previous version still answers"
 

@@ -100,6 +100,19 @@ def test_server_killed_is_restored_without_rebuilding(tiny_workflow):
     assert host.process_cmdline(new["pid"]) == new["cmdline"]
 
 
+def test_a_wiped_saved_model_and_rendered_directory_are_rebuilt_exactly(tiny_workflow):
+    """A session that lost one model's saved copy (paths.work) and its rendered directory, the rest kept (the report
+    still current): serve plans exactly their rebuild -- it planned nothing, and the server then failed on a
+    config.pbtxt pointing at a missing model_dir -- and serves the model again."""
+    shutil.rmtree(tiny_workflow.work / "models" / "classify" / "pretrained")
+    shutil.rmtree(tiny_workflow.directory / "model_repository" / "classify")
+    dry = tiny_workflow.run("-n", "serve")
+    assert sorted(tiny_workflow.jobs_run(dry)) == ["lint", "pretrained", "repository", "serve", "validate"], dry.stdout[-3000:]
+    result = tiny_workflow.run("serve")
+    assert sorted(tiny_workflow.jobs_run(result)) == ["lint", "pretrained", "repository", "serve", "validate"]
+    assert tiny_workflow.report()["ok"] and (tiny_workflow.directory / "model_repository" / "classify" / "config.pbtxt").is_file()
+
+
 def test_killed_stub_process_is_detected_and_reloaded(tiny_workflow):
     """A dead Python-backend stub leaves the model 'ready' while every request fails: serve must notice."""
     settings = tiny_workflow.settings()

@@ -115,6 +115,10 @@ class StepSettings:
         log-probabilities). `decoder_ids(sequence)`: (the row's decoder input so far, its length at the start)."""
         if self.repetition_penalty is not None and replace(self, repetition_penalty=None) == StepSettings():
             return self._penalised(torch, rows, logits, decoder_ids)  # a chat model's one setting: the whole batch at once
+        return self.per_row(torch, rows, logits, decoder_ids)
+
+    def per_row(self, torch, rows: list, logits, decoder_ids) -> object:
+        """`apply` with transformers' processor chain built and run for each row (any settings)."""
         out = logits.clone()
         for index, sequence in enumerate(rows):
             ids, start = decoder_ids(sequence)
