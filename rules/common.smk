@@ -157,10 +157,15 @@ def serving(wildcards):
 
 
 def local_source(wildcards):
-    """A local source is an input of fetch: editing it refetches that model. Package sources are
-    tracked by their package version instead (a rebuilt venv gives them new mtimes, not new content)."""
-    source = SOURCES[wildcards.model]
-    return [LOCAL_SOURCES[wildcards.model]] if source.kind == "local" else []
+    """A local source's files are inputs of fetch: a file overwritten in place, added or removed refetches that model
+    (the directory's own mtime misses the first). Package sources are tracked by their package version instead (a
+    rebuilt venv gives them new mtimes, not new content)."""
+    if SOURCES[wildcards.model].kind != "local":
+        return []
+    root, gguf = Path(LOCAL_SOURCES[wildcards.model]), PROJECT.model(wildcards.model).gguf_file
+    if root.is_file() or gguf:
+        return [str(root / gguf if gguf and root.is_dir() else root)]
+    return sorted(str(path) for path in root.rglob("*") if path.is_file() and ".cache" not in path.parts)
 
 
 def source_version(wildcards):

@@ -208,6 +208,14 @@ def test_adding_a_model_then_changing_its_source_rebuilds_only_that_model(tiny_w
     assert sorted(jobs) == sorted(["fetch", "pretrained", "repository", "lint", "preflight", "validate", "serve"])
     assert tiny_workflow.report()["models"]["embed2"]["task"] == "text-classification"
 
+    # a file of a local source overwritten in place (the directory's mtime stays): that model is fetched again
+    copy = shutil.copytree(tiny_models["text-classification"], tiny_workflow.directory / "local-classify")
+    extra.update(source=str(copy))
+    tiny_workflow.run("serve")
+    (copy / "config.json").write_text((copy / "config.json").read_text().replace('"positive"', '"good"'))
+    dry = tiny_workflow.run("-n", "serve")
+    assert "fetch" in tiny_workflow.jobs_run(dry) and "local-classify/config.json" in dry.stdout, dry.stdout[-2000:]
+
 
 @pytest.mark.serves_its_own_config
 def test_removing_a_model_removes_only_its_rendered_directory(tiny_workflow):
