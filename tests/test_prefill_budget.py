@@ -43,12 +43,13 @@ def alone(served):
     tokenizer = transformers.AutoTokenizer.from_pretrained(pretrained)
     model = transformers.AutoModelForCausalLM.from_pretrained(pretrained).eval()
 
+    # an untemplated prompt is encoded as transformers' pipeline and vLLM encode it: with the tokenizer's BOS
     def generate(prompt: str, max_new_tokens: int) -> str:
-        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+        ids = tokenizer(prompt, return_tensors="pt")
         out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id)
         return tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True).rstrip("\ufffd")
 
-    generate.tokens = lambda prompt: len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    generate.tokens = lambda prompt: len(tokenizer(prompt)["input_ids"])
     return generate
 
 
