@@ -13,7 +13,7 @@ from hf2triton.errors import UserError
 from hf2triton.integrity import damaged
 from hf2triton.locks import clear_stale_locks
 from hf2triton.pipeline.export import EXPORT_VERSION
-from hf2triton.pipeline.render import SERVING_FILES, serving_files
+from hf2triton.pipeline.render import RENDER_CODE, SERVING_FILES, serving_files
 from hf2triton.pipeline.sources import package_version, resolve_model_sources
 from hf2triton.pipeline.tensorrt import require_tensorrt, tensorrt_version
 from hf2triton.specs import instance_kind, onnx_precision, require_onnx_on_gpu, reserved_gpus, serving_values, to_param
@@ -198,7 +198,7 @@ def repository_inputs(wildcards):
     """Artifacts of the model's backend plus the serving code copied into it (so its code changes re-render)."""
     force_damaged(wildcards.model)
     values = serving_values(PROJECT.model(wildcards.model), GPU_AVAILABLE, host.cpu_count(), PROJECT.vllm_env)
-    code = [str(path) for path in serving_files(values)]
+    code = [str(path) for path in (*serving_files(values), *RENDER_CODE)]
     return {**artifacts(wildcards.model, [PROJECT.model(wildcards.model).backend]), "serving_code": code}
 
 

@@ -24,11 +24,15 @@ from hf2triton.serving.interface import DEFAULT_TOOL_PARSER, FEATURE_EXTRACTION,
 from hf2triton.serving.runtimes import runtime_module
 from hf2triton.serving.tasks import ENGINES, batcher_module
 from hf2triton.specs import VLLM_MAX_MODEL_LEN, ServingValues, VllmSpec, from_param
+from hf2triton.triton import modelconfig
 from hf2triton.triton.modelconfig import HEADER, build_model_config, config_text
 
 log = logging.getLogger(__name__)
 
 SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
+# the code that writes a rendered model (this module, config.pbtxt's builder): inputs of the repository rule with the
+# serving code, so a change to it renders the models again (as EXPORT_VERSION does for exports)
+RENDER_CODE = (Path(__file__).resolve(), Path(modelconfig.__file__).resolve())
 SERVING_MODULE = SERVING_DIR / "model.py"
 # All the serving code (its package's own __init__.py aside: a rendered model.py makes its directory the package);
 # each model gets the part of it `serving_files` names.
