@@ -76,6 +76,11 @@ def stop_strings(values: np.ndarray) -> tuple[str, ...]:
     return stops
 
 
+def _one_flag(raw: Any, name: str) -> bool:
+    """The one value of a BOOL option tensor."""
+    return bool(_one_value(raw, name, int, (0, 1)))
+
+
 def _one_value(raw: Any, name: str, kind: type, bounds: tuple, problem=None) -> Any:
     """The one value of an option tensor, checked against `bounds` (or `problem(value)`: why not allowed)."""
     values = {kind(v) for v in np.asarray(raw).reshape(-1)}
@@ -281,7 +286,7 @@ def sampling_values(raw: dict[str, Any], options: dict[str, Any], params: Any) -
         if raw.get(name) is not None:
             values[name] = _one_value(raw[name], name, float, interface.PENALTY_RANGE)
     if raw.get(interface.IGNORE_EOS) is not None:
-        values["ignore_eos"] = bool(_one_value(raw[interface.IGNORE_EOS], interface.IGNORE_EOS, int, (0, 1)))
+        values["ignore_eos"] = _one_flag(raw[interface.IGNORE_EOS], interface.IGNORE_EOS)
     if raw.get(interface.SEED) is not None:
         values["seed"] = _one_value(raw[interface.SEED], interface.SEED, int, interface.SEED_RANGE)
     if raw.get(interface.STOP) is not None:
@@ -290,7 +295,7 @@ def sampling_values(raw: dict[str, Any], options: dict[str, Any], params: Any) -
         logprobs = _one_value(raw[interface.LOGPROBS], interface.LOGPROBS, int, (interface.NO_LOGPROBS, interface.MAX_LOGPROBS))
         values["logprobs"] = logprobs
     if raw.get(interface.PROMPT_LOGPROBS) is not None:
-        values["prompt_logprobs"] = bool(_one_value(raw[interface.PROMPT_LOGPROBS], interface.PROMPT_LOGPROBS, int, (0, 1)))
+        values["prompt_logprobs"] = _one_flag(raw[interface.PROMPT_LOGPROBS], interface.PROMPT_LOGPROBS)
     if raw.get(interface.GUIDED) is not None:
         values["guided"] = guided_option(raw[interface.GUIDED], params.max_input_bytes)
     return values
@@ -377,7 +382,7 @@ def prompt_ids(
         texts = decode_texts(text, max_bytes)
         if len(texts) != 1:
             raise RequestError(f"a streaming model takes one prompt per request, got {len(texts)}")
-        as_is = raw is not None and bool(_one_value(raw, interface.RAW_PROMPT, int, (0, 1)))
+        as_is = raw is not None and _one_flag(raw, interface.RAW_PROMPT)
         ids = engine.text_ids(texts[0], raw=as_is)
     else:
         if raw is not None:

@@ -10,6 +10,7 @@ Standard library + transformers (imported when a batcher starts): copied next to
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 
 # the generation_config.json fields applied per decoding step, in the order generate() applies them
 STEP_FIELDS = (
@@ -113,9 +114,14 @@ class StepSettings:
     def apply(self, torch, rows: list, logits, decoder_ids) -> object:
         """`logits` [rows, vocabulary] with each row's processors applied (a new tensor; the raw logits stay for
         log-probabilities). `decoder_ids(sequence)`: (the row's decoder input so far, its length at the start)."""
-        if self.repetition_penalty is not None and replace(self, repetition_penalty=None) == StepSettings():
-            return self._penalised(torch, rows, logits, decoder_ids)  # a chat model's one setting: the whole batch at once
+        if self.penalty_only:  # a chat model's one setting: the whole batch at once
+            return self._penalised(torch, rows, logits, decoder_ids)
         return self.per_row(torch, rows, logits, decoder_ids)
+
+    @cached_property
+    def penalty_only(self) -> bool:
+        """Whether repetition_penalty is the only setting (decided once, not at every decoding step)."""
+        return self.repetition_penalty is not None and replace(self, repetition_penalty=None) == StepSettings()
 
     def per_row(self, torch, rows: list, logits, decoder_ids) -> object:
         """`apply` with transformers' processor chain built and run for each row (any settings)."""
