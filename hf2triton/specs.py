@@ -256,7 +256,7 @@ class OpenAISpec:
     api_key_env: str = "HF2TRITON_API_KEY"
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
-    max_embedding_inputs: int | None = None  # None: the model's max_texts_per_request
+    max_embedding_inputs: int | None = None  # None: OpenAI's limit, 2,048
     request_timeout_s: float = 30
     max_audio_upload_mib: int = 25  # an audio endpoint's form (OpenAI's 25 MB files); JSON bodies: 8 MiB
     workers: int | str = "auto"  # gateway processes sharing the port; auto: worker_count()

@@ -28,6 +28,7 @@ from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.serving.interface import (
     CLASSIFICATION,
+    CROSS_ENCODER_KEY,
     FEATURE_EXTRACTION,
     FILL_MASK,
     GENERATION,
@@ -79,7 +80,6 @@ ZERO_SHOT_IMAGE_ARCHITECTURES = ("CLIPModel", "SiglipModel")
 # speech encoder-decoders (a *ForConditionalGeneration suffix, but audio in): speech recognition
 SPEECH_ARCHITECTURES = ("WhisperForConditionalGeneration",)
 SEQUENCE_CLASSIFICATION = "ForSequenceClassification"
-CROSS_ENCODER_KEY = "sbert_ce_default_activation_function"  # written into config.json by sentence-transformers' CrossEncoder
 README_BYTES = 64 * 1024  # the front matter is at the top; a long model card is not read whole
 FRONT_MATTER = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.S)
 
@@ -116,10 +116,20 @@ def is_cross_encoder(config: dict[str, Any], evidence: Evidence) -> bool:
     return evidence.sentence_transformers_type == "CrossEncoder" or CROSS_ENCODER_KEY in config or "sentence_transformers" in config
 
 
+def _labels(config: dict[str, Any]) -> int:
+    return len(config.get("id2label") or {}) or int(config.get("num_labels") or 2)
+
+
+def _one_label_cross_encoder(evidence: Evidence) -> bool:
+    config = evidence.config or {}
+    sequence_classifier = any(name.endswith(SEQUENCE_CLASSIFICATION) for name in config.get("architectures") or [])
+    return sequence_classifier and _labels(config) == 1 and is_cross_encoder(config, evidence)
+
+
 def sequence_classification_task(config: dict[str, Any], evidence: Evidence) -> str:
     """A *ForSequenceClassification model: several labels are text-classification (an NLI cross-encoder too); one
     label is a reranker (text-ranking) when CrossEncoder marks say so, else either (a one-score classifier)."""
-    labels = len(config.get("id2label") or {}) or int(config.get("num_labels") or 2)
+    labels = _labels(config)
     if labels > 1:
         return CLASSIFICATION
     if is_cross_encoder(config, evidence):
@@ -152,6 +162,8 @@ def infer_task(evidence: Evidence) -> tuple[str, str]:
         task = _supported(TASK_OF_PIPELINE_TAG.get(tag))
         if not task:
             raise TaskUnclear(f"pipeline_tag {tag!r} ({evidence.pipeline_tag_from}) is not a task hf2triton serves")
+        if task == CLASSIFICATION and _one_label_cross_encoder(evidence):  # rerankers tagged text-classification (bge)
+            return TEXT_RANKING, f"pipeline_tag {tag!r} in {evidence.pipeline_tag_from}, one label and CrossEncoder marks"
         return task, f"pipeline_tag {tag!r} in {evidence.pipeline_tag_from}"
     if evidence.sentence_transformers and evidence.sentence_transformers_type != "CrossEncoder":  # its labels decide
         return FEATURE_EXTRACTION, f"sentence-transformers files ({evidence.sentence_transformers}) in {evidence.where}"

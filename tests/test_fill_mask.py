@@ -62,6 +62,9 @@ def test_engine_candidates_equal_the_pipeline(masked_lms, architecture):
         engine.check_masks(["two [MASK] and [MASK]"])
     with pytest.raises(inputs.RequestError, match="within its first 128 tokens"):
         engine.check_masks(["word " * 200 + "[MASK]"])
+    # a mask inside the context of a longer text: refused, where the answer's `sequence` was the cut text
+    with pytest.raises(inputs.RequestError, match="longer than this model's context of 128 tokens"):
+        engine.run(["The [MASK] of " + "word " * 200 + "THE END"])
 
 
 def test_top_k_option():

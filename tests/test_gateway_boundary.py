@@ -214,15 +214,18 @@ def keyed_gateway(served, tmp_path_factory):
 
 def test_embedding_inputs_per_request_are_bounded_before_triton(served, gateway, keyed_gateway):
     before = statistics(served)["embed"]
-    status, _, answer = call(gateway.port, "POST", "/v1/embeddings", {"model": "embed", "input": ["a text"] * 7})
+    status, _, answer = call(gateway.port, "POST", "/v1/embeddings", {"model": "embed", "input": ["a"] * 2049})
     assert status == 413 and answer["error"]["param"] == "input" and answer["error"]["code"] == "too_large", answer
-    assert "at most 6" in answer["error"]["message"], "the model's max_texts_per_request is the default"
+    assert "at most 2048" in answer["error"]["message"], "OpenAI's limit is the default"
     auth = {"Authorization": f"Bearer {KEY}"}
     status, _, answer = call(keyed_gateway.port, "POST", "/v1/embeddings", {"model": "embed", "input": ["a text"] * 4}, auth)
     assert status == 413 and "at most 3" in answer["error"]["message"], answer
     assert statistics(served)["embed"] == before, "nothing reached Triton"
     status, _, answer = call(gateway.port, "POST", "/v1/embeddings", {"model": "embed", "input": ["a text"] * 6})
     assert status == 200 and len(answer["data"]) == 6
+    # more than the model's max_texts_per_request (6): sent to it in requests it takes, as LangChain's 1,000 would be
+    status, _, answer = call(gateway.port, "POST", "/v1/embeddings", {"model": "embed", "input": [f"text {i}" for i in range(13)]})
+    assert status == 200 and [row["index"] for row in answer["data"]] == list(range(13)), answer
     status, _, answer = call(keyed_gateway.port, "POST", "/v1/embeddings", {"model": "embed", "input": ["a text"] * 3}, auth)
     assert status == 200 and len(answer["data"]) == 3
 

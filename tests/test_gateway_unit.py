@@ -504,6 +504,11 @@ def test_predict_requests_take_instances_and_the_tasks_own_option():
     assert predict_request({"instances": ["a"], "aggregation_strategy": "FIRST"}, "token-classification") == (
         ["a"], {"aggregation_strategy": "first"}
     )  # fmt: skip
+    # the Inference API's `parameters`, and a stride: -1 (no windows) reaches aggregation "none" on a windowed model
+    assert predict_request({"instances": ["a"], "parameters": {"aggregation_strategy": "none", "stride": -1}}, "token-classification") == (
+        ["a"], {"aggregation_strategy": "none", "stride": -1}
+    )  # fmt: skip
+    assert predict_request({"instances": ["a"], "parameters": {"top_k": 2}, "top_k": 4}, "fill-mask") == (["a"], {"top_k": 4})
     for body, task, param in (
         ({}, "fill-mask", "instances"),
         ({"instances": "a"}, "fill-mask", "instances"),
@@ -513,6 +518,11 @@ def test_predict_requests_take_instances_and_the_tasks_own_option():
         ({"instances": ["a"], "top_k": 3}, "token-classification", "top_k"),
         ({"instances": ["a"], "aggregation_strategy": "most"}, "token-classification", "aggregation_strategy"),
         ({"instances": ["a"], "aggregation_strategy": "simple"}, "text-classification", "aggregation_strategy"),
+        ({"instances": ["a"], "stride": -2}, "token-classification", "stride"),
+        ({"instances": ["a"], "parameters": {"stride": 4}}, "fill-mask", "stride"),
+        ({"instances": ["a"], "targets": ["capital"]}, "fill-mask", "targets"),  # the pipeline's, not served: never ignored
+        ({"instances": ["a"], "parameters": {"function_to_apply": "none"}}, "text-classification", "function_to_apply"),
+        ({"instances": ["a"], "parameters": ["top_k"]}, "fill-mask", "parameters"),
     ):
         with pytest.raises(ApiError) as refused:
             predict_request(body, task)

@@ -253,7 +253,13 @@ def embedding_inputs(body: dict[str, Any]) -> list[str]:
     value = body.get("input")
     texts = [value] if isinstance(value, str) else value
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise ApiError(400, "'input' must be a string or a non-empty list of strings (token arrays are not supported)", param="input")
+        message = "'input' must be a string or a non-empty list of strings"
+        if isinstance(texts, list) and texts and all(isinstance(t, (int, list)) for t in texts):  # tiktoken ids
+            message += (
+                ": token ids are not taken (another tokenizer's ids mean nothing to this model); LangChain's"
+                " OpenAIEmbeddings sends them unless check_embedding_ctx_length=False"
+            )
+        raise ApiError(400, message, param="input")
     if any(not t.strip() for t in texts):
         raise ApiError(400, "'input' contains an empty string", param="input")
     return [_text(t, "input") for t in texts]
@@ -305,28 +311,45 @@ def score_pairs(body: dict[str, Any]) -> list[tuple[str, str]]:
     return list(zip(firsts, seconds))
 
 
-PREDICT_OPTIONS = {  # the request options each task's :predict takes (top-level fields, named as the model's inputs)
-    interface.TOKEN_CLASSIFICATION: interface.AGGREGATION_STRATEGY,
-    interface.FILL_MASK: interface.TOP_K,
+PREDICT_OPTIONS = {  # the request options each task's :predict takes (named as the model's inputs)
+    interface.AGGREGATION_STRATEGY: interface.TOKEN_CLASSIFICATION,
+    interface.STRIDE: interface.TOKEN_CLASSIFICATION,
+    interface.TOP_K: interface.FILL_MASK,
 }
+# transformers' pipeline options this server does not serve: refused by name, never silently ignored
+UNSERVED_PIPELINE_OPTIONS = ("targets", "function_to_apply", "ignore_labels", "multi_label", "candidate_labels", "hypothesis_template")
 
 
 def predict_request(body: dict[str, Any], task: str) -> tuple[list[str], dict[str, Any]]:
-    """POST /v1/models/{model}:predict's body (KServe's V1 protocol): `instances`, the texts; the task's option as a
-    field of its own (token-classification: `aggregation_strategy`, fill-mask: `top_k`); another task's option is 400."""
+    """POST /v1/models/{model}:predict's body (KServe's V1 protocol): `instances`, the texts; the task's options as
+    fields of their own or in `parameters` (as the Inference API sends them) -- token-classification:
+    `aggregation_strategy`, `stride` (-1: no windows); fill-mask: `top_k`. Another task's option is a 400, and so is a
+    pipeline option this server does not serve."""
     texts = _texts(body, "instances", one=False)
-    options: dict[str, Any] = {}
-    for option_task, key in PREDICT_OPTIONS.items():
-        if body.get(key) is not None and option_task != task:
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise ApiError(400, "'parameters' must be an object of options", param="parameters")
+    unknown = sorted(set(parameters) - set(PREDICT_OPTIONS))
+    if unknown or (unserved := [key for key in UNSERVED_PIPELINE_OPTIONS if key in body]):
+        key = unknown[0] if unknown else unserved[0]
+        served = ", ".join(name for name, owner in PREDICT_OPTIONS.items() if owner == task) or "none"
+        raise ApiError(400, f"'{key}' is not an option this server takes for {task} (it takes: {served})", param=key)
+    fields = {**parameters, **{key: body[key] for key in PREDICT_OPTIONS if body.get(key) is not None}}
+    for key, option_task in PREDICT_OPTIONS.items():
+        if fields.get(key) is not None and option_task != task:
             raise ApiError(400, f"'{key}' applies to {option_task} models, not {task}", param=key)
-    strategy = body.get(interface.AGGREGATION_STRATEGY)
+    options: dict[str, Any] = {}
+    strategy = fields.get(interface.AGGREGATION_STRATEGY)
     if strategy is not None:
         if not isinstance(strategy, str) or strategy.lower() not in interface.AGGREGATION_STRATEGIES:
             allowed = ", ".join(interface.AGGREGATION_STRATEGIES)
             message = f"'aggregation_strategy' must be one of {allowed}, got {json.dumps(strategy)[:40]}"
             raise ApiError(400, message, param=interface.AGGREGATION_STRATEGY)
         options[interface.AGGREGATION_STRATEGY] = strategy.lower()
-    top_k = _number(body, interface.TOP_K, int, *interface.FILL_MASK_TOP_K_RANGE)
+    stride = _number(fields, interface.STRIDE, int, interface.NO_STRIDE, 2**31 - 1)  # the model checks it against its window
+    if stride is not None:
+        options[interface.STRIDE] = stride
+    top_k = _number(fields, interface.TOP_K, int, *interface.FILL_MASK_TOP_K_RANGE)
     if top_k is not None:
         options[interface.TOP_K] = top_k
     return texts, options

@@ -214,8 +214,11 @@ def _cross_encoder(model_dir: str, device: str, dtype: str):
 def cross_encoder_scores(model_dir: str, query: str, texts: list[str], device: str = "cpu", dtype: str = "auto") -> dict[str, np.ndarray]:
     """text-ranking's reference, as sentence-transformers' CrossEncoder computes it for a one-label model: the
     (query, text) pairs through the tokenizer's __call__ (padded, truncated longest-first to the model's context), the
-    model in-process, sigmoid of the logit; with the tokens each pair became (as served: score FP32, prompt_tokens)."""
+    model in-process, the logit through the activation its config names (sigmoid where none); with the tokens each pair
+    became (as served: score FP32, prompt_tokens)."""
     import torch
+
+    from hf2triton.serving.tasks.text_ranking import score_activation
 
     tokenizer, model = _cross_encoder(model_dir, device, dtype)
     limits = (getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length)
@@ -223,7 +226,7 @@ def cross_encoder_scores(model_dir: str, query: str, texts: list[str], device: s
     batch = tokenizer([query] * len(texts), texts, padding=True, truncation=True, max_length=context, return_tensors="pt").to(device)
     with torch.inference_mode():
         logits = model(**batch).logits.float()
-    scores = torch.sigmoid(logits[:, 0]).cpu().numpy().astype(np.float32)
+        scores = score_activation(model.config)(logits[:, 0]).cpu().numpy().astype(np.float32)
     return {interface.SCORE: scores, interface.PROMPT_TOKENS: batch["attention_mask"].sum(1).cpu().numpy().astype(np.int32)}
 
 

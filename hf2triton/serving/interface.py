@@ -250,6 +250,8 @@ TOKEN_CLASSIFICATION_OPTIONS = (  # one of AGGREGATION_STRATEGIES; a stride (els
 FILL_MASK_OPTIONS = (Tensor(TOP_K, "INT32", optional=True),)  # candidates per text, FILL_MASK_TOP_K_RANGE
 # the query the texts (documents) are ranked against: needed, but declared optional as every option, so a request
 # without it gets model.py's error naming it (inputs.text_ranking_options), not Triton's generic one
+# written into config.json by sentence-transformers' CrossEncoder before v4 (since: `sentence_transformers.activation_fn`)
+CROSS_ENCODER_KEY = "sbert_ce_default_activation_function"
 TEXT_RANKING_OPTIONS = (Tensor(QUERY, "BYTES", optional=True),)
 EMBEDDING_OPTIONS = (Tensor(PROMPT_NAME, "BYTES", optional=True),)  # absent: the model's default_prompt_name, else none
 IMAGE_TENSOR = Tensor(IMAGE, "BYTES")

@@ -414,22 +414,8 @@ class TritonPythonModel:
                 continue
             groups.setdefault(tuple(sorted(options.items())), []).append((index, texts))
         for options, members in groups.items():
-            all_texts = [text for _, texts in members for text in texts]  # (or decoded images)
-            try:
-                outputs = self.engine.run(all_texts, **dict(options))
-            except Exception as err:  # noqa: BLE001 - one failed pass must not take the stub down
-                message = f"inference failed: {type(err).__name__}: {err}"
-                self._log(f"hf2triton: {message}")
-                for index, _ in members:
-                    responses[index] = error_response(message, "INTERNAL")
-                continue
-            start = 0
-            for index, texts in members:
-                end = start + len(texts)
-                # the outputs this pass made (a zero-shot model's embedding request: not its labels)
-                tensors = [pb_utils.Tensor(name, _rows(outputs[name][start:end])) for name in self.engine.outputs if name in outputs]
-                responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
-                start = end
+            for index, response in self._run_group(members, dict(options)):
+                responses[index] = response
         if self.speech is None:
             return responses
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -437,6 +423,29 @@ class TritonPythonModel:
             if index not in later:
                 request.get_response_sender().send(response, flags=final)
         return None
+
+    def _run_group(self, members: list[tuple[int, list[Any]]], options: dict[str, Any]) -> list[tuple[int, Any]]:
+        """(request index, response) for requests sharing their options: one engine pass for all of them; where that
+        pass fails, each request alone, so one bad input (a text past a position table, a click-length audio) fails
+        its own request only -- with INVALID_ARG where the engine named the input's mistake."""
+        try:
+            outputs = self.engine.run([text for _, texts in members for text in texts], **options)  # (or decoded images)
+        except Exception as err:  # noqa: BLE001 - one failed pass must not take the stub down
+            if len(members) > 1:
+                return [answer for member in members for answer in self._run_group([member], options)]
+            if isinstance(err, inputs.RequestError):
+                return [(members[0][0], error_response(str(err)))]
+            message = f"inference failed: {type(err).__name__}: {err}"
+            self._log(f"hf2triton: {message}")
+            return [(members[0][0], error_response(message, "INTERNAL"))]
+        answers, start = [], 0
+        for index, texts in members:
+            end = start + len(texts)
+            # the outputs this pass made (a zero-shot model's embedding request: not its labels)
+            tensors = [pb_utils.Tensor(name, _rows(outputs[name][start:end])) for name in self.engine.outputs if name in outputs]
+            answers.append((index, pb_utils.InferenceResponse(output_tensors=tensors)))
+            start = end
+        return answers
 
     def _transcribe_in_steps(self, request, audios: list[Any], options: dict[str, Any]) -> bool:
         """Hand a speech request to the running batch when it can decode it (SpeechEngine.steps_options); its answer

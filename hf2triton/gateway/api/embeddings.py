@@ -19,6 +19,8 @@ from hf2triton.triton import client
 
 router = APIRouter()
 
+OPENAI_MAX_INPUTS = 2048  # inputs per /v1/embeddings request OpenAI takes
+
 
 async def embed(
     gateway: Gateway,
@@ -32,13 +34,13 @@ async def embed(
     and `primary` (the input the rows go in): a zero-shot image model's images (IMAGE, embed true)."""
     import tritonclient.grpc as grpcclient
 
-    # The gateway splits a request into the model's batches, which would bypass the model's own bound on
-    # texts per request: bounded here, before anything reaches Triton.
-    limit = gateway.max_embedding_inputs or served.max_texts
+    # Bounded here, before anything reaches Triton: by default at OpenAI's own limit, since clients batch up to it
+    # (LangChain's OpenAIEmbeddings sends 1,000 texts a request); the model still gets at most its batch per request.
+    limit = gateway.max_embedding_inputs or OPENAI_MAX_INPUTS
     if len(texts) > limit:
         message = f"'input' has {len(texts)} texts; at most {limit} per request (openai.max_embedding_inputs): split the request"
         raise ApiError(413, message, param="input", code="too_large")
-    chunk = served.max_batch_size or len(texts)
+    chunk = min(served.max_batch_size or served.max_texts, served.max_texts)  # what the model takes per request
     options = {interface.PROMPT_NAME: prompt_name} if prompt_name is not None else options
     batches = [client.build_inputs(grpcclient, texts[i : i + chunk], options, primary=primary) for i in range(0, len(texts), chunk)]
     parts, tokens = [], 0

@@ -32,6 +32,14 @@ def media_torch(subject: str, backend: str, device: str, num_threads: int):
     return torch
 
 
+# model types whose position ids count from padding_idx + 1 (RobertaEmbeddings and its copies): a text may use
+# max_position_embeddings - padding_idx - 1 positions, not max_position_embeddings (vLLM caps these the same way)
+PADDING_OFFSET_POSITIONS = frozenset(
+    {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm", "data2vec-text", "mpnet", "ibert"}
+    | {"xmod", "luke", "markuplm"}
+)
+
+
 class Engine:
     """Saved model + tokenizer on one device; a task's subclass (one module per task) implements `run` for a list
     of texts, and `head` for an encoder's outputs.
@@ -80,7 +88,7 @@ class Engine:
         if backend == "onnx" and not getattr(self.model, "binds_device", False):
             self.device = "cpu"  # inputs are handed to ONNX Runtime as numpy (on a GPU: copied there by the provider)
         self.max_length = self._max_length(model_dir)
-        self.pad_id = self.tokenizer.pad_token_id
+        self.pad_id = padding_id(self.tokenizer)
         self.fast_tokenizer = self._fast_tokenizer()
         # Smallest length bucket: GPUs want big batches; on CPUs padding costs more than small passes do
         # (min 2 vs 8, 20-90-word texts, 2 cores: ONNX int8 +13-30%, fp32 +6-50%, torch +3-19%; bench-2cpu/README.md).
@@ -102,7 +110,11 @@ class Engine:
         return True
 
     def _max_length(self, model_dir: str) -> int:
-        limits = [getattr(self.model.config, "max_position_embeddings", None), self.tokenizer.model_max_length]
+        config = self.model.config
+        positions = getattr(config, "max_position_embeddings", None)
+        if isinstance(positions, int) and getattr(config, "model_type", "") in PADDING_OFFSET_POSITIONS:
+            positions -= (getattr(config, "pad_token_id", None) or 0) + 1  # position ids start after padding_idx
+        limits = [positions, self.tokenizer.model_max_length]
         st_config = os.path.join(model_dir, "sentence_bert_config.json")
         if os.path.isfile(st_config):
             with open(st_config) as handle:
@@ -204,12 +216,19 @@ class Engine:
             return None
         if self.tokenizer.padding_side != "right" and not self.any_padding_side:
             return None
-        if self.tokenizer.pad_token_id is None:
-            return None
         fast = copy.deepcopy(backend)
         fast.no_padding()
         fast.enable_truncation(self.max_length, direction=self.tokenizer.truncation_side)
         return fast
+
+
+def padding_id(tokenizer: Any) -> int:
+    """The id right padding writes: the pad token, else (GPT-2-like encoders) EOS or 0 -- the attention mask hides
+    padding, so any id answers the same, where transformers' __call__ refuses to pad at all."""
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if isinstance(candidate, int):
+            return candidate
+    return 0
 
 
 def length_buckets(lengths: list[int], min_size: int, slack: float = 1.2) -> list[list[int]]:

@@ -10,6 +10,17 @@ from .. import interface
 from .base import Engine
 
 
+def score_function(config: Any) -> str:
+    """What the text-classification pipeline applies to the logits (its `function_to_apply` default): none for a
+    regression head, sigmoid for multi-label or one-label heads (softmax of one logit would always be 1.0), else softmax."""
+    problem_type = getattr(config, "problem_type", None)
+    if problem_type == "regression":
+        return "none"
+    if problem_type == "multi_label_classification" or getattr(config, "num_labels", 2) == 1:
+        return "sigmoid"
+    return "softmax"
+
+
 class ClassificationEngine(Engine):
     """text-classification: top label (from the model config's id2label) and its probability."""
 
@@ -26,10 +37,13 @@ class ClassificationEngine(Engine):
     def head(self, logits, batch: dict[str, Any]) -> dict[str, Any]:
         torch = self.torch
         logits = logits.float()
-        if getattr(self.model.config, "problem_type", None) == "multi_label_classification":
+        function = score_function(self.model.config)
+        if function == "sigmoid":
             probs = torch.sigmoid(logits)
-        else:
+        elif function == "softmax":
             probs = torch.softmax(logits, dim=-1)
+        else:
+            probs = logits
         scores, ids = probs.max(dim=-1)
         return {"label_id": ids, interface.SCORE: scores}
 

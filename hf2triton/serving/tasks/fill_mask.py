@@ -77,19 +77,23 @@ class FillMaskEngine(Engine):
             )
         return None
 
-    def check_masks(self, texts: list[str]) -> None:
-        """Raise RequestError unless every text holds exactly one mask token (model.py: per request)."""
-        for encoding in self.tokenize(texts):
-            problem = self.mask_problem(encoding.ids)
-            if problem:
-                raise RequestError(problem)
-
-    def run(self, texts: list[str], top_k: int = interface.DEFAULT_FILL_MASK_TOP_K, **_: Any) -> dict[str, np.ndarray]:
+    def check_masks(self, texts: list[str]) -> list:
+        """The texts' encodings; RequestError unless every text holds exactly one mask token and fits the context
+        (model.py: per request)."""
         encodings = self.tokenize(texts)
         for encoding in encodings:
             problem = self.mask_problem(encoding.ids)
+            if problem is None and encoding.overflowing:  # the answer's `sequence` would be the cut text
+                problem = (
+                    f"text is longer than this model's context of {self.max_length} tokens: shorten it around the mask "
+                    "(transformers' fill-mask pipeline refuses it too)"
+                )
             if problem:
                 raise RequestError(problem)
+        return encodings
+
+    def run(self, texts: list[str], top_k: int = interface.DEFAULT_FILL_MASK_TOP_K, **_: Any) -> dict[str, np.ndarray]:
+        encodings = self.check_masks(texts)
         rows: list[Any] = [None] * len(texts)
         for positions, batch in self.batches(texts, encodings):
             logits = self.tensors(batch)["logits"].cpu()

@@ -1,6 +1,7 @@
 """text-ranking (cross-encoder rerankers, a `*ForSequenceClassification` with one label): per document its relevance
-to the request's query, sigmoid(logit) of the (query, document) pair -- what sentence-transformers' CrossEncoder
-answers for a one-label model -- and the tokens the pair became (usage counts).
+to the request's query, the (query, document) pair's logit through the activation its config names (sigmoid where it
+names none) -- what sentence-transformers' CrossEncoder answers for a one-label model -- and the tokens the pair became
+(usage counts).
 
 The pairs are tokenised as the tokenizer's own pair encoding (`[CLS] query [SEP] document [SEP]`, token types 0 / 1;
 longest-first truncation to the model's context), then run batched across documents (length buckets, CUDA graphs, as
@@ -17,8 +18,31 @@ from .. import interface
 from .base import Engine
 
 
+def score_activation(config: Any) -> Any:
+    """The function sentence-transformers' CrossEncoder applies to the relevance logit: the one its config.json names
+    (`sentence_transformers.activation_fn`, before v4 `sbert_ce_default_activation_function`) where that is a torch
+    class, else sigmoid (one label). The ms-marco rerankers name Identity: their scores are the raw logits."""
+    import importlib
+
+    import torch
+
+    named = getattr(config, "sentence_transformers", None)
+    path = named.get("activation_fn") if isinstance(named, dict) else None
+    path = path or getattr(config, interface.CROSS_ENCODER_KEY, None)
+    if isinstance(path, str) and path.startswith("torch."):  # CrossEncoder imports only torch's classes without remote code
+        module, _, name = path.rpartition(".")
+        try:
+            activation = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            raise ValueError(f"config.json's activation {path!r} is not a torch class here") from None
+        if not (isinstance(activation, type) and issubclass(activation, torch.nn.Module)):
+            raise ValueError(f"config.json's activation {path!r} is not a torch.nn module")
+        return activation().eval()
+    return torch.sigmoid
+
+
 class TextRankingEngine(Engine):
-    """text-ranking: sigmoid of the one relevance logit per (query, document) pair."""
+    """text-ranking: the one relevance logit per (query, document) pair, through the model's activation."""
 
     outputs = (interface.SCORE, interface.PROMPT_TOKENS)
     auto_class = interface.AUTO_CLASSES[interface.TEXT_RANKING]
@@ -28,7 +52,9 @@ class TextRankingEngine(Engine):
         """A cross-encoder: one label (several labels are a text-classification model) and a fast tokenizer."""
         from transformers import AutoConfig
 
-        labels = AutoConfig.from_pretrained(model_dir).num_labels
+        config = AutoConfig.from_pretrained(model_dir)
+        self.activation = score_activation(config)
+        labels = config.num_labels
         if labels != 1:
             raise ValueError(f"text-ranking needs a cross-encoder with one label (its relevance logit): {model_dir} has {labels}")
         if not self.tokenizer.is_fast or self.tokenizer.pad_token_id is None:
@@ -50,4 +76,4 @@ class TextRankingEngine(Engine):
         return getattr(fast, "encode_batch_fast", fast.encode_batch)([(query, text) for text in texts])
 
     def head(self, logits, batch: dict[str, Any]) -> dict[str, Any]:
-        return {interface.SCORE: self.torch.sigmoid(logits.float()[:, 0])}
+        return {interface.SCORE: self.activation(logits.float()[:, 0])}
