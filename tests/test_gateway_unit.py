@@ -444,13 +444,15 @@ def test_a_configured_model_that_is_not_loaded_is_503_not_404():
 
 def test_rerank_requests_and_answers():
     assert rerank_request({"query": "q", "documents": ["a", "b"]}) == Ranking("q", ["a", "b"], 0, True)
+    assert rerank_request({"query": "q", "documents": [{"text": "a"}, "b"]}) == Ranking("q", ["a", "b"], 0, True)  # Cohere v1
     assert rerank_request({"query": "q", "documents": ["a"], "top_n": 1, "return_documents": False}) == Ranking("q", ["a"], 1, False)
     for body, param in (
         ({"documents": ["a"]}, "query"),
         ({"query": " ", "documents": ["a"]}, "query"),
         ({"query": "q", "documents": []}, "documents"),
         ({"query": "q", "documents": "a"}, "documents"),
-        ({"query": "q", "documents": [{"text": "a"}]}, "documents"),
+        ({"query": "q", "documents": [{"text": "a", "title": "t"}]}, "documents"),
+        ({"query": "q", "documents": [{"text": 3}]}, "documents"),
         ({"query": "q", "documents": ["a", "  "]}, "documents"),
         ({"query": "q", "documents": ["\ud800"]}, "documents"),
         ({"query": "q", "documents": ["a"], "top_n": -1}, "top_n"),

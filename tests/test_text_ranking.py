@@ -129,8 +129,8 @@ def _infer(workflow, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, check=False)
 
 
-def _rerank(workflow, body: dict) -> tuple[int, dict]:
-    status, text = client.http_post(f"http://127.0.0.1:{workflow.config['openai']['port']}/v1/rerank", body=body, timeout=60)
+def _rerank(workflow, body: dict, path: str = "/v1/rerank") -> tuple[int, dict]:
+    status, text = client.http_post(f"http://127.0.0.1:{workflow.config['openai']['port']}{path}", body=body, timeout=60)
     return status, json.loads(text)
 
 
@@ -167,6 +167,11 @@ def test_served_reranker_validates_and_the_gateway_answers_as_triton(served, rer
     assert status == 200 and top["results"] == [{k: r[k] for k in ("index", "relevance_score")} for r in results[:2]], top
     status, refused = _rerank(served, {"model": "rank", "documents": documents})
     assert status == 400 and refused["error"]["param"] == "query", refused
+    # vLLM's other paths (Cohere's v2 client posts to /v2/rerank), Cohere v1's {"text": ...} documents: the same answer
+    objects = [{"text": document} for document in documents]
+    for path, body in (("/v2/rerank", {"documents": documents}), ("/rerank", {"documents": objects})):
+        status, again = _rerank(served, {"model": "rank", "query": query, "top_n": 2, "return_documents": False, **body}, path)
+        assert status == 200 and again["results"] == top["results"], (path, again)
     # the CLI: --json the scores in the documents' order, else best first; a reranker without --query is refused
     printed = _infer(served, "--query", query, "--json", *documents[:3])
     assert printed.returncode == 0, printed.stderr

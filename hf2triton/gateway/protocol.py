@@ -288,12 +288,16 @@ class Ranking:
 
 
 def rerank_request(body: dict[str, Any]) -> Ranking:
-    """POST /v1/rerank's body (Cohere / Jina, as vLLM serves it): `query`, `documents` (strings), optional `top_n`
+    """POST /v1/rerank's body (Cohere / Jina, as vLLM serves it): `query`, `documents` (strings, or `{"text": ...}`
+    objects as Cohere's v1 takes them), optional `top_n`
     (0 or absent: every document) and `return_documents` (default true)."""
     query = body.get("query")
     if not isinstance(query, str) or not query.strip():
         raise ApiError(400, "'query' must be a non-empty string", param="query")
-    documents = _texts(body, "documents", one=False)
+    documents = body.get("documents")
+    if isinstance(documents, list):  # Cohere's v1 shape too: {"text": ...} per document
+        documents = [d["text"] if isinstance(d, dict) and isinstance(d.get("text"), str) and len(d) == 1 else d for d in documents]
+    documents = _texts({"documents": documents}, "documents", one=False)
     top_n = _number(body, "top_n", int, 0, 2**31 - 1) or 0
     return_documents = flag(body, "return_documents") if body.get("return_documents") is not None else True
     return Ranking(_text(query, "query"), documents, top_n, return_documents)

@@ -1,6 +1,7 @@
-"""POST /v1/rerank and /v1/score: text-ranking models (cross-encoder rerankers). rerank: a query and its documents ->
-the documents' relevance scores, best first, in the Cohere / Jina shape vLLM serves; score: text pairs -> one score
-each, in vLLM's shape. One Triton call path for both: a pair's score is the same whichever endpoint asks."""
+"""POST /v1/rerank (also /rerank and /v2/rerank, as vLLM) and /v1/score (also /score): text-ranking models
+(cross-encoder rerankers). rerank: a query and its documents -> the documents' relevance scores, best first, in the
+Cohere / Jina shape vLLM serves; score: text pairs -> one score each, in vLLM's shape. One Triton call path for both:
+a pair's score is the same whichever endpoint asks."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ async def rank(gateway: Gateway, served: ServedModel, query: str, documents: lis
 
 
 @router.post("/v1/rerank", dependencies=KEY)
+@router.post("/v2/rerank", dependencies=KEY)  # Cohere's v2 client's path
+@router.post("/rerank", dependencies=KEY)  # vLLM serves all three
 async def rerank(request: Request):
     gateway, body = gateway_of(request), await protocol.read_body(request)
     served = await gateway.model(body, interface.TEXT_RANKING)
@@ -36,6 +39,7 @@ async def rerank(request: Request):
 
 
 @router.post("/v1/score", dependencies=KEY)
+@router.post("/score", dependencies=KEY)
 async def score(request: Request):
     gateway, body = gateway_of(request), await protocol.read_body(request)
     served = await gateway.model(body, interface.TEXT_RANKING)
