@@ -200,6 +200,18 @@ def process_state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
+def process_gone(pid: int) -> bool:
+    """`pid` has ended: no such process, or a zombie (its parent has not waited for it yet; its command line is
+    empty). A zombie keeps its pid until then, so that pid is not reused meanwhile."""
+    return process_state(pid) in (None, "Z", "X")
+
+
+def process_group(pid: int) -> int | None:
+    """The process group of `pid` (None if it is gone)."""
+    fields = _stat_fields(pid)
+    return int(fields[2]) if fields else None
+
+
 def parent_pid(pid: int) -> int | None:
     """The parent of `pid` (None if it is gone)."""
     fields = _stat_fields(pid)

@@ -18,6 +18,21 @@ def without_secrets(env: dict[str, str] | os._Environ) -> dict[str, str]:
     return {name: value for name, value in env.items() if name not in SECRET_ENV}
 
 
+LOG_ROTATE_BYTES = 20 * 1024**2  # a log appended to across starts (the gateway's, the supervisor's) is kept below about twice this
+
+
+def rotate(path: Path, above_bytes: int | None = None) -> None:
+    """Before a process starts writing `path`: when it is larger than `above_bytes` (LOG_ROTATE_BYTES unless given; 0:
+    whenever it exists), it becomes `path`.1, replacing the one before. The long-running processes' logs would
+    otherwise grow without bound."""
+    limit = LOG_ROTATE_BYTES if above_bytes is None else above_bytes
+    try:
+        if path.stat().st_size > limit or limit == 0:
+            os.replace(path, path.with_name(f"{path.name}.1"))
+    except FileNotFoundError:
+        pass
+
+
 def redact(text: str) -> str:
     """Mask Hugging Face tokens and the values of token environment variables."""
     for name in SECRET_ENV:

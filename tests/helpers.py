@@ -603,3 +603,16 @@ def run_clients(loop, clients: int) -> float:
     for thread in threads:
         thread.join()
     return time.perf_counter() - started
+
+
+def fake_mps_control(tmp_path: Path, monkeypatch, script: str) -> Path:
+    """An `nvidia-cuda-mps-control` on PATH running `script` (sh) in place of the real one."""
+    from hf2triton.triton import mps
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    control = bin_dir / mps.CONTROL
+    control.write_text(f"#!/bin/sh\n{script}\n")
+    control.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return control

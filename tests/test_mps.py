@@ -18,18 +18,13 @@ from hf2triton.triton.modelconfig import build_model_config, config_text
 from hf2triton.triton.process import _cuda_mps, gpu_processes
 from hf2triton.triton.settings import Settings
 from hf2triton.triton.state import Facts, decide
+from tests.helpers import fake_mps_control
 
 
 @pytest.fixture
 def fake_control(tmp_path, monkeypatch):
     """An `nvidia-cuda-mps-control` on PATH whose daemon cannot start (as where the GPU or driver refuses)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    control = bin_dir / mps.CONTROL
-    control.write_text("#!/bin/sh\necho 'An MPS control daemon cannot be started here' >&2\nexit 1\n")
-    control.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return control
+    return fake_mps_control(tmp_path, monkeypatch, "echo 'An MPS control daemon cannot be started here' >&2\nexit 1")
 
 
 def test_plan_by_mode_and_gpu_processes(tmp_path, fake_control, monkeypatch):

@@ -4,9 +4,11 @@ and the serving lock around every start and stop."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -16,10 +18,10 @@ from typing import Any
 from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json
-from hf2triton.logs import without_secrets
+from hf2triton.logs import rotate, without_secrets
 from hf2triton.specs import OpenAISpec
 from hf2triton.triton import client
-from hf2triton.triton.cleanup import terminate
+from hf2triton.triton.cleanup import group_members, terminate, terminate_group
 from hf2triton.triton.ports import LISTEN_FIX, cannot_listen, listening_ports
 from hf2triton.triton.process import serving_lock
 from hf2triton.triton.settings import Settings, client_address
@@ -90,7 +92,7 @@ def _healthy(settings: Settings, openai: OpenAISpec) -> bool:
     return _health(settings, openai)[0] in (200, 503)  # it answers; Triton may not be ready (yet)
 
 
-def _key_digest(openai: OpenAISpec, salt: str) -> str:
+def api_key_digest(openai: OpenAISpec, salt: str) -> str:
     """A keyed digest of the API key in the environment now ('' without one): the state file never holds the key,
     yet a changed key restarts the gateway (the old one would keep accepting the old key)."""
     key = os.environ.get(openai.api_key_env, "")
@@ -102,7 +104,7 @@ def _current(state: dict[str, Any] | None, settings: Settings, openai: OpenAISpe
     return (
         _alive(state)
         and state.get("cmdline") == command(settings, openai)
-        and state.get("api_key_digest") == _key_digest(openai, state.get("salt", ""))
+        and state.get("api_key_digest") == api_key_digest(openai, state.get("salt", ""))
     )
 
 
@@ -138,6 +140,19 @@ def _ours(settings: Settings, state: dict[str, Any] | None) -> list[int]:
     return pids
 
 
+def _group(state: dict[str, Any] | None) -> list[int]:
+    """The live processes of the state file's gateway's process group (it leads its own session): with it gone, its
+    uvicorn workers (and their resource tracker) live on, answering on its port, and no command line tells them
+    apart. Its pid is not reused while they remain in its group, so they are ours -- unless that pid now runs
+    another program (then none of ours remain, and the group is that program's)."""
+    if not state or state.get("boot_id") != host.boot_id():
+        return []
+    pid = int(state["pid"])
+    if not host.process_gone(pid) and host.process_cmdline(pid) != state.get("cmdline"):
+        return []
+    return group_members(pid)
+
+
 def _check_can_listen(settings: Settings, openai: OpenAISpec, replaced: list[int]) -> None:
     """Before a running gateway is stopped: its new host and port must be usable (free, or held by a gateway of
     ours about to be replaced), so a bad openai.host or a taken openai.port leaves the old one serving."""
@@ -162,7 +177,7 @@ def ensure_gateway(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:
         state = _read_state(settings)
         if _current(state, settings, openai) and _healthy(settings, openai):
             return {"action": "kept", "pid": state["pid"], "url": url(settings, openai)}
-        replaced = _ours(settings, state)
+        replaced = list(dict.fromkeys(_ours(settings, state) + _group(state)))  # a dead gateway's workers hold its port
         _check_can_listen(settings, openai, replaced)
         stop_gateway(settings)
         return _start(settings, openai)
@@ -171,12 +186,14 @@ def ensure_gateway(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:
 def _start(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:
     wanted = command(settings, openai)
     log_file(settings).parent.mkdir(parents=True, exist_ok=True)
+    rotate(log_file(settings))
     with open(log_file(settings), "ab") as log:
         env = {**without_secrets(os.environ), VALIDATION_REPORT_ENV: str(Path(VALIDATION_REPORT).resolve())}  # the playground's Status view
         process = subprocess.Popen(wanted, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)  # noqa: S603
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
+            _end_started(process)
             tail = log_file(settings).read_text(errors="replace").splitlines()[-8:]
             raise UserError(f"the gateway exited ({process.returncode}): " + " | ".join(tail), f"read {log_file(settings)}")
         if _healthy(settings, openai):
@@ -186,23 +203,38 @@ def _start(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:
                 "cmdline": host.process_cmdline(process.pid),
                 "boot_id": host.boot_id(),
                 "salt": salt,
-                "api_key_digest": _key_digest(openai, salt),
+                "api_key_digest": api_key_digest(openai, salt),
             }
             atomic_write_json(state_file(settings), state, mode=0o600)
             return {"action": "started", "pid": process.pid, "url": url(settings, openai)}
         time.sleep(0.2)
-    process.kill()
+    _end_started(process)
     raise UserError(f"the gateway did not answer within {READY_TIMEOUT_S} s", f"read {log_file(settings)}")
 
 
+def _end_started(process: subprocess.Popen) -> None:
+    """SIGKILL the gateway this call started (it failed to come up) and whatever it spawned: its process group. Not yet
+    waited for, or while members remain, its pid cannot have been reused."""
+    if process.poll() is None or group_members(process.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def stop_gateway(settings: Settings) -> str:
-    """Stop our gateway: the state file's, and any other serving this Triton (a lost state file)."""
+    """Stop our gateway: the state file's, and any other serving this Triton (a lost state file); and what is left
+    of the state file's one after its death (its workers)."""
     with serving_lock(settings):
-        pids = _ours(settings, _read_state(settings))
+        state = _read_state(settings)
+        pids = _ours(settings, state)
         for pid in pids:
             terminate(pid, host.process_cmdline(pid))
+        left = _group(state)
+        if left:
+            terminate_group(int(state["pid"]))
         state_file(settings).unlink(missing_ok=True)
-    return f"stopped the gateway (pid {', '.join(map(str, pids))})" if pids else "no gateway of ours is running"
+    stopped = [f"pid {', '.join(map(str, pids))}"] * bool(pids) + [f"workers left by a dead one: {', '.join(map(str, left))}"] * bool(left)
+    return f"stopped the gateway ({'; '.join(stopped)})" if stopped else "no gateway of ours is running"
 
 
 def gateway_status(settings: Settings, openai: OpenAISpec) -> dict[str, Any]:

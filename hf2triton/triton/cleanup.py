@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,23 +25,51 @@ def terminate(pid: int, cmdline: list[str] | None) -> None:
     """Stop a process of ours and its process group (server + stubs, or the gateway), politely first."""
     if cmdline is not None and host.process_cmdline(pid) != cmdline:
         return
-    for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5)):
+
+    def send(sig: int) -> None:
         try:
             os.killpg(pid, sig)  # the server and its stubs (it leads its own session when we started it)
         except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                return
+            os.kill(pid, sig)
+
+    _stop(send, lambda: _reaped(pid) or host.process_gone(pid))  # a zombie is gone: only its parent's wait ends it
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (zombies do not count)."""
+    return [pid for pid in host.pids() if host.process_group(pid) == pgid and not host.process_gone(pid)]
+
+
+def terminate_group(pgid: int) -> None:
+    """Stop every process of a process group of ours, politely first, also when its leader is gone (the gateway's
+    uvicorn workers outlive it, and keep its port). The caller proves the group is ours: its leader alive with our
+    command line, or gone while members remain (a pid is not reused while a process group of that id exists)."""
+
+    def ended() -> bool:
+        _reaped(pgid)  # the leader, where it is our child: a zombie until waited for
+        return not group_members(pgid)
+
+    _stop(lambda sig: os.killpg(pgid, sig), ended)
+
+
+def _reaped(pid: int) -> bool:
+    """Waits for `pid` if it is a child of ours that has ended (else it stays a zombie); True when it was."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return False
+
+
+def _stop(send: Callable[[int], None], ended: Callable[[], bool]) -> None:
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT_S, until `ended`."""
+    for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5)):
+        try:
+            send(sig)
+        except (ProcessLookupError, PermissionError):
+            return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            try:
-                reaped, _ = os.waitpid(pid, os.WNOHANG)
-                if reaped == pid:
-                    return
-            except ChildProcessError:
-                pass
-            if host.process_cmdline(pid) is None:
+            if ended():
                 return
             time.sleep(0.2)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hf2triton import host
 from hf2triton.errors import UserError
+from hf2triton.logs import without_secrets
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +112,14 @@ def daemon_pids(pipe_dir: str) -> list[int]:
     return found
 
 
+def _environment(plan_: Plan) -> dict[str, str]:
+    """The daemon's (and its control command's, and the probe's) environment: ours without the hub tokens, which a
+    long-running process must not hold (logs.without_secrets)."""
+    return {**without_secrets(os.environ), **plan_.environment}
+
+
 def _control(plan_: Plan, command: str, timeout: float = 10) -> subprocess.CompletedProcess:
-    env = {**os.environ, **plan_.environment}
+    env = _environment(plan_)
     return subprocess.run([CONTROL], input=command + "\n", env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -124,7 +131,7 @@ def start(plan_: Plan) -> str:
     for directory in (plan_.pipe_dir, plan_.log_dir):
         Path(directory).mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(directory, 0o700)
-    env = {**os.environ, **plan_.environment}
+    env = _environment(plan_)
     if not daemon_pids(plan_.pipe_dir):
         started = subprocess.run([shutil.which(CONTROL) or CONTROL, "-d"], env=env, capture_output=True, text=True, timeout=30, check=False)
         if started.returncode != 0:

@@ -20,6 +20,7 @@ from typing import Any
 from hf2triton import host, integrity
 from hf2triton.errors import UserError
 from hf2triton.locks import exclusive
+from hf2triton.logs import rotate
 from hf2triton.triton import client, mps
 from hf2triton.triton.cleanup import STOP_TIMEOUT_S, end_orphans, find_ours, terminate
 from hf2triton.triton.hidden_args import build_shim, hide_arguments
@@ -28,7 +29,7 @@ from hf2triton.triton.modelconfig import instance_count, read_model_config_or_no
 from hf2triton.triton.pitfalls import explain, relevant_log_lines
 from hf2triton.triton.ports import check_can_listen, check_ports_free
 from hf2triton.triton.settings import RESTRICTED_KEY_HEADER, Settings, restricted_arguments, server_command
-from hf2triton.triton.state import decide, is_ready, model_digests, observe, read_state, write_state
+from hf2triton.triton.state import decide, is_ready, observe, read_state, record_loaded, write_state
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,7 @@ def start_server(
     env.update(hidden_env)
     settings.server_dir.mkdir(parents=True, exist_ok=True)
     env.update(mps_env)
-    if settings.log_file.exists():
-        os.replace(settings.log_file, settings.log_file.with_suffix(".log.1"))
+    rotate(settings.log_file, 0)  # one log per start; the previous start's is kept
     log.info("starting tritonserver (%s) on %s: http %d, grpc %d, metrics %d", install.origin, settings.host, *settings.ports.values())
     fd = os.open(settings.log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as log_handle:
@@ -134,13 +134,13 @@ def start_server(
         "host": settings.host,
         "repository": settings.repository,
         "models": settings.models,
-        "digests": model_digests(settings),
         "origin": install.origin,
         "cuda_mps": {"wanted": plan.wanted, "active": bool(mps_env), "reason": mps_note},
         "log": str(settings.log_file),
         "started_at": time.time(),
-        "ready": False,
+        "ready": False,  # until then its stubs are still starting: the supervisor counts none
     }
+    record_loaded(settings, state, settings.models)
     write_state(settings, state)
     wait_until_ready(settings, process)
     state.update(ready=True, ready_after_s=round(time.time() - state["started_at"], 1))
@@ -233,7 +233,7 @@ def reload_models(settings: Settings, state: dict[str, Any], models: tuple[str, 
         still = "the previous version keeps serving" if client.model_ready(settings.url(), name) else "it is not serving"
         failed.append(f"{name} ({status}: {body[:300]}; {still})")
     if failed:
-        state["digests"] = {**state.get("digests", {}), **{n: d for n, d in model_digests(settings).items() if n in loaded}}
+        record_loaded(settings, state, loaded)
         write_state(settings, state)
         raise _failure(settings, "loading the new version failed for " + "; ".join(failed))
     return loaded
@@ -260,7 +260,7 @@ def _ensure_server(settings: Settings) -> dict[str, Any]:
     log.info("server: %s (%s)", decision.action, decision.reason)
     if decision.action == "reload":
         reload_models(settings, state, decision.models, decision.broken)
-        state["digests"] = model_digests(settings)
+        record_loaded(settings, state, settings.models)
         write_state(settings, state)
     if decision.action in ("start", "restart"):
         # Servers of ours the state file does not describe (lost or corrupt state) cannot be reloaded

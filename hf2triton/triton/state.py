@@ -44,15 +44,26 @@ def expected_instances(settings: Settings, name: str) -> int:
     return instance_count(read_model_config_or_none(Path(settings.repository) / name / "config.pbtxt"))
 
 
-def dead_stub_models(settings: Settings, server_pid: int) -> list[str]:
-    """Models with fewer live Python-backend stub processes than instances. A killed stub leaves the
-    model "ready" while every request fails with 'Stub process ... is not healthy'."""
-    cmdlines = [host.process_cmdline(pid) or [] for pid in host.descendants(server_pid)]
+def record_loaded(settings: Settings, state: dict[str, Any], names: list[str] | tuple[str, ...]) -> None:
+    """Into `state`: what the server has just loaded for `names`, from the rendered repository (their digests, and
+    their instance counts: the stubs to expect). A later render (a tuning overlay, a config whose validation then
+    fails) changes the files, not what runs."""
+    digests = model_digests(settings)
+    state["digests"] = {**state.get("digests", {}), **{name: digests[name] for name in names}}
+    state["instances"] = {**state.get("instances", {}), **{name: expected_instances(settings, name) for name in names}}
+
+
+def dead_stub_models(settings: Settings, state: dict[str, Any]) -> list[str]:
+    """Models of the server `state` describes with fewer live Python-backend stub processes than the instances it
+    loaded. A killed stub leaves the model "ready" while every request fails with 'Stub process ... is not healthy'."""
+    cmdlines = [host.process_cmdline(pid) or [] for pid in host.descendants(int(state["pid"]))]
+    loaded = state.get("instances", {})
     dead = []
     for name in settings.models:
         marker = f"{settings.repository}/{name}/"
         alive = sum(1 for cmd in cmdlines if len(cmd) > 1 and "triton_python_backend_stub" in cmd[0] and cmd[1].startswith(marker))
-        if alive < expected_instances(settings, name):
+        # a state written before instance counts were recorded: the rendered file's
+        if alive < (loaded[name] if name in loaded else expected_instances(settings, name)):
             dead.append(name)
     return dead
 
@@ -111,7 +122,7 @@ def observe(settings: Settings, state: dict[str, Any] | None) -> Facts:
         live = ready or (matches and client.is_live(settings.url()))
         if live and not ready:
             not_ready = [name for name in settings.models if not client.model_ready(settings.url(), name)]
-    dead = dead_stub_models(settings, int(state["pid"])) if live else []
+    dead = dead_stub_models(settings, state) if live and state else []
     key = client.key_digest(_key_or_empty(), state.get("admin_key", "")) if state else ""
     return Facts(host.boot_id(), alive, matches, ready, model_digests(settings), dead, live, not_ready, key)
 
