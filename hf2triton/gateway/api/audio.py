@@ -47,7 +47,7 @@ async def read_form(request: Request) -> tuple[bytes, dict[str, str]]:
         elif isinstance(value, str):
             fields[key] = f"{fields[key]},{value}" if key == GRANULARITY and key in fields else value
     if upload is None or isinstance(upload, str):
-        raise ApiError(400, "'file' is required: the audio file (WAV, FLAC, OGG, MP3) as a form file field", param="file")
+        raise ApiError(400, "'file' is required: the audio file (WAV, FLAC, OGG, MP3, AIFF, CAF) as a form file field", param="file")
     audio = await upload.read()
     if not audio:
         raise ApiError(400, "'file' is empty: send the audio file's bytes", param="file")
@@ -87,10 +87,37 @@ def speech_options(fields: dict[str, str], task: str) -> tuple[str, dict[str, An
     return response_format, options
 
 
+# the model's option -> the form field that set it (return_timestamps: a response_format with times; task translate:
+# the translations endpoint, which needs a multilingual model)
+OPTION_FIELDS = {
+    interface.LANGUAGE: "language",
+    interface.SPEECH_PROMPT: "prompt",
+    interface.WORD_TIMESTAMPS: GRANULARITY,
+    interface.RETURN_TIMESTAMPS: "response_format",
+    interface.TEMPERATURE: "temperature",
+    interface.SPEECH_TASK: "model",
+}
+
+
 def field_named(message: str) -> str:
-    """The form field a model's refusal is about: its option's name in the message, else the file."""
-    fields = {interface.LANGUAGE: "language", interface.SPEECH_PROMPT: "prompt", interface.WORD_TIMESTAMPS: GRANULARITY}
-    return next((field for name, field in fields.items() if f"'{name}'" in message or f"{name}=" in message), "file")
+    """The form field a model's refusal is about: the option it names first (a refusal opens with the one it refuses
+    and may list others after it), else the file."""
+
+    def first(name: str) -> int:  # where the message names the option; -1: nowhere
+        return min((i for i in (message.find(f"'{name}'"), message.find(f"{name}=")) if i >= 0), default=-1)
+
+    named = sorted((first(name), field) for name, field in OPTION_FIELDS.items() if first(name) >= 0)
+    return named[0][1] if named else "file"
+
+
+def name_refusal(err: ApiError, response_format: str) -> None:
+    """A model's 400 named as the form field that sent it; a refusal of timestamps said as the response_format that
+    asked for them (the client sent no 'return_timestamps')."""
+    err.param = field_named(err.message)
+    if err.param == "response_format":
+        err.message = (
+            f"response_format={response_format!r} needs timestamps, which this model does not give: use json or text ({err.message})"
+        )
 
 
 async def recognize(request: Request, task: str):
@@ -102,7 +129,7 @@ async def recognize(request: Request, task: str):
         (result,) = await gateway.infer_texts(served, [audio], options, "file")
     except ApiError as err:  # the model's words about the audio or an option, named as the field that sent it
         if err.status == 400 and err.param is None:
-            err.param = field_named(err.message)
+            name_refusal(err, response_format)
         raise
     text = result.as_numpy(interface.TEXT_OUTPUT).reshape(-1)[0].decode("utf-8")
     if response_format == "text":

@@ -10,11 +10,14 @@ default generation config, "as openai's whisper"), unless the model's generation
 Long audio as the pipeline does by default (no chunk_length_s): Whisper's sequential long-form generation over 30 s
 windows, each next one starting at the last timestamp predicted.
 The audios of a Triton batch that fit one window (<= 30 s) share one generate() call; each longer one is its own.
+With word timestamps only audios of one length share a call: the alignment's DTW takes another path (other times)
+when a batch's lengths differ.
 
 A CTC model (`*ForCTC`) goes through the same pipeline: one forward pass per audio, the argmax's tokens joined by the
-CTC tokenizer (no language, task or timestamps). backend onnx: the same pipeline over optimum's export run by ONNX
-Runtime (ORTModelForSpeechSeq2Seq / ORTModelForCTC: runtimes/onnxruntime.py `speech_model`), so the answer path
-(generate(), _decode_asr) is still the pipeline's. tensorrt: refused by the config.
+CTC tokenizer (no language, task or timestamps); an audio shorter than its convolutions' receptive field is refused.
+backend onnx: the same pipeline over optimum's export run by ONNX Runtime (ORTModelForSpeechSeq2Seq / ORTModelForCTC:
+runtimes/onnxruntime.py `speech_model`), so the answer path (generate(), _decode_asr) is still the pipeline's.
+tensorrt: refused by the config.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class SpeechEngine:
             model_dir=model_dir, onnx_dir=onnx_dir, device=device, dtype=dtype, num_threads=num_threads, auto_class=auto_class
         )
         self.model = load_runtime(backend, spec)
+        self.min_samples = ctc_min_samples(self.model.config) if self.ctc else 1  # (Whisper pads every audio to 30 s)
         self.pipeline = transformers.pipeline(
             interface.SPEECH_RECOGNITION,
             model=self.model,
@@ -115,6 +119,13 @@ class SpeechEngine:
             return None
         if any(len(audio) > self.feature_extractor.n_samples for audio in audios):
             return None
+        return self.language_task(language, task)
+
+    def language_task(self, language: str, task: str) -> dict[str, str]:
+        """generate()'s `language` and `task` options: those asked, none on an English-only model (its generate()
+        refuses both; check_options lets only language "en" and task transcribe through, which is what it does)."""
+        if not self.multilingual:
+            return {}
         return {key: value for key, value in (("language", language), ("task", task)) if value}
 
     def features(self, audio: np.ndarray) -> dict[str, Any]:
@@ -170,24 +181,43 @@ class SpeechEngine:
         self.batcher.submit(Job([self.features(audio) for audio in audios], options, done, cancelled))
 
     def decode(self, values: np.ndarray, raw_rate: int | None = None) -> list[np.ndarray]:
-        """A request's AUDIO rows as mono float32 samples at the model's rate (RequestError: that request's own)."""
-        return decode_audios(values, self.rate, self.max_audio_seconds, raw_rate)
+        """A request's AUDIO rows as mono float32 samples at the model's rate (RequestError: that request's own,
+        an audio too short for a CTC model's convolutions too: the forward pass would fail its whole batch)."""
+        audios = decode_audios(values, self.rate, self.max_audio_seconds, raw_rate)
+        for index, audio in enumerate(audios):
+            if len(audio) < self.min_samples:
+                raise RequestError(
+                    f"audio {index} is {len(audio)} samples ({1000 * len(audio) / self.rate:.1f} ms at {self.rate} Hz); "
+                    f"this model needs at least {self.min_samples} ({1000 * self.min_samples / self.rate:.1f} ms): "
+                    "send a longer one"
+                )
+        return audios
 
     def check_options(
         self, language: str = "", task: str = "", return_timestamps: bool = False, word_timestamps: bool = False,
         prompt: str = "", temperature: float = 0.0, **_: Any,
     ) -> None:  # fmt: skip
-        """Raise RequestError for a language this model does not know, or a language / translation on an English-only
-        one, word timestamps on a model without alignment heads, a prompt that is not text or too long."""
-        if self.ctc and (language or task or return_timestamps or word_timestamps or prompt or temperature):
+        """Raise RequestError for a language this model does not know, or a language other than English / translation
+        on an English-only one, word timestamps on a model without alignment heads, a prompt that is not text or too
+        long; on a CTC model any of these options. A message opens with the option it refuses (the gateway names
+        the form field from it)."""
+        values = (language, task, return_timestamps, word_timestamps, prompt, temperature)
+        sent = [f"'{name}'" for name, value in zip(interface.SPEECH_OPTION_NAMES, values) if value]
+        if self.ctc and sent:
             names = ", ".join(f"'{name}'" for name in interface.SPEECH_OPTION_NAMES)
-            raise RequestError(f"this is a CTC model (no decoder): it takes none of {names}")
-        if not self.multilingual and (language or task == "translate"):
             raise RequestError(
-                f"this model is English-only (its generation config has no languages): send no '{interface.LANGUAGE}' "
-                f"and '{interface.SPEECH_TASK}' transcribe"
+                f"{', '.join(sent)}: this is a CTC model (no decoder: no language detection, translation or "
+                f"timestamps): it takes none of {names}"
             )
-        if language and f"<|{language}|>" not in self.languages:
+        if not self.multilingual:  # OpenAI clients send language "en" routinely: what this model does anyway
+            if task == "translate":
+                raise RequestError(f"{interface.SPEECH_TASK}='translate': this model is English-only: it only transcribes English")
+            if language not in ("", "en"):
+                raise RequestError(
+                    f"{interface.LANGUAGE}={language!r}: this model is English-only (its generation config has no "
+                    "languages): send no language, or en"
+                )
+        elif language and f"<|{language}|>" not in self.languages:
             known = ", ".join(sorted(token.strip("<|>") for token in self.languages))
             raise RequestError(f"{interface.LANGUAGE}={language!r} is not one of this model's languages: {known}")
         if word_timestamps and not self.word_timestamps:
@@ -228,7 +258,7 @@ class SpeechEngine:
         Segments and words are two decodings (timestamp tokens change the text): both asked, two pipeline passes."""
         if audios and isinstance(audios[0], (bytes, np.bytes_)):
             audios = self.decode(np.array(audios, dtype=np.object_))
-        generate: dict[str, Any] = {key: value for key, value in (("language", language), ("task", task)) if value}
+        generate: dict[str, Any] = self.language_task(language, task)
         if prompt:
             generate["prompt_ids"] = self.prompt_ids(prompt)
         if temperature > 0:  # sampled with one beam, as OpenAI's and vLLM's transcriptions
@@ -252,21 +282,22 @@ class SpeechEngine:
         """The pipeline's answer per audio: those that fit one window in one call, each longer one alone (chunked:
         every audio in one call, its chunks batched together)."""
         options = {"generate_kwargs": generate, **({"return_timestamps": timestamps} if timestamps else {})}
-        if self.chunk_length_s:  # a CTC model's chunks one audio at a time: padding a batch would change its answer
+        if self.chunk_length_s:  # a CTC model's chunks one audio at a time: padding a batch would change its answer;
+            # words: a batch of chunks of other lengths (an audio's last one) would change their times (_word_batches)
             batch = [{"raw": audio, "sampling_rate": self.rate} for audio in audios]
-            size = 1 if self.ctc else len(batch)
+            size = 1 if self.ctc or timestamps == "word" else len(batch)
             return list(self.pipeline(batch, batch_size=size, chunk_length_s=self.chunk_length_s, **options))
         answers: list[dict[str, Any] | None] = [None] * len(audios)
         # Whisper pads every window to 30 s, so windows batch exactly; a CTC model's padding would change its answer
         window = 0 if self.ctc else self.feature_extractor.n_samples
         short = [i for i, audio in enumerate(audios) if len(audio) <= window]
-        if short:
-            batch = [{"raw": audios[i], "sampling_rate": self.rate} for i in short]
+        for group in _word_batches(short, audios) if timestamps == "word" else [short] if short else []:
+            batch = [{"raw": audios[i], "sampling_rate": self.rate} for i in group]
             self.detected.ids = []
-            for i, answer in zip(short, self.pipeline(batch, batch_size=len(batch), **options)):
+            for i, answer in zip(group, self.pipeline(batch, batch_size=len(batch), **options)):
                 answers[i] = answer
-            if len(self.detected.ids) == len(short):  # one generate() for the batch: a detected language per audio
-                for i, language_id in zip(short, self.detected.ids):
+            if len(self.detected.ids) == len(group):  # one generate() for the batch: a detected language per audio
+                for i, language_id in zip(group, self.detected.ids):
                     answers[i]["language_id"] = language_id
         for i, audio in enumerate(audios):
             if answers[i] is None:  # long-form: one sequential generate() of its own (a CTC model: one forward pass)
@@ -274,6 +305,25 @@ class SpeechEngine:
                 answers[i] = self.pipeline({"raw": audio, "sampling_rate": self.rate}, **options)
                 answers[i]["language_id"] = self.detected.ids[0] if self.detected.ids else None
         return answers  # type: ignore[return-value]
+
+
+def _word_batches(indices: list[int], audios: list[np.ndarray]) -> list[list[int]]:
+    """The audios (`indices`) grouped by length: with word timestamps, transformers' _extract_token_timestamps runs
+    one DTW over the batch when its frame counts are equal, one per audio when they differ, and the times differ
+    between the two (27.86 s vs 27.88 s); equal lengths keep each answer the pipeline's for that audio alone."""
+    groups: dict[int, list[int]] = {}
+    for i in indices:
+        groups.setdefault(len(audios[i]), []).append(i)
+    return list(groups.values())
+
+
+def ctc_min_samples(config: Any) -> int:
+    """The fewest samples a CTC model's feature encoder (its conv_kernel / conv_stride layers, wav2vec2's family)
+    turns into one frame: fewer and torch's conv1d fails ("Kernel size can't be greater than actual input size")."""
+    length = 1
+    for kernel, stride in reversed(list(zip(getattr(config, "conv_kernel", ()), getattr(config, "conv_stride", ())))):
+        length = (length - 1) * stride + kernel
+    return length
 
 
 def chunks_json(chunks: list[dict[str, Any]]) -> str:
