@@ -77,10 +77,16 @@ def test_models_chat_and_completions_equal_tritons_own_answer(gateway):
     api = openai_client(gateway)
     listed = {m.id for m in api.models.list().data}
     assert listed == {"embed", "classify", "generate"}
-    direct = client.stream_generate(gateway.settings().url("grpc_port"), "generate", [{"role": "user", "content": QUESTION}])
-    chat = api.chat.completions.create(model="generate", messages=[{"role": "user", "content": QUESTION}])
+    # no max_tokens (LangChain sends none): what the context leaves, up to max_new_tokens_limit, as vLLM -- not the
+    # configured generation.max_new_tokens (12 here) that a direct request without max_new_tokens gets
+    messages = [{"role": "user", "content": QUESTION}]
+    direct = client.stream_generate(gateway.settings().url("grpc_port"), "generate", messages, {"open_ended": True})
+    chat = api.chat.completions.create(model="generate", messages=messages)
     assert chat.choices[0].message.content == direct["text"] and chat.choices[0].finish_reason in ("stop", "length")
     assert chat.usage.prompt_tokens == direct["prompt_tokens"] and chat.usage.completion_tokens == direct["completion_tokens"]
+    assert chat.usage.completion_tokens > 12 or chat.choices[0].finish_reason == "stop", chat.usage
+    configured = client.stream_generate(gateway.settings().url("grpc_port"), "generate", messages)
+    assert configured["completion_tokens"] <= 12 and direct["text"].startswith(configured["text"])
     pieces, finish = [], None
     stream = api.chat.completions.create(
         model="generate", messages=[{"role": "user", "content": QUESTION}], stream=True, stream_options={"include_usage": True}

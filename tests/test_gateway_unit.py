@@ -35,11 +35,18 @@ from hf2triton.gateway.protocol import (
 from hf2triton.serving import interface
 
 
+def options_besides_length(body: dict, **kwargs) -> dict:
+    """generation_options but the answer-length default: OPEN_ENDED exactly where the body sends no max_tokens."""
+    options = generation_options(body, **kwargs)
+    assert options.pop("open_ended", False) == ("max_tokens" not in body and "max_completion_tokens" not in body), body
+    return options
+
+
 def test_sampling_parameters_map_to_model_inputs():
     body = {"max_tokens": 20, "temperature": 0.7, "top_p": 0.9, "seed": 3, "stop": "\n"}
     assert generation_options(body) == {"max_new_tokens": 20, "temperature": 0.7, "top_p": 0.9, "seed": 3, "stop": ["\n"]}
     assert generation_options({"max_completion_tokens": 5, "max_tokens": 9}) == {"max_new_tokens": 5}
-    assert generation_options({"temperature": 0.001, "top_p": 1.0}) == {"temperature": 0.0}, "below the sampling minimum = greedy"
+    assert options_besides_length({"temperature": 0.001, "top_p": 1.0}) == {"temperature": 0.0}, "below the sampling minimum = greedy"
 
 
 @pytest.mark.parametrize(
@@ -75,15 +82,16 @@ def test_what_vllm_takes_is_taken_as_vllm_takes_it():
     """lm-eval's code tasks send 5-6 stop strings; vLLM's extra top_k is applied; neutral values of parameters this
     server does not apply, top_logprobs 0 without logprobs, modalities ["text"] and any 64-bit seed are accepted."""
     stops = ["\nclass", "\ndef", "\n#", "\nif", "\nprint", "<|endoftext|>"]
-    assert generation_options({"stop": stops}) == {"stop": stops}
-    assert generation_options({"top_k": 5}) == {"top_k": 5}
-    assert generation_options({"top_k": -1}) == generation_options({"top_k": 0}) == {}, "vLLM's off"
+    assert options_besides_length({"stop": stops}) == {"stop": stops}
+    assert options_besides_length({"top_k": 5}) == {"top_k": 5}
+    assert options_besides_length({"top_k": -1}) == options_besides_length({"top_k": 0}) == {}, "vLLM's off"
     neutral = {"repetition_penalty": 1.0, "min_p": 0.0, "min_tokens": 0, "top_logprobs": 0, "modalities": ["text"], "presence_penalty": 0}
-    assert generation_options(neutral) == {}
-    assert generation_options({"presence_penalty": 0.5, "frequency_penalty": -1}) == {"presence_penalty": 0.5, "frequency_penalty": -1.0}
-    assert generation_options({"ignore_eos": True}) == {"ignore_eos": True} and generation_options({"ignore_eos": False}) == {}
-    assert generation_options({"seed": -1}) == {"seed": 2**63 - 1}
-    assert generation_options({"seed": 7}) == {"seed": 7}
+    assert options_besides_length(neutral) == {}
+    penalties = {"presence_penalty": 0.5, "frequency_penalty": -1.0}
+    assert options_besides_length({"presence_penalty": 0.5, "frequency_penalty": -1}) == penalties
+    assert options_besides_length({"ignore_eos": True}) == {"ignore_eos": True} and options_besides_length({"ignore_eos": False}) == {}
+    assert options_besides_length({"seed": -1}) == {"seed": 2**63 - 1}
+    assert options_besides_length({"seed": 7}) == {"seed": 7}
 
 
 def test_messages_and_inputs():
@@ -96,7 +104,7 @@ def test_messages_and_inputs():
     assert embedding_inputs({"input": "x"}) == ["x"]
     with pytest.raises(ApiError, match="empty string"):
         embedding_inputs({"input": ["x", " "]})
-    assert generation_options({"response_format": {"type": "text"}, "frequency_penalty": 0, "presence_penalty": 0.0}) == {}
+    assert options_besides_length({"response_format": {"type": "text"}, "frequency_penalty": 0, "presence_penalty": 0.0}) == {}
 
 
 def test_a_lone_surrogate_is_400_naming_the_field():
@@ -318,7 +326,7 @@ def test_completion_prompts_are_texts_or_token_ids_one_choice_each():
 )
 def test_logprobs_and_echo_map_to_the_models_inputs(body, chat, options):
     """Issue 44 #1/#2: chat's logprobs + top_logprobs, completions' logprobs (alternatives) + echo (max_tokens 0 allowed)."""
-    assert generation_options(body, chat=chat) == options
+    assert options_besides_length(body, chat=chat) == options
 
 
 @pytest.mark.parametrize(

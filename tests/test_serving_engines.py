@@ -53,6 +53,20 @@ def test_generation_options_checked():
             generation_options(raw, defaults)
 
 
+def test_an_unasked_answer_length_is_the_default_or_open_ended_cut_to_the_room():
+    """No max_new_tokens: generation.max_new_tokens, or with OPEN_ENDED (the gateway's unset max_tokens) the per-request
+    cap -- either cut to what the prompt leaves in the context (vLLM's rule)."""
+    from hf2triton.serving.inputs import unasked_max_new_tokens
+
+    assert unasked_max_new_tokens(None, 64, 1024, 4000) == 64
+    assert unasked_max_new_tokens(np.array([[False]]), 64, 1024, 4000) == 64
+    assert unasked_max_new_tokens(np.array([[True]]), 64, 1024, 4000) == 1024
+    assert unasked_max_new_tokens(np.array([[True]]), 64, 1024, 300) == 300
+    assert unasked_max_new_tokens(None, 64, 1024, 10) == 10
+    with pytest.raises(RequestError, match="one value"):
+        unasked_max_new_tokens(np.array([[True], [False]]), 64, 1024, 4000)
+
+
 def test_temperature_between_zero_and_the_minimum_is_refused():
     """A float32 denormal (1e-45) divided the logits into inf/NaN: a 500 instead of a 400."""
     defaults = {"max_new_tokens": 16, "temperature": 0.0}

@@ -119,6 +119,8 @@ def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX
     tokens = tokens if tokens is not None else _number(body, "max_tokens", int, least, max_new_tokens)
     if tokens is not None:
         options[interface.MAX_NEW_TOKENS] = tokens
+    else:  # OpenAI's and vLLM's unset max_tokens: what the context leaves (up to the model's max_new_tokens_limit)
+        options[interface.OPEN_ENDED] = True
     temperature = _number(body, "temperature", float, 0.0, 2.0)
     if temperature is not None:
         options[interface.TEMPERATURE] = 0.0 if temperature < interface.MIN_TEMPERATURE else temperature

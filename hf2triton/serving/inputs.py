@@ -81,6 +81,14 @@ def _one_flag(raw: Any, name: str) -> bool:
     return bool(_one_value(raw, name, int, (0, 1)))
 
 
+def unasked_max_new_tokens(open_ended: Any, default: int, limit: int, room: int) -> int:
+    """A request's answer length when it sent no max_new_tokens: `default` (generation.max_new_tokens), or with
+    OPEN_ENDED `limit` (the per-request cap), either cut to the `room` its prompt leaves in the context (vLLM's rule:
+    a prompt that fits is never refused for a length its client did not ask)."""
+    wanted = limit if open_ended is not None and _one_flag(open_ended, interface.OPEN_ENDED) else default
+    return min(wanted, room)
+
+
 def _one_value(raw: Any, name: str, kind: type, bounds: tuple, problem=None) -> Any:
     """The one value of an option tensor, checked against `bounds` (or `problem(value)`: why not allowed)."""
     values = {kind(v) for v in np.asarray(raw).reshape(-1)}

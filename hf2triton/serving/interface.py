@@ -30,6 +30,10 @@ FREQUENCY_PENALTY = "frequency_penalty"
 # IGNORE_EOS (BOOL, vLLM's extra): the answer goes on past the model's end token, to max_new_tokens or a stop string
 # (what benchmarks ask for, to measure a fixed answer length)
 IGNORE_EOS = "ignore_eos"
+# OPEN_ENDED (BOOL, streaming text-generation): a request without max_new_tokens may answer with what the context leaves,
+# up to max_new_tokens_limit, instead of generation.max_new_tokens -- OpenAI's unset max_tokens, as vLLM serves it
+# (LangChain and most SDKs send none); a seq2seq model keeps its checkpoint's answer length
+OPEN_ENDED = "open_ended"
 SEED = "seed"
 STOP = "stop"
 STREAM = "stream"
@@ -278,6 +282,7 @@ STREAMING_OPTIONS = (
     Tensor(PRESENCE_PENALTY, "FP32", optional=True),
     Tensor(FREQUENCY_PENALTY, "FP32", optional=True),
     Tensor(IGNORE_EOS, "BOOL", optional=True),
+    Tensor(OPEN_ENDED, "BOOL", optional=True),
     Tensor(SEED, "INT64", optional=True),
     Tensor(STOP, "BYTES", (-1,), optional=True),
     Tensor(STREAM, "BOOL", optional=True),

@@ -160,6 +160,9 @@ class TritonPythonModel:
             cap = self.engine.checkpoint_max_new_tokens()
             if cap:  # the checkpoint's answer length, as the pipeline's (within the per-request cap)
                 self.defaults[interface.MAX_NEW_TOKENS] = min(cap, self.params.max_new_tokens_limit)
+        # an open-ended request's answer length (OPEN_ENDED): the per-request cap; a seq2seq model's, its checkpoint's
+        generation = self.task == interface.GENERATION
+        self.open_ended_tokens = self.params.max_new_tokens_limit if generation else self.defaults[interface.MAX_NEW_TOKENS]
         if self.task in interface.GENERATIVE_TASKS and self.params.streaming and not vllm:
             self._start_batcher()
         # Whisper on torch: execute() hands audios to the engine's running batch and returns; each answer goes out
@@ -301,8 +304,9 @@ class TritonPythonModel:
             max_new_tokens = 1 if by_default else options[interface.MAX_NEW_TOKENS]  # by default: room for one at least
             prompt_ids = inputs.prompt_ids(self.engine, text, messages, self.max_bytes, max_new_tokens, ids, tools, raw)
             if by_default:  # a prompt that fits is not refused for a limit its client never sent (vLLM: what is left)
-                room = self.engine.room(len(prompt_ids))
-                sampling = dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room))
+                open_ended, room = self._optional(request, interface.OPEN_ENDED), self.engine.room(len(prompt_ids))
+                tokens = inputs.unasked_max_new_tokens(open_ended, sampling.max_new_tokens, self.open_ended_tokens, room)
+                sampling = dataclasses.replace(sampling, max_new_tokens=tokens)
             stream_flag = self._optional(request, interface.STREAM)
             stream = bool(stream_flag.reshape(-1)[0]) if stream_flag is not None else True
         except inputs.RequestError as err:
