@@ -164,8 +164,12 @@ bench: check-paths $(VENV)/.installed-bench vllm-env ## serve (if needed), load-
 tune: check-paths $(VENV)/.installed ## sweep batching/instances/queue delay on a scratch server; writes results/tune/overlay.yaml
 	$(SNAKEMAKE) --cores $(CORES) tune $(SMK_CONFIG) $(if $(FORCE),--forcerun tune)
 
-stop: ## stop the server started by `make serve`
-	@if [ -x $(SNAKEMAKE) ]; then $(SNAKEMAKE) --cores 1 stop; else echo "nothing installed, nothing running"; fi
+# When snakemake's stop fails (the config does not load: a typo made while serving, a local source gone), what serves this
+# project is found from its state files and command lines instead (python -m hf2triton stop): a supervisor left running
+# would start everything again.
+stop: ## stop the server started by `make serve` (and every supervisor, gateway and server of this project)
+	@if [ -x $(SNAKEMAKE) ]; then $(SNAKEMAKE) --cores 1 stop || { echo "hf2triton: snakemake's stop failed: stopping what runs, found from its state files and command lines" >&2; $(BIN)/python -m hf2triton stop; }; \
+	else echo "nothing installed, nothing running"; fi
 
 status: ## is the server running, ready and current?
 	@if [ -x $(SNAKEMAKE) ]; then $(SNAKEMAKE) --cores 1 status --quiet all; else echo "not set up: run make serve"; fi

@@ -17,6 +17,8 @@
     python -m hf2triton key                            where the client key is (curl needs it), never the key
     python -m hf2triton replica S3_URL --work DIR      serve a published repository (make publish) with a
                                                        tritonserver of its own (--http-port etc.), validated
+    python -m hf2triton stop                           stop this project's supervisors, gateways and tritonserver,
+                                                       whatever the config says (`make stop` when snakemake's fails)
 
 Addresses: --grpc HOST:PORT alone is enough; without it they come from the config (--config, default
 $HF2TRITON_CONFIG or ./config.yaml). --http (optional) sends non-streaming requests over HTTP."""
@@ -121,7 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     for flag, port in (("--http-port", 8000), ("--grpc-port", 8001), ("--metrics-port", 8002)):
         replica.add_argument(flag, type=port_number, default=port)
     replica.add_argument("--stop", action="store_true", help="stop this replica's server")
+    stop = sub.add_parser("stop", help="stop what serves this project (the current directory), whatever the config says")
+    configured_work = "a config file whose paths.work is stopped too, if it loads (default: $HF2TRITON_CONFIG, else ./config.yaml)"
+    stop.add_argument("--config", help=configured_work)
     args = parser.parse_args(argv)
+    if args.command == "stop":
+        from hf2triton.pipeline.serve import stop_project
+
+        stop_project(args.config)
+        return 0
     if args.command == "replica":
         from hf2triton.deploy.publish import replica_main
 

@@ -1,7 +1,9 @@
 """Review findings on the server's lifecycle, each on real processes (no tritonserver: a stand-in process tree whose
-stubs carry the stub's name and a model's path, as Triton's do): the supervisor never kills a healthy server, backs
-off from a crash loop and gives up on it, is kept (and replaced) as it should be; a killed gateway's workers do not
-outlive it; terminate does not wait on a zombie; logs are rotated; the MPS daemon holds no hub token."""
+stubs carry the stub's name and a model's path, as Triton's do, or a stand-in program named tritonserver that answers
+health checks): the supervisor never kills a healthy server, backs off from a crash loop and gives up on it, is kept
+(and replaced) as it should be; a killed gateway's workers do not outlive it; terminate does not wait on a zombie; logs
+are rotated; the MPS daemon holds no hub token; a run of another work directory takes the repository over, and `make
+stop` stops every supervisor of it, also when the config no longer loads."""
 
 from __future__ import annotations
 
@@ -17,15 +19,18 @@ from pathlib import Path
 import pytest
 
 from hf2triton import host, logs
-from hf2triton.gateway.process import ensure_gateway, stop_gateway
+from hf2triton.errors import UserError
+from hf2triton.gateway.process import ensure_gateway, gateway_alive, stop_gateway
 from hf2triton.gateway.process import log_file as gateway_log
+from hf2triton.pipeline.serve import stop_step
 from hf2triton.specs import OpenAISpec, ServerSpec, to_param
 from hf2triton.triton import mps, supervisor
-from hf2triton.triton.cleanup import group_members, terminate
+from hf2triton.triton.cleanup import find_ours, find_supervisors, group_members, terminate
+from hf2triton.triton.process import ensure_server
 from hf2triton.triton.settings import Settings
 from hf2triton.triton.state import dead_stub_models, read_state, record_loaded, write_state
 from hf2triton.triton.supervisor import RestartWindow, Supervisor, ensure_supervisor, kill_group, stop_supervisor, supervisor_status
-from tests.helpers import fake_mps_control
+from tests.helpers import ROOT, fake_mps_control
 
 STUB = "/opt/tritonserver/backends/python/triton_python_backend_stub"
 
@@ -103,7 +108,7 @@ def test_a_repair_looks_again_under_the_lock_and_leaves_a_healthy_server_alone(s
     """The supervisor saw a stub gone, then waited for the lock while a `validate` restarted the server: the server it
     finds then is healthy and must survive (it was SIGKILLed, and restarted with the unvalidated repository)."""
     server = fake_server(stubs=2, rendered=2)
-    monkeypatch.setattr(supervisor, "ensure_server", lambda _settings: pytest.fail("a healthy server was restarted"))
+    monkeypatch.setattr(supervisor, "ensure_server", lambda _settings, **_: pytest.fail("a healthy server was restarted"))
     assert Supervisor(settings, OpenAISpec()).repair(["the stub process of m is gone"]) is False
     assert server.poll() is None and len(stubs_of(server.pid)) == 2
     assert not supervisor.state_file(settings).exists(), "nothing was recorded"
@@ -141,7 +146,7 @@ def test_a_server_that_crashes_after_every_restart_is_given_up_on(settings, monk
     cmdline = [sys.executable, "-c", "import time; time.sleep(0.2)"]  # a server that crashes 0.2 s after its start
     starts = []
 
-    def start_crashing(_settings: Settings) -> dict:
+    def start_crashing(_settings: Settings, **_) -> dict:
         process = subprocess.Popen(cmdline)
         starts.append(process)
         state = {"pid": process.pid, "boot_id": host.boot_id(), "cmdline": cmdline, "started_at": time.time(), "ready": True}
@@ -279,3 +284,148 @@ def test_the_mps_daemon_gets_no_hub_token(tmp_path, monkeypatch):
     environment = dict(line.split("=", 1) for line in (bin_dir / "daemon.env").read_text().splitlines() if "=" in line)
     assert "HF_TOKEN" not in environment and environment["CUDA_MPS_PIPE_DIRECTORY"] == plan.pipe_dir
     assert json.dumps(environment).count("hf_xxx") == 0
+
+
+# ---------------------------------------------------------------- 8: another work directory of the same project
+
+# A stand-in tritonserver: a real program at a path ending in /tritonserver (as /proc shows Triton's), so serve's own code
+# starts, finds (by repository) and stops it; it answers every HTTP request on its --http-port with 200 (live, ready).
+STAND_IN_TRITONSERVER = r"""
+#include <arpa/inet.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    const char *address = "127.0.0.1";
+    int port = 0, on = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strncmp(argv[i], "--http-port=", 12)) port = atoi(argv[i] + 12);
+        if (!strncmp(argv[i], "--http-address=", 15)) address = argv[i] + 15;
+    }
+    int server = socket(AF_INET, SOCK_STREAM, 0);
+    setsockopt(server, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    struct sockaddr_in where = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, address, &where.sin_addr);
+    if (bind(server, (struct sockaddr *)&where, sizeof where) || listen(server, 16)) return 1;
+    static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    char request[4096];
+    for (;;) {
+        int client = accept(server, NULL, NULL);
+        if (client < 0) continue;
+        if (read(client, request, sizeof request) > 0 && write(client, ok, sizeof ok - 1) < 0) return 1;
+        close(client);
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def stand_in_bin(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("bin")
+    (directory / "tritonserver.c").write_text(STAND_IN_TRITONSERVER)
+    subprocess.run(["cc", "-o", str(directory / "tritonserver"), str(directory / "tritonserver.c")], check=True)
+    return directory
+
+
+@pytest.fixture
+def work_dir(tmp_path, stand_in_bin, monkeypatch):
+    """Settings of one project (tmp_path, its model_repository, one set of ports) in work directory `name`, as a config
+    with that paths.work gives them; the stand-in tritonserver first on PATH, for the supervisors started meanwhile too.
+    Afterwards every process of this project is killed, whatever the code under test left behind."""
+    monkeypatch.setenv("PATH", f"{stand_in_bin}{os.pathsep}{os.environ['PATH']}")
+    (tmp_path / "model_repository").mkdir()
+    ports = host.free_ports(3)
+    spec = ServerSpec(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], startup_timeout_s=30)
+    made: list[Settings] = []
+
+    def of(name: str) -> Settings:
+        made.append(Settings.of(spec, [], str(tmp_path / name), str(tmp_path / "model_repository")))
+        return made[-1]
+
+    yield of
+    for pid in host.pids():  # supervisors (their spec file) and servers (their repository) name the project directory
+        if any(str(tmp_path) in part for part in host.process_cmdline(pid) or []):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for settings in made:
+        stop_gateway(settings)
+
+
+def spec_of(settings: Settings, openai: OpenAISpec | None = None) -> dict:
+    """serve's params, as it passes them to its supervisor."""
+    return {
+        "server": to_param(settings.server), "models": settings.models, "work": settings.work, "repository": settings.repository,
+        "openai": to_param(openai or OpenAISpec()),
+    }  # fmt: skip
+
+
+def test_a_run_of_another_work_directory_takes_the_repository_over(work_dir):
+    """`make serve` with another paths.work (troubleshooting's fix for "not enough disk") while serving: its validate's
+    ensure_server replaced the server under its own lock; the old supervisor (its work directory's lock free) found the new
+    server by repository, replaced it, the new supervisor replaced that one, and so on for ever."""
+    old, new = work_dir("work-a"), work_dir("work-b")
+    ensure_server(old)
+    ensure_supervisor(old, spec_of(old))
+    watching = supervisor_status(old)["pid"]
+    server = ensure_server(new)  # validate's, under work-b's lock
+    assert server["action"] == "start" and host.process_gone(watching), "the old supervisor is stopped before its server"
+    assert ensure_supervisor(new, spec_of(new)).startswith("started")
+    time.sleep(3 * supervisor.POLL_S + 1)
+    state = read_state(new)
+    assert state["pid"] == server["pid"] and host.process_cmdline(state["pid"]) == state["cmdline"], "the new server serves on"
+    assert find_ours(new).servers == (server["pid"],)
+    assert supervisor_status(new)["running"] and supervisor_status(new)["restarts"] == 0, supervisor.log_file(new).read_text()
+
+
+def test_a_supervisor_steps_aside_for_the_server_of_another_work_directory(work_dir):
+    """Belt and braces, for a supervisor no run stopped (started by an older hf2triton): the server another work
+    directory's state file describes is not its to replace."""
+    old, new = work_dir("work-a"), work_dir("work-b")
+    ensure_server(old)
+    watcher = Supervisor(old, OpenAISpec())
+    server = ensure_server(new)  # no supervisor process to stop: this one runs in the test
+    assert watcher.superseded() == f"the server of {new.work} (pid {server['pid']}) serves {old.repository} now"
+    with pytest.raises(UserError, match="serves"):
+        ensure_server(old, take_over=False)  # a repair that looked before the new server started
+    with pytest.raises(SystemExit) as exited:
+        watcher.step()
+    assert exited.value.code == 0 and host.process_cmdline(server["pid"]) == server["cmdline"]
+
+
+def test_stop_stops_the_supervisors_of_every_work_directory(work_dir):
+    """`make stop` of a config with another paths.work stopped its own (none) and the server (found by repository):
+    the supervisor of the first work directory started it again."""
+    old, new = work_dir("work-a"), work_dir("work-b")
+    ensure_server(old)
+    ensure_supervisor(old, spec_of(old))
+    message = stop_step(to_param(new.server), new.models, new.work, new.repository)
+    assert f"{old.work}: stopped the supervisor" in message and "stopped tritonserver" in message, message
+    time.sleep(3 * supervisor.POLL_S + 1)
+    assert find_supervisors(old.repository) == [] and find_ours(old).servers == ()
+
+
+def test_make_stop_stops_everything_whatever_the_config_says(work_dir, tmp_path, monkeypatch):
+    """A typo in config.yaml made while serving: snakemake's stop failed parsing it, and the supervisor kept everything
+    running. Its paths.work is unknown now: what runs is found from the supervisor's spec file and the server's place."""
+    settings = work_dir("elsewhere")
+    openai = OpenAISpec(enabled=True, host="127.0.0.1", port=host.free_ports(1)[0])
+    monkeypatch.delenv("HF2TRITON_API_KEY", raising=False)
+    ensure_server(settings)
+    ensure_gateway(settings, openai)
+    ensure_supervisor(settings, spec_of(settings, openai))
+    (tmp_path / "Snakefile").write_text((ROOT / "Snakefile").read_text())  # a copy: its directory's config.yaml is read
+    for name in ("rules", "scripts", "envs"):  # the rest of the project, as a checkout has it
+        (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / "config.yaml").write_text("paths: {work: elsewhere}\nserver: {http_port: 8000\n")
+    environment = {name: value for name, value in os.environ.items() if name != "HF2TRITON_CONFIG"}
+    command = ["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(tmp_path), "stop", f"VENV={ROOT / '.venv'}"]
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "hf2triton: error:" in result.stderr and "snakemake's stop failed" in result.stderr, result.stderr
+    for what in ("stopped the supervisor", "stopped the gateway", "stopped tritonserver"):
+        assert what in result.stdout, result.stdout
+    time.sleep(3 * supervisor.POLL_S + 1)
+    assert find_supervisors(settings.repository) == [] and find_ours(settings).servers == () and not gateway_alive(settings)
+    assert host.port_is_free("127.0.0.1", openai.port) and host.port_is_free("127.0.0.1", settings.server.http_port)

@@ -283,7 +283,7 @@ def test_server_is_recognised_without_its_state_file(workflow):
     result = workflow.run("serve")
     assert "in use by another program" not in result.stderr
     new = workflow.state()
-    assert new["pid"] != state["pid"] and host.process_cmdline(state["pid"]) is None, "replaced, to regain control"
+    assert new["pid"] != state["pid"] and host.process_gone(state["pid"]), "replaced, to regain control"
     workflow.config["paths"] = {"work": ".elsewhere"}  # a changed paths.work: no state file describes our server
     ran = workflow.jobs_run(workflow.run("results/preflight.json", "--forcerun", "preflight"))  # the target before --forcerun's list
     assert ran == ["preflight"], ran
@@ -293,7 +293,7 @@ def test_server_is_recognised_without_its_state_file(workflow):
     settings.state_file.unlink()
     stopped = workflow.run("stop").stderr
     assert f"stopped tritonserver (pid {new['pid']})" in stopped, stopped[-3000:]
-    assert host.process_cmdline(new["pid"]) is None
+    assert host.process_gone(new["pid"])
 
 
 def crash_leaving_a_stub(settings, state) -> list[str]:

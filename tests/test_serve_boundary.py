@@ -119,7 +119,7 @@ def test_a_changed_api_key_restarts_the_gateway(workflow):
     workflow.env[KEY_ENV] = "second-key-not-a-secret"
     assert not status(workflow)["openai"]["current"], "status sees the key changed"
     result = workflow.run("serve")
-    assert "gateway started" in result.stderr and gateway_pid(workflow) != first and host.process_cmdline(first) is None
+    assert "gateway started" in result.stderr and gateway_pid(workflow) != first and host.process_gone(first)
     assert gateway_get(workflow, "/models", "first-key-not-a-secret") == 401
     assert gateway_get(workflow, "/models", "second-key-not-a-secret") == 200 and chat(workflow, "second-key-not-a-secret")[0] == 200
     assert status(workflow)["openai"]["current"]

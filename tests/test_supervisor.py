@@ -193,7 +193,7 @@ def test_a_serve_of_other_settings_takes_over_and_the_old_supervisor_steps_aside
     old = supervisor_status(settings)["pid"]
     supervised.config["models"] = [entry for entry in supervised.config["models"] if entry["name"] != "embed"]
     supervised.run("serve")
-    assert host.process_cmdline(old) is None, "the first supervisor exited"
+    assert host.process_gone(old), "the first supervisor exited"
     status = supervisor_status(supervised.settings())
     assert status["running"] and status["pid"] != old and status["restarts"] == 0, status
     assert "replaced the one supervised here" in log_file(settings).read_text(), log_file(settings).read_text()[-2000:]
@@ -207,5 +207,5 @@ def test_stop_stops_the_supervisor_first_and_nothing_comes_back(supervised):
     supervisor = supervisor_status(settings)["pid"]
     supervised.run("stop")
     time.sleep(3 * 1.0 + 1)
-    assert host.process_cmdline(supervisor) is None and not find_ours(settings).servers, "stopped for good"
+    assert host.process_gone(supervisor) and not find_ours(settings).servers, "stopped for good"
     assert not supervisor_status(settings)["running"]

@@ -158,7 +158,7 @@ def test_status_and_stop_targets(tiny_workflow):
     assert set(payload["torch"]) >= {"version", "cuda_build", "driver", "cuda_works"}, "torch's build, the driver, CUDA"
     pid = tiny_workflow.state()["pid"]
     tiny_workflow.run("stop")
-    assert host.process_cmdline(pid) is None
+    assert host.process_gone(pid)
     assert not (tiny_workflow.directory / ".hf2triton" / "server" / "state.json").exists()
     # and `serve` brings it back, rebuilding nothing
     assert tiny_workflow.jobs_run(tiny_workflow.run("serve")) == ["serve"]

@@ -12,10 +12,12 @@ from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.gateway.process import ensure_gateway, exposure, gateway_status, log_file, require_api_key, stop_gateway
 from hf2triton.integrity import damaged
-from hf2triton.specs import OpenAISpec, ServerSpec, from_param
+from hf2triton.specs import OpenAISpec, ProjectSpec, ServerSpec, from_param
 from hf2triton.triton import client
+from hf2triton.triton.cleanup import find_ours, find_supervisors, process_cwd, stop_supervisors
 from hf2triton.triton.process import ensure_server, server_status, serving_lock, stop_server
-from hf2triton.triton.settings import Settings
+from hf2triton.triton.settings import REPOSITORY, Settings
+from hf2triton.triton.state import read_state
 from hf2triton.triton.supervisor import ensure_supervisor, stop_supervisor, supervisor_status
 from hf2triton.triton.supervisor import log_file as supervisor_log
 
@@ -38,6 +40,8 @@ def serve_step(
     require_api_key(exposure(gateway_spec, settings.host))  # before anything running is touched
     with serving_lock(settings):  # one serve at a time: a second one waits, then keeps what the first started
         status = _serve(settings, gateway_spec, gateway_report)
+        for stopped in stop_supervisors(settings.repository, unless_work=settings.work):  # where ensure_server kept a server
+            print(f"hf2triton: stopped {stopped}: this serve supervises {settings.repository} now", file=sys.stderr)
         if settings.server.supervise:  # started last: it supervises what has just been proven to serve
             spec = {"server": server, "models": models, "work": work, "repository": repository, "openai": openai}
             status["supervisor"] = ensure_supervisor(settings, spec)
@@ -158,8 +162,73 @@ def validation_outcome(report_json: str) -> str:
 
 
 def stop_step(server: dict[str, Any], models: list[str], work: str, repository: str) -> str:
-    settings = settings_from_params(server, models, work, repository)
-    with serving_lock(settings):  # not while a serve is starting them
-        message = f"{stop_supervisor(settings)}; {stop_gateway(settings)}; {stop_server(settings)}"  # supervisor first: it restarts
+    message = stop_serving(settings_from_params(server, models, work, repository))
     print(f"hf2triton: {message}", file=sys.stderr)
+    return message
+
+
+def stop_serving(configured: Settings | None, repository: str = "", also: tuple[str, ...] = ()) -> str:
+    """Stop everything that serves this repository (`configured`'s, else `repository`): every supervisor first (one
+    left would start the rest again), then each work directory's gateway and server. Work directories: the configured
+    one, those of `also` that exist, and those of the running supervisors (their spec files) and servers (where they
+    run) of this repository: a config of another paths.work, or a typo in the config since, must not leave a
+    supervisor restarting everything."""
+    repository = configured.repository if configured else str(Path(repository).resolve())
+    everywhere = _serving_settings(repository, configured, also)
+    done: dict[str, list[str]] = {settings.work: [] for settings in everywhere}
+    for settings in everywhere:
+        with serving_lock(settings):  # not while a serve is starting them
+            done[settings.work].append(stop_supervisor(settings))
+    unnamed = [f"stopped {stopped}" for stopped in stop_supervisors(repository)]  # no supervisor state file names them
+    for settings in everywhere:
+        with serving_lock(settings):
+            done[settings.work] += [stop_gateway(settings), stop_server(settings)]
+    if len(done) == 1:
+        return "; ".join([*next(iter(done.values())), *unnamed])
+    return "; ".join([*(f"{work}: {', '.join(lines)}" for work, lines in done.items()), *unnamed]) or "nothing of this project runs"
+
+
+def _serving_settings(repository: str, configured: Settings | None, also: tuple[str, ...]) -> list[Settings]:
+    """The settings of each work directory serving `repository` (see stop_serving), the configured one first."""
+    found = {settings.work: settings for settings in [configured] if settings}
+    for supervisor in find_supervisors(repository):
+        found.setdefault(supervisor.settings.work, supervisor.settings)
+    server_dirs = [Path(work) / "server" for work in also]
+    for pid in find_ours(Settings.of(ServerSpec(), [], ProjectSpec.work, repository)).servers:  # (only the repository counts)
+        server_dirs.append(process_cwd(pid) or Path("/nonexistent"))
+    for server_dir in server_dirs:
+        if server_dir.name == "server" and server_dir.is_dir():  # (one that is not: no state, no lock to create)
+            settings = _settings_of_work(str(server_dir.parent), repository)
+            found.setdefault(settings.work, settings)
+    return list(found.values())
+
+
+def _settings_of_work(work: str, repository: str) -> Settings:
+    """A work directory's settings as its server's state file records them (its gateway is found by its gRPC port),
+    else the defaults: what stop_gateway and stop_server need."""
+    settings = Settings.of(ServerSpec(), [], work, repository)
+    state = read_state(settings) or {}
+    try:
+        server = ServerSpec(host=state.get("host", ServerSpec.host), **state.get("ports", {}))
+        return Settings.of(server, state.get("models", []), work, repository)
+    except TypeError:  # not a state file of ours
+        return settings
+
+
+def stop_project(config: str | None = None) -> str:
+    """`python -m hf2triton stop` (`make stop` when snakemake's stop fails): stop this project's supervisors, gateways
+    and tritonserver whatever the config says -- a typo made while serving, a local model source gone, a vLLM model
+    on a host without GPU. The project is the current directory; the config only adds its work directory."""
+    from hf2triton.config import load_project
+    from hf2triton.triton.commands import config_path
+
+    repository, path = str(Path(REPOSITORY).resolve()), config_path(config)
+    try:
+        project = load_project(path)
+        configured, also = Settings.of(project.server, list(project.names), project.work, repository), ()
+    except Exception as err:  # noqa: BLE001 - whatever is wrong with it, stopping must not depend on it
+        print(f"hf2triton: the config ({path}) does not load ({getattr(err, 'message', err)}): stopping what runs", file=sys.stderr)
+        configured, also = None, (ProjectSpec.work,)  # the default work directory, besides those found running
+    message = stop_serving(configured, repository, also)
+    print(f"hf2triton: {message}")
     return message

@@ -1,9 +1,11 @@
 """Processes of ours found by what they are (their command lines, whatever the state file says), stopped
 politely first (terminate), and what a dead server leaves behind: orphaned Python-backend stubs and their
-/dev/shm regions."""
+/dev/shm regions. Servers and supervisors are found by the repository they serve, which every config of a project
+shares: so also those of another work directory (paths.work)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -12,9 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hf2triton import host
-from hf2triton.triton.settings import Settings
+from hf2triton.triton.settings import Settings, settings_of_spec
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,56 @@ def find_ours(settings: Settings) -> Ours:
             stubs.append(pid)
     orphans = [pid for pid in stubs if host.parent_pid(pid) not in servers]
     return Ours(tuple(servers), tuple(stubs), tuple(orphans))
+
+
+def process_cwd(pid: int) -> Path | None:
+    """The working directory of `pid` (a tritonserver of ours runs in its work directory's server directory)."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
+
+
+SUPERVISOR_MODULE = "hf2triton.triton.supervisor"  # `python -m hf2triton.triton.supervisor <spec file>`
+
+
+@dataclass(frozen=True)
+class SupervisorProcess:
+    """A running supervisor of ours, found by its command line, and the settings its spec file names."""
+
+    pid: int
+    cmdline: list[str]
+    settings: Settings
+
+
+def find_supervisors(repository: str) -> list[SupervisorProcess]:
+    """Supervisors serving `repository`, whatever their work directory: its spec file (the command line names it)
+    says which repository, relative to the directory the supervisor runs in. One whose spec file is gone or
+    unreadable cannot be told apart (and exits by itself: its server's state is gone with it)."""
+    found = []
+    for pid in host.pids():
+        cmd = host.process_cmdline(pid) or []
+        if len(cmd) != 4 or cmd[1:3] != ["-m", SUPERVISOR_MODULE]:
+            continue
+        try:
+            spec: dict[str, Any] = json.loads(Path(cmd[3]).read_text())
+            settings = settings_of_spec(spec, process_cwd(pid) or "/nonexistent")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if settings.repository == str(Path(repository).resolve()):
+            found.append(SupervisorProcess(pid, cmd, settings))
+    return found
+
+
+def stop_supervisors(repository: str, unless_work: str | None = None) -> list[str]:
+    """Stop the supervisors serving `repository` (but those of work directory `unless_work`, and this process);
+    returns what was stopped."""
+    stopped = []
+    for found in find_supervisors(repository):
+        if found.settings.work != unless_work and found.pid != os.getpid():
+            terminate(found.pid, found.cmdline)
+            stopped.append(f"the supervisor of {found.settings.work} (pid {found.pid})")
+    return stopped
 
 
 SHM_DIR = Path("/dev/shm")  # noqa: S108 - where Triton's Python backend keeps its regions

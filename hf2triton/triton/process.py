@@ -1,5 +1,6 @@
 """Launch, watch, reload and stop a standalone tritonserver (no Docker): keep a current, ready server (start,
-restart, or reload only the models that changed), under one lock per work directory.
+restart, or reload only the models that changed), under one lock per work directory. One server serves a repository:
+a run of another work directory (paths.work, another config) replaces it, and stops that directory's supervisor first.
 
 The server outlives Snakemake. What it is configured as: triton.settings; its state file and the restart
 decision: triton.state; its ports: triton.ports; finding and stopping processes of ours, and what dead ones
@@ -14,6 +15,7 @@ import secrets
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from hf2triton.errors import UserError
 from hf2triton.locks import exclusive
 from hf2triton.logs import rotate
 from hf2triton.triton import client, mps
-from hf2triton.triton.cleanup import STOP_TIMEOUT_S, end_orphans, find_ours, terminate
+from hf2triton.triton.cleanup import STOP_TIMEOUT_S, end_orphans, find_ours, process_cwd, stop_supervisors, terminate
 from hf2triton.triton.hidden_args import build_shim, hide_arguments
 from hf2triton.triton.install import Installation, locate_tritonserver, prepare_backend_dir, server_environment
 from hf2triton.triton.modelconfig import instance_count, read_model_config_or_none, uses_gpu
@@ -239,14 +241,32 @@ def reload_models(settings: Settings, state: dict[str, Any], models: tuple[str, 
     return loaded
 
 
-def ensure_server(settings: Settings) -> dict[str, Any]:
+def foreign_server(settings: Settings) -> str:
+    """'' unless a server of this repository runs that another work directory's state file describes (a run of
+    another paths.work or config took the repository over): then which, and whose. Each runs in its server directory."""
+    found = {}
+    for pid in find_ours(settings).servers:
+        where = process_cwd(pid)
+        if where is None or where == settings.server_dir or where.name != settings.server_dir.name:
+            continue
+        other = replace(settings, work=str(where.parent))
+        state = read_state(other)
+        if state and state.get("pid") == pid and host.process_cmdline(pid) == state.get("cmdline"):
+            found[pid] = other.work
+    works, pids = ", ".join(sorted(set(found.values()))), ", ".join(map(str, found))
+    return f"the server of {works} (pid {pids}) serves {settings.repository} now" if found else ""
+
+
+def ensure_server(settings: Settings, take_over: bool = True) -> dict[str, Any]:
     """Keep a current, ready server: start, restart, or reload only the models that changed. Under the
-    serving lock: a second caller waits, then finds this one's server and keeps it."""
+    serving lock: a second caller waits, then finds this one's server and keeps it. `take_over`: a server of another
+    work directory is replaced, its supervisor stopped first (else the two would replace each other's server for
+    ever); the supervisor's repairs pass False: it steps aside instead."""
     with serving_lock(settings):
-        return _ensure_server(settings)
+        return _ensure_server(settings, take_over)
 
 
-def _ensure_server(settings: Settings) -> dict[str, Any]:
+def _ensure_server(settings: Settings, take_over: bool = True) -> dict[str, Any]:
     install = locate_tritonserver()
     client.create_key()  # serve makes the client key, once; a server started before a lost key file restarts
     state = read_state(settings)
@@ -269,6 +289,12 @@ def _ensure_server(settings: Settings) -> dict[str, Any]:
         replaced += [pid for pid in find_ours(settings).servers if pid not in replaced]
         check_can_listen(settings, held_by_replaced=replaced)
         cuda_mps = _cuda_mps(settings, plan)  # proven before anything running is touched
+        if take_over:  # before their server goes: they would start it again, and replace this one
+            for stopped in stop_supervisors(settings.repository, unless_work=settings.work):
+                log.info("stopped %s: this run serves %s now", stopped, settings.repository)
+            replaced += [pid for pid in find_ours(settings).servers if pid not in replaced]  # one a stopped repair started
+        elif foreign := foreign_server(settings):
+            raise UserError(foreign, "nothing to repair: that run's supervisor supervises it")
         for pid in replaced:
             log.info("stopping tritonserver pid %d", pid)
             terminate(pid, host.process_cmdline(pid))

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hf2triton import host
-from hf2triton.specs import ServerSpec
+from hf2triton.specs import ServerSpec, from_param
 from hf2triton.triton import client
 from hf2triton.triton.hidden_args import placeholder
 from hf2triton.triton.install import Installation
@@ -74,6 +75,13 @@ class Settings:
     @classmethod
     def of(cls, server: ServerSpec, models: list[str], work: str, repository: str = REPOSITORY) -> Settings:
         return cls(server, repository, work, models)
+
+
+def settings_of_spec(spec: dict[str, Any], base: Path | str = ".") -> Settings:
+    """The settings a supervisor's spec file (serve's params) names; its relative paths are relative to `base`, the
+    directory the supervisor runs in (serve's: the project directory)."""
+    server = from_param(ServerSpec, spec["server"])
+    return Settings.of(server, spec["models"], str(Path(base, spec["work"])), str(Path(base, spec["repository"])))
 
 
 def client_address(bind_host: str) -> str:

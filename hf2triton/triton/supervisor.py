@@ -14,8 +14,10 @@ after the one before (1, 2, 4 ... MAX_BACKOFF_S); after MAX_RESTARTS of them it 
 log and in `make status` (`supervisor.gave_up`). `make stop` stops the supervisor first; it also ends by
 itself when the server's state file is gone (stopped by other means), and when a server of other settings replaced its
 own (a `serve` or `validate` of another config or overlay: that run's `serve` starts the supervisor of its own;
-restarting the old settings would kill the new server under the run that is validating it). Every action is one line in its log and
-in `make status` (`supervisor`).
+restarting the old settings would kill the new server under the run that is validating it). A run of another work
+directory (paths.work) that replaces its server stops it first (the two supervisors replaced each other's server for
+ever); it steps aside by itself too when such a server, described by another work directory's state file, serves its
+repository. Every action is one line in its log and in `make status` (`supervisor`).
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ from hf2triton import host
 from hf2triton.fsutil import atomic_write_json
 from hf2triton.gateway.process import api_key_digest, ensure_gateway, gateway_alive
 from hf2triton.logs import rotate, without_secrets
-from hf2triton.specs import OpenAISpec, ServerSpec, from_param
+from hf2triton.specs import OpenAISpec, from_param
 from hf2triton.triton.cleanup import find_ours, terminate
-from hf2triton.triton.process import ensure_server, serving_lock
-from hf2triton.triton.settings import Settings, redacted_command
+from hf2triton.triton.process import ensure_server, foreign_server, serving_lock
+from hf2triton.triton.settings import Settings, redacted_command, settings_of_spec
 from hf2triton.triton.state import dead_stub_models, read_state
 
 log = logging.getLogger("hf2triton.supervisor")
@@ -204,14 +206,17 @@ class Supervisor:
         state = read_state(self.settings)
         return redacted_command(state.get("cmdline", [])) if state else None
 
-    def superseded(self) -> bool:
-        """A server of other settings runs (or starts) in this server directory: another `serve` or `validate` took
-        it over. Its stubs are not ours to count, nor is the server ours to restart."""
+    def superseded(self) -> str:
+        """Why another run took the server over ('' while none did): a server of other settings runs (or starts) in
+        this server directory (another `serve` or `validate`), or one of another work directory serves this repository.
+        Its stubs are not ours to count, nor is the server ours to restart."""
         command = self.served_command()
-        return command is not None and self.command is not None and command != self.command
+        if command is not None and self.command is not None and command != self.command:
+            return "a server of other settings replaced the one supervised here"
+        return foreign_server(self.settings)
 
-    def step_aside(self) -> None:
-        log.info("a server of other settings replaced the one supervised here: its own serve supervises it; exiting")
+    def step_aside(self, why: str) -> None:
+        log.info("%s: its own serve supervises it; exiting", why)
         raise SystemExit(0)
 
     def problems(self) -> list[str]:
@@ -256,8 +261,8 @@ class Supervisor:
                 state = read_state(self.settings)
                 if state is None:  # `make stop` ran meanwhile
                     raise SystemExit(0)
-                if self.superseded():  # another config's run restarted the server while this one waited for the lock
-                    self.step_aside()
+                if why := self.superseded():  # another config's run restarted the server while this one waited for the lock
+                    self.step_aside(why)
                 # Looked at again under the lock: while this waited, a `serve` or `validate` may have repaired the
                 # server, or started one whose stubs are still starting; killing it on the earlier look would kill a
                 # healthy server under a validation. A stub this supervisor killed counts against its own server only.
@@ -267,7 +272,7 @@ class Supervisor:
                     return False
                 if any("stub process" in problem for problem in problems) and kill_group(state):
                     done.append(f"killed tritonserver (pid {state['pid']})")
-                server = ensure_server(self.settings)
+                server = ensure_server(self.settings, take_over=False)
                 if server["action"] != "keep":
                     done.append(f"server {server['action']} ({server['reason']})")
                 self.command = self.served_command()  # what this repair started (the same settings)
@@ -301,8 +306,8 @@ class Supervisor:
 
     def step(self) -> None:
         reap_children()
-        if self.superseded():
-            self.step_aside()
+        if why := self.superseded():
+            self.step_aside(why)
         problems = self.problems()
         if not problems:
             return
@@ -337,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
     spec = json.loads(Path(args.spec).read_text())
-    settings = Settings.of(from_param(ServerSpec, spec["server"]), spec["models"], spec["work"], spec["repository"])
+    settings = settings_of_spec(spec)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     Supervisor(settings, from_param(OpenAISpec, spec["openai"])).run()
     return 0
