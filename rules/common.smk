@@ -9,6 +9,7 @@ from pathlib import Path
 from hf2triton import host
 from hf2triton.config import check_project_paths, load_project
 from hf2triton.envs import require_vllm_gpu
+from hf2triton.gateway.process import exposure as gateway_exposure
 from hf2triton.errors import UserError
 from hf2triton.integrity import damaged
 from hf2triton.locks import clear_stale_locks
@@ -46,6 +47,7 @@ GPU_COUNT = host.gpu_count() if GPU_AVAILABLE else 0  # `gpus: all` renders this
 RESERVED_GPUS = reserved_gpus(PROJECT.models, GPU_AVAILABLE, GPU_COUNT)  # the vllm engines' GPUs: left out of `all`
 MODELS = PROJECT.names
 SERVER = to_param(PROJECT.server)
+GATEWAY_EXPOSURE = gateway_exposure(PROJECT.openai, PROJECT.server.host)  # the API-key policy's facts ({} on loopback)
 SERVING_CODE = [str(path) for path in SERVING_FILES]  # all of it: tune renders variants of every backend
 
 

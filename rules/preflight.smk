@@ -10,6 +10,7 @@ rule preflight:
         work=WORK,
         pretrained={name: pretrained_dir(name) for name in MODELS},
         gpu=GPU_AVAILABLE,
+        gateway=GATEWAY_EXPOSURE,  # a gateway beyond loopback without its API key: refused before any download
     log:
         logs("preflight", per_model=False),
     priority: 100

@@ -1,7 +1,4 @@
 # Lint-clean repository -> a running, current server (started or restarted as needed) -> report.
-from hf2triton.gateway.process import exposure as gateway_exposure
-
-
 rule validate:
     input:
         preflight=rules.preflight.output[0],
@@ -16,7 +13,7 @@ rule validate:
         work=WORK,
         repository=repository_of,
         parity_floors={model.name: model.onnx.parity_floor for model in PROJECT.models},
-        gateway=gateway_exposure(PROJECT.openai, PROJECT.server.host),  # the key policy: refused before the server is touched
+        gateway=GATEWAY_EXPOSURE,  # the key policy: refused before the server is touched
     log:
         logs("validate", per_model=False),
     localrule: True

@@ -12,5 +12,6 @@ run_step(
     work=params.work,
     pretrained_dirs=params.pretrained,
     gpu_available=params.gpu,
+    gateway=params.gateway,
     output=snakemake.output[0],
 )

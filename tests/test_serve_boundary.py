@@ -100,11 +100,12 @@ def test_a_gateway_beyond_loopback_without_an_api_key_is_refused_before_anything
     assert result.returncode == 1 and "openai.host = '0.0.0.0'" in result.stderr, result.stderr[-3000:]
     assert f"export {KEY_ENV}=" in result.stderr and "nothing running was touched" in result.stderr
     assert "Traceback" not in result.stderr
+    assert workflow.jobs_run(result) == ["preflight"], "refused by preflight, the run's first job, before any download"
     workflow.config["openai"].pop("host")
-    workflow.config["server"]["host"] = "0.0.0.0"  # noqa: S104 - the gateway follows server.host: refused in validate, before its ensure_server
+    workflow.config["server"]["host"] = "0.0.0.0"  # noqa: S104 - the gateway follows server.host: refused by preflight too
     result = workflow.run("serve", check=False)
     assert result.returncode == 1 and "server.host = '0.0.0.0' (openai.host unset" in result.stderr, result.stderr[-3000:]
-    assert "validate" in workflow.jobs_run(result)
+    assert workflow.jobs_run(result) == ["preflight"]
     assert workflow.state()["pid"] == server and workflow.state()["host"] == "127.0.0.1" and host.process_cmdline(server)
     cmd = host.process_cmdline(gateway)
     assert gateway_pid(workflow) == gateway and cmd and cmd[cmd.index("--host") + 1] == "127.0.0.1"

@@ -20,6 +20,7 @@ from typing import Any
 from hf2triton import host
 from hf2triton.errors import UserError
 from hf2triton.fsutil import atomic_write_json, free_bytes, human_bytes, tree_size
+from hf2triton.gateway.process import require_api_key
 from hf2triton.pipeline.sources import resolve_local_path
 from hf2triton.serving.interface import GENERATION, TEXT2TEXT
 from hf2triton.specs import Footprint, ServerSpec, from_param, gpu_placement, instance_kind, onnx_precision, parse_source, reserved_gpus
@@ -275,19 +276,38 @@ def onnx_cuda_check(providers: list[str], gpu_models: list[str]) -> dict[str, An
 
 
 def preflight_step(
-    models: list[dict[str, Any]], server: dict[str, Any], work: str, pretrained_dirs: dict[str, str], gpu_available: bool, output: str
+    models: list[dict[str, Any]],
+    server: dict[str, Any],
+    work: str,
+    pretrained_dirs: dict[str, str],
+    gpu_available: bool,
+    output: str,
+    gateway: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Rule `preflight` (specs arrive as params dicts)."""
+    """Rule `preflight` (specs arrive as params dicts; `gateway`: gateway.process.exposure's facts)."""
     footprints = [from_param(Footprint, m) for m in models]
     settings = Settings.of(from_param(ServerSpec, server), [m.name for m in footprints], work)
-    return run_preflight(footprints, settings, work, pretrained_dirs, gpu_available, output)
+    return run_preflight(footprints, settings, work, pretrained_dirs, gpu_available, output, gateway)
 
 
 def run_preflight(
-    models: list[Footprint], settings: Settings, work: str, pretrained_dirs: dict[str, str], gpu_available: bool, output: str
+    models: list[Footprint],
+    settings: Settings,
+    work: str,
+    pretrained_dirs: dict[str, str],
+    gpu_available: bool,
+    output: str,
+    gateway: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The checks; `work` is paths.work as configured (named in messages)."""
+    """The checks; `work` is paths.work as configured (named in messages); `gateway`: where the OpenAI gateway
+    listens beyond loopback ({}: on loopback or off), whose API key must be set before anything is downloaded."""
     checks = []
+    if gateway:
+        try:
+            require_api_key(gateway)
+            checks.append(_check("gateway-key", True, f"the gateway on {gateway['host']}: its API key is in ${gateway['api_key_env']}"))
+        except UserError as err:
+            checks.append(_check("gateway-key", False, err.message, err.fix or ""))
     try:
         install = locate_tritonserver()
         checks.append(_check("tritonserver", True, f"{install.binary} ({install.origin})"))
