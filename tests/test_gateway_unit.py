@@ -36,9 +36,14 @@ from hf2triton.serving import interface
 
 
 def options_besides_length(body: dict, **kwargs) -> dict:
-    """generation_options but the answer-length default: OPEN_ENDED exactly where the body sends no max_tokens."""
+    """generation_options but the answer-length default where the body sends no max_tokens: chat OPEN_ENDED (what the
+    context leaves), completions OpenAI's 16."""
     options = generation_options(body, **kwargs)
-    assert options.pop("open_ended", False) == ("max_tokens" not in body and "max_completion_tokens" not in body), body
+    unset = "max_tokens" not in body and "max_completion_tokens" not in body
+    if kwargs.get("chat", True):
+        assert options.pop("open_ended", False) == unset, body
+    elif unset:
+        assert options.pop("max_new_tokens") == 16 and "open_ended" not in options, body
     return options
 
 

@@ -367,10 +367,12 @@ def test_a_run_of_another_work_directory_takes_the_repository_over(work_dir):
     server by repository, replaced it, the new supervisor replaced that one, and so on for ever."""
     old, new = work_dir("work-a"), work_dir("work-b")
     ensure_server(old)
+    gateway = ensure_gateway(old, OpenAISpec(enabled=True, host="127.0.0.1", port=host.free_ports(1)[0]))["pid"]
     ensure_supervisor(old, spec_of(old))
     watching = supervisor_status(old)["pid"]
     server = ensure_server(new)  # validate's, under work-b's lock
     assert server["action"] == "start" and host.process_gone(watching), "the old supervisor is stopped before its server"
+    assert host.process_gone(gateway) and "taken_over" not in server, "the old gateway (503 for ever, found by nothing) too"
     assert ensure_supervisor(new, spec_of(new)).startswith("started")
     time.sleep(3 * supervisor.POLL_S + 1)
     state = read_state(new)

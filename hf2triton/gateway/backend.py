@@ -91,7 +91,7 @@ class Gateway:
             split_address(http_url, "--http")  # a clear ValueError for an address that is not host:port
         self.http_url = http_url.strip() if http_url else None  # generation streams over HTTP (None: over gRPC)
         self._http: Any = None  # the aiohttp session (this worker's event loop), made on first use
-        self.max_embedding_inputs = max_embedding_inputs  # None: each model's max_texts_per_request
+        self.max_embedding_inputs = max_embedding_inputs  # None: OpenAI's limit (api/embeddings.py)
         self.models: dict[str, ServedModel] = {}
         self.created = int(time.time())
         self._triton: Any = None

@@ -96,6 +96,9 @@ def flag(body: dict[str, Any], key: str) -> bool:
     return bool(value)
 
 
+COMPLETIONS_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's documented default, vLLM's too)
+
+
 def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX_NEW_TOKENS_RANGE[1], chat: bool = True) -> dict[str, Any]:
     """OpenAI sampling parameters -> the model's request inputs (checked here: a bad value never reaches Triton);
     `max_new_tokens`: the model's cap, the range max_tokens is checked against. Log-probabilities: chat's `logprobs`
@@ -119,8 +122,10 @@ def generation_options(body: dict[str, Any], max_new_tokens: int = interface.MAX
     tokens = tokens if tokens is not None else _number(body, "max_tokens", int, least, max_new_tokens)
     if tokens is not None:
         options[interface.MAX_NEW_TOKENS] = tokens
-    else:  # OpenAI's and vLLM's unset max_tokens: what the context leaves (up to the model's max_new_tokens_limit)
+    elif chat:  # OpenAI's and vLLM's unset max_tokens on chat: what the context leaves (up to max_new_tokens_limit)
         options[interface.OPEN_ENDED] = True
+    else:  # the legacy completions' default, OpenAI's and vLLM's
+        options[interface.MAX_NEW_TOKENS] = min(COMPLETIONS_MAX_TOKENS, max_new_tokens)
     temperature = _number(body, "temperature", float, 0.0, 2.0)
     if temperature is not None:
         options[interface.TEMPERATURE] = 0.0 if temperature < interface.MIN_TEMPERATURE else temperature
@@ -332,7 +337,8 @@ def predict_request(body: dict[str, Any], task: str) -> tuple[list[str], dict[st
     `aggregation_strategy`, `stride` (-1: no windows); fill-mask: `top_k`. Another task's option is a 400, and so is a
     pipeline option this server does not serve."""
     texts = _texts(body, "instances", one=False)
-    parameters = body.get("parameters") or {}
+    parameters = body.get("parameters")
+    parameters = {} if parameters is None else parameters
     if not isinstance(parameters, dict):
         raise ApiError(400, "'parameters' must be an object of options", param="parameters")
     unknown = sorted(set(parameters) - set(PREDICT_OPTIONS))

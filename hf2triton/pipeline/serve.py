@@ -42,6 +42,8 @@ def serve_step(
         status = _serve(settings, gateway_spec, gateway_report)
         for stopped in stop_supervisors(settings.repository, unless_work=settings.work):  # where ensure_server kept a server
             print(f"hf2triton: stopped {stopped}: this serve supervises {settings.repository} now", file=sys.stderr)
+            if stopped.settings.work != settings.work:
+                print(f"hf2triton: {stopped.settings.work}: {stop_gateway(stopped.settings)}", file=sys.stderr)
         if settings.server.supervise:  # started last: it supervises what has just been proven to serve
             spec = {"server": server, "models": models, "work": work, "repository": repository, "openai": openai}
             status["supervisor"] = ensure_supervisor(settings, spec)

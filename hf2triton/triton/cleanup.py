@@ -117,6 +117,9 @@ class SupervisorProcess:
     cmdline: list[str]
     settings: Settings
 
+    def __str__(self) -> str:
+        return f"the supervisor of {self.settings.work} (pid {self.pid})"
+
 
 def find_supervisors(repository: str) -> list[SupervisorProcess]:
     """Supervisors serving `repository`, whatever their work directory: its spec file (the command line names it)
@@ -137,14 +140,14 @@ def find_supervisors(repository: str) -> list[SupervisorProcess]:
     return found
 
 
-def stop_supervisors(repository: str, unless_work: str | None = None) -> list[str]:
+def stop_supervisors(repository: str, unless_work: str | None = None) -> list[SupervisorProcess]:
     """Stop the supervisors serving `repository` (but those of work directory `unless_work`, and this process);
-    returns what was stopped."""
+    returns those stopped (their settings name the work directories whose gateways are left)."""
     stopped = []
     for found in find_supervisors(repository):
         if found.settings.work != unless_work and found.pid != os.getpid():
             terminate(found.pid, found.cmdline)
-            stopped.append(f"the supervisor of {found.settings.work} (pid {found.pid})")
+            stopped.append(found)
     return stopped
 
 

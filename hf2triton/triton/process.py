@@ -263,7 +263,14 @@ def ensure_server(settings: Settings, take_over: bool = True) -> dict[str, Any]:
     work directory is replaced, its supervisor stopped first (else the two would replace each other's server for
     ever); the supervisor's repairs pass False: it steps aside instead."""
     with serving_lock(settings):
-        return _ensure_server(settings, take_over)
+        state = _ensure_server(settings, take_over)
+    # the gateways of the work directories taken over: theirs would answer 503 on their port for ever, and once their
+    # supervisor and server are gone, nothing finds them (stopped outside this lock: each takes its own directory's)
+    from hf2triton.gateway.process import stop_gateway  # (gateway.process imports this module)
+
+    for other in state.pop("taken_over", []):
+        log.info("%s: %s", other.work, stop_gateway(other))
+    return state
 
 
 def _ensure_server(settings: Settings, take_over: bool = True) -> dict[str, Any]:
@@ -289,9 +296,11 @@ def _ensure_server(settings: Settings, take_over: bool = True) -> dict[str, Any]
         replaced += [pid for pid in find_ours(settings).servers if pid not in replaced]
         check_can_listen(settings, held_by_replaced=replaced)
         cuda_mps = _cuda_mps(settings, plan)  # proven before anything running is touched
+        taken_over = []
         if take_over:  # before their server goes: they would start it again, and replace this one
             for stopped in stop_supervisors(settings.repository, unless_work=settings.work):
                 log.info("stopped %s: this run serves %s now", stopped, settings.repository)
+                taken_over.append(stopped.settings)
             replaced += [pid for pid in find_ours(settings).servers if pid not in replaced]  # one a stopped repair started
         elif foreign := foreign_server(settings):
             raise UserError(foreign, "nothing to repair: that run's supervisor supervises it")
@@ -299,7 +308,7 @@ def _ensure_server(settings: Settings, take_over: bool = True) -> dict[str, Any]
             log.info("stopping tritonserver pid %d", pid)
             terminate(pid, host.process_cmdline(pid))
         end_orphans(settings)
-        state = start_server(settings, install, cuda_mps)
+        state = {**start_server(settings, install, cuda_mps), "taken_over": taken_over}
     return {**state, "action": decision.action, "reason": decision.reason}
 
 
