@@ -538,6 +538,7 @@ def test_predict_requests_take_instances_and_the_tasks_own_option():
         ({"instances": ["a"], "targets": ["capital"]}, "fill-mask", "targets"),  # the pipeline's, not served: never ignored
         ({"instances": ["a"], "parameters": {"function_to_apply": "none"}}, "text-classification", "function_to_apply"),
         ({"instances": ["a"], "parameters": ["top_k"]}, "fill-mask", "parameters"),
+        ({"instances": ["a"], "parameters": []}, "fill-mask", "parameters"),
     ):
         with pytest.raises(ApiError) as refused:
             predict_request(body, task)
