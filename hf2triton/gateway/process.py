@@ -23,8 +23,7 @@ from hf2triton.specs import OpenAISpec
 from hf2triton.triton import client
 from hf2triton.triton.cleanup import group_members, terminate, terminate_group
 from hf2triton.triton.ports import LISTEN_FIX, cannot_listen, listening_ports
-from hf2triton.triton.process import serving_lock
-from hf2triton.triton.settings import Settings, client_address
+from hf2triton.triton.settings import Settings, client_address, serving_lock
 
 READY_TIMEOUT_S = 60
 VALIDATION_REPORT = "results/validation/report.json"  # rule validate's output, relative to the project directory

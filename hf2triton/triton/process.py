@@ -21,7 +21,7 @@ from typing import Any
 
 from hf2triton import host, integrity
 from hf2triton.errors import UserError
-from hf2triton.locks import exclusive
+from hf2triton.gateway.process import stop_gateway
 from hf2triton.logs import rotate
 from hf2triton.triton import client, mps
 from hf2triton.triton.cleanup import STOP_TIMEOUT_S, end_orphans, find_ours, process_cwd, stop_supervisors, terminate
@@ -30,19 +30,10 @@ from hf2triton.triton.install import Installation, locate_tritonserver, prepare_
 from hf2triton.triton.modelconfig import instance_count, read_model_config_or_none, uses_gpu
 from hf2triton.triton.pitfalls import explain, relevant_log_lines
 from hf2triton.triton.ports import check_can_listen, check_ports_free
-from hf2triton.triton.settings import RESTRICTED_KEY_HEADER, Settings, restricted_arguments, server_command
+from hf2triton.triton.settings import RESTRICTED_KEY_HEADER, Settings, restricted_arguments, server_command, serving_lock
 from hf2triton.triton.state import decide, is_ready, observe, read_state, record_loaded, write_state
 
 log = logging.getLogger(__name__)
-
-LOCK_WAIT_S = 300  # beyond server.startup_timeout_s: how long a second serve/validate/bench/stop waits for the first
-
-
-def serving_lock(settings: Settings) -> Any:
-    """One start, restart or stop of this work directory's servers (tritonserver and gateway) at a time: two
-    `serve` after a crash would otherwise both start one (the second then sees the first's server and keeps it)."""
-    wait = settings.server.startup_timeout_s + LOCK_WAIT_S
-    return exclusive(settings.server_dir / "serve.lock", wait, f"starting or stopping the server in {settings.work}")
 
 
 def gpu_processes(settings: Settings) -> int:
@@ -266,8 +257,6 @@ def ensure_server(settings: Settings, take_over: bool = True) -> dict[str, Any]:
         state = _ensure_server(settings, take_over)
     # the gateways of the work directories taken over: theirs would answer 503 on their port for ever, and once their
     # supervisor and server are gone, nothing finds them (stopped outside this lock: each takes its own directory's)
-    from hf2triton.gateway.process import stop_gateway  # (gateway.process imports this module)
-
     for other in state.pop("taken_over", []):
         log.info("%s: %s", other.work, stop_gateway(other))
     return state

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hf2triton import host
+from hf2triton.locks import exclusive
 from hf2triton.specs import ServerSpec, from_param
 from hf2triton.triton import client
 from hf2triton.triton.hidden_args import placeholder
@@ -161,3 +162,13 @@ def redacted_command(cmd: list[str]) -> list[str]:
     """The command line without an admin key (for logs and reports). Ours hold placeholders only; this also
     masks the key of a server started by an older hf2triton (so that one counts as changed and restarts)."""
     return [arg.rsplit("=", 1)[0] + "=***" if f"{RESTRICTED_KEY_HEADER}=" in arg else arg for arg in cmd]
+
+
+LOCK_WAIT_S = 300  # beyond server.startup_timeout_s: how long a second serve/validate/bench/stop waits for the first
+
+
+def serving_lock(settings: Settings) -> Any:
+    """One start, restart or stop of this work directory's servers (tritonserver and gateway) at a time: two
+    `serve` after a crash would otherwise both start one (the second then sees the first's server and keeps it)."""
+    wait = settings.server.startup_timeout_s + LOCK_WAIT_S
+    return exclusive(settings.server_dir / "serve.lock", wait, f"starting or stopping the server in {settings.work}")
